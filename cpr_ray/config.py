@@ -1,0 +1,275 @@
+"""One validated settings tree for every stage, job and CLI command.
+
+Values come, lowest precedence first, from a named profile shipped with the package, a YAML file,
+``CPR_*`` environment variables (``CPR_INGEST__NUM_BUCKETS=16``) and ``--set key.path=value``
+flags. Everything is validated before any work starts, so a typo in a cluster config fails in a
+second on the laptop instead of an hour into a job, with the key and the allowed values named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "CPR_"
+ENV_NESTING = "__"
+
+
+class ConfigError(ValueError):
+    """A config problem a user can fix; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StorageConfig(_Section):
+    root: str = Field(description="URI every stage writes under: a local path, file://… or s3://…")
+    s3_endpoint: str | None = Field(
+        None,
+        description="Endpoint override for S3-compatible stores (MinIO, moto, Ceph), "
+        "e.g. http://127.0.0.1:9000. Leave unset for AWS.",
+    )
+    s3_region: str | None = Field(None, description="S3 region; unset uses the AWS default chain.")
+    s3_virtual_addressing: bool = Field(
+        False,
+        description="Use virtual-host style bucket addressing. S3-compatible stores usually "
+        "need the default path style.",
+    )
+    s3_anonymous: bool = Field(False, description="Read public buckets without credentials.")
+
+
+class RayConfig(_Section):
+    address: str | None = Field(
+        None, description="Ray cluster address; unset starts (or joins via RAY_ADDRESS) a local one."
+    )
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray; unset: all.")
+    object_store_memory_mb: int | None = Field(
+        None, ge=64, description="Object store size for a local Ray, in MiB."
+    )
+    temp_dir: str | None = Field(None, description="Ray's session directory for a local Ray.")
+
+
+class InputConfig(_Section):
+    s2: str = Field(
+        description="URI of the Semantic Scholar bulk export: one folder per dataset "
+        "(papers/, abstracts/, citations/, publication-venues/, optional s2orc/) of "
+        "gzipped JSONL shards."
+    )
+    openalex: str = Field(
+        description="URI of the OpenAlex snapshot: works/ and sources/ folders of gzipped "
+        "JSONL (updated_date=…/part_….gz, as in OpenAlex's own snapshot layout)."
+    )
+    openalex_snapshot: str | None = Field(
+        None,
+        description="Label of the OpenAlex snapshot the topics come from (recorded in the "
+        "build). Unset: the newest updated_date=… partition found under works/.",
+    )
+
+
+class IngestConfig(_Section):
+    num_buckets: int = Field(
+        8,
+        ge=1,
+        le=65536,
+        description="Key buckets for the join (papers, works and citations are hash-partitioned "
+        "so matching buckets join locally with no shuffle). Aim for buckets of ~1-4M rows.",
+    )
+    batch_size: int = Field(20_000, ge=100, description="Lines parsed per batch.")
+    cpus_per_task: float = Field(1.0, gt=0, description="CPUs each parse/join task reserves.")
+    max_reject_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Fail the stage when more than this share of any input's lines is rejected "
+        "(a wrong path or format, not a few bad records).",
+    )
+    raw_line_limit: int = Field(
+        20_000, ge=100, description="Characters of a rejected line kept in the rejects table."
+    )
+
+
+class LLMConfig(_Section):
+    base_url: str | None = Field(
+        None,
+        description="OpenAI-compatible endpoint (vLLM, llama.cpp, a provider). Unset in the "
+        "dry run: the embedded local server is started.",
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="Name of the environment variable holding the API key."
+    )
+    model: str = Field("gemma-3-270m", description="Model name sent to the endpoint.")
+    max_in_flight: int = Field(64, ge=1, description="Requests in flight per actor.")
+    response_format: Literal["json_schema", "json_object_schema"] = Field(
+        "json_schema",
+        description="How structured output is requested: OpenAI json_schema (vLLM, llama.cpp "
+        "server) or json_object with a schema (llama-cpp-python's server).",
+    )
+
+
+class ModelsConfig(_Section):
+    encoder: str = Field(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        description="Dense encoder (hub name or local path) for pooling and evaluation.",
+    )
+
+
+class Config(_Section):
+    profile: str = Field("custom", description="Name of the profile this config started from.")
+    storage: StorageConfig
+    ray: RayConfig = RayConfig()
+    input: InputConfig
+    ingest: IngestConfig = IngestConfig()
+    llm: LLMConfig = LLMConfig()
+    models: ModelsConfig = ModelsConfig()
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        if value != "custom" and value not in profile_names():
+            raise ValueError(f"unknown profile {value!r}; known: {', '.join(profile_names())}")
+        return value
+
+    def section_hash(self, *sections: str) -> str:
+        """A stable hash of the named sections, so a stage reruns only when its own knobs change."""
+        payload = {name: getattr(self, name).model_dump(mode="json") for name in sections}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def profile_names() -> list[str]:
+    folder = resources.files("cpr_ray") / "profiles"
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def sample_dir() -> Path:
+    """The corpus shipped inside the package, so the dry run needs nothing but the install."""
+    return Path(str(resources.files("cpr_ray") / "sample" / "data"))
+
+
+def _profile_dict(name: str) -> dict[str, Any]:
+    if name not in profile_names():
+        raise ConfigError(f"unknown profile {name!r}; known profiles: {', '.join(profile_names())}")
+    text = (resources.files("cpr_ray") / "profiles" / f"{name}.yaml").read_text()
+    data = yaml.safe_load(text) or {}
+    data["profile"] = name
+    return data
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"empty config key in override {dotted!r}")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _parse_scalar(text: str) -> Any:
+    """`--set ingest.num_buckets=16` should give an int, `--set llm.base_url=null` a None."""
+    return yaml.safe_load(text) if text.strip() else ""
+
+
+def _env_overrides(env: Mapping[str, str]) -> list[tuple[str, Any]]:
+    out = []
+    for name, value in sorted(env.items()):
+        if name.startswith(ENV_PREFIX) and ENV_NESTING in name:
+            dotted = name[len(ENV_PREFIX) :].lower().replace(ENV_NESTING, ".")
+            out.append((dotted, _parse_scalar(value)))
+    return out
+
+
+def _expand(value: Any) -> Any:
+    """`{sample}` in a path means the bundled sample, wherever the package is installed."""
+    if isinstance(value, str):
+        return value.replace("{sample}", str(sample_dir()))
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    return value
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        msg = item["msg"]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key"
+            parent = item["loc"][:-1]
+            allowed = _allowed_keys(parent)
+            if allowed:
+                msg += f"; allowed here: {', '.join(allowed)}"
+        elif item["type"] == "missing":
+            msg = "required but not set"
+        lines.append(f"  {key}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def _allowed_keys(loc: Sequence[Any]) -> list[str]:
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        if not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+    return sorted(model.model_fields)
+
+
+def load_config(
+    profile: str | None = None,
+    file: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the config: profile < YAML file (which may name its own `profile`) < env < --set."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    file_data: dict[str, Any] = {}
+    if file is not None:
+        path = Path(file)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            file_data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(file_data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    base_profile = profile or file_data.get("profile")
+    if base_profile is not None:
+        data = _profile_dict(str(base_profile))
+    data = _merge(data, file_data)
+    for dotted, value in _env_overrides(env):
+        _set_path(data, dotted, value)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        _set_path(data, key.strip(), _parse_scalar(raw))
+    try:
+        return Config.model_validate(_expand(data))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None

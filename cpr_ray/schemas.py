@@ -1,0 +1,88 @@
+"""Arrow schemas of the tables stages exchange, defined once.
+
+Every table a stage publishes is cast to its schema here before writing, so a type drift in a
+parser (an id read as string, a float year) fails loudly at the writer instead of surfacing as a
+join that silently matches nothing three stages later.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TOPIC = pa.struct(
+    [
+        ("id", pa.int32()),
+        ("name", pa.string()),
+        ("score", pa.float32()),
+        ("subfield_id", pa.int32()),
+        ("subfield", pa.string()),
+        ("field_id", pa.int32()),
+        ("field", pa.string()),
+        ("domain_id", pa.int32()),
+        ("domain", pa.string()),
+    ]
+)
+
+PAPERS = pa.schema(
+    [
+        ("corpus_id", pa.int64()),
+        ("title", pa.string()),
+        ("abstract", pa.string()),
+        ("abstract_license", pa.string()),
+        ("abstract_source", pa.string()),  # s2 | openalex | null
+        ("year", pa.int32()),
+        ("publication_date", pa.date32()),
+        ("venue", pa.string()),
+        ("venue_id", pa.string()),  # S2 publicationvenueid
+        ("doi", pa.string()),  # lower case, no URL prefix
+        ("mag_id", pa.int64()),
+        ("pmid", pa.int64()),
+        ("arxiv_id", pa.string()),
+        ("openalex_id", pa.int64()),  # W-number of the matched work
+        ("openalex_source_id", pa.int64()),  # S-number of the work's source
+        ("join_key", pa.string()),  # doi | mag | pmid | null (no OpenAlex match)
+        ("topics", pa.list_(TOPIC)),
+        ("field_id", pa.int32()),  # of the primary (first) topic
+        ("field", pa.string()),
+        ("domain_id", pa.int32()),
+        ("domain", pa.string()),
+    ]
+)
+
+CITATIONS = pa.schema(
+    [
+        ("citing_id", pa.int64()),
+        ("cited_id", pa.int64()),
+        ("contexts", pa.list_(pa.string())),
+        ("context_source", pa.string()),  # s2 | s2orc | null (no citing sentence known)
+        ("intents", pa.list_(pa.string())),
+        ("is_influential", pa.bool_()),
+    ]
+)
+
+VENUES = pa.schema(
+    [
+        ("venue_id", pa.string()),
+        ("name", pa.string()),
+        ("type", pa.string()),  # journal | conference | … (S2's, else OpenAlex's)
+        ("issn", pa.string()),
+        ("openalex_source_id", pa.int64()),
+        ("two_year_mean_citedness", pa.float64()),
+        ("h_index", pa.int32()),
+        ("n_papers", pa.int64()),
+        ("field_id", pa.int32()),  # the field most of its papers belong to
+        ("field", pa.string()),
+        ("domain_id", pa.int32()),
+        ("domain", pa.string()),
+        ("field_share", pa.float64()),
+    ]
+)
+
+REJECTS = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("path", pa.string()),
+        ("reason", pa.string()),
+        ("raw", pa.string()),
+    ]
+)

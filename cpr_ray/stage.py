@@ -1,0 +1,140 @@
+"""Publishing stage outputs so that a build can be resumed and never does work twice.
+
+A stage writes into a fresh run folder ``{root}/{stage}/runs/{run_id}/`` that nothing reads yet,
+then publishes ``{root}/{stage}/_MANIFEST.json`` last. Object stores have no atomic rename, so
+the manifest *is* the commit: readers follow it to the run folder, a crash before it leaves only
+an orphan folder, and a stage whose manifest records the same inputs and config is skipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from cpr_ray import __version__
+from cpr_ray.config import Config
+from cpr_ray.storage import Storage, StorageError, join
+
+MANIFEST = "_MANIFEST.json"
+console = Console(stderr=True)
+
+
+@dataclass
+class StageOutput:
+    """What a stage function returns: its tables (name -> URI, rows, format) and statistics."""
+
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageRun:
+    name: str
+    run_id: str
+    out: str  # the run folder: write here, nowhere else
+    cfg: Config
+    storage: Storage
+
+
+@cache
+def code_version() -> str:
+    """Package version plus the git commit when running from a checkout (recorded, not compared)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__
+
+
+def manifest_uri(storage: Storage, stage: str) -> str:
+    return join(storage.root, stage, MANIFEST)
+
+
+def read_manifest(storage: Storage, stage: str) -> dict[str, Any] | None:
+    try:
+        return storage.read_json(manifest_uri(storage, stage))
+    except FileNotFoundError:
+        return None
+
+
+def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
+    manifest = read_manifest(storage, stage)
+    if manifest is None:
+        raise StorageError(
+            f"stage {stage!r} has no published output under {storage.root}; run it first "
+            f"(cpr build --stages {stage})"
+        )
+    return manifest
+
+
+def run_stage(
+    name: str,
+    cfg: Config,
+    storage: Storage,
+    inputs: dict[str, Any],
+    config_sections: tuple[str, ...],
+    fn: Callable[[StageRun], StageOutput],
+    *,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Run `fn` unless a published manifest already matches `inputs` and the config sections.
+
+    Returns the manifest (the existing one when skipped).
+    """
+    config_hash = cfg.section_hash(*config_sections)
+    previous = read_manifest(storage, name)
+    if (
+        previous is not None
+        and not force
+        and previous.get("inputs") == inputs
+        and previous.get("config_hash") == config_hash
+    ):
+        console.print(
+            f"[bold]{name}[/]: skipped, output of run {previous['run_id']} matches its inputs "
+            "and config (use --force to rerun)"
+        )
+        return previous
+
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    out = join(storage.root, name, "runs", run_id)
+    started = time.time()
+    console.print(f"[bold]{name}[/]: running (run {run_id}) → {out}")
+    result = fn(StageRun(name, run_id, out, cfg, storage))
+    seconds = round(time.time() - started, 2)
+    manifest = {
+        "stage": name,
+        "run_id": run_id,
+        "output": out,
+        "tables": result.tables,
+        "stats": result.stats,
+        "inputs": inputs,
+        "config_hash": config_hash,
+        "code_version": code_version(),
+        "started": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
+        "seconds": seconds,
+    }
+    storage.write_json(manifest_uri(storage, name), manifest)
+    _remove_old_runs(storage, name, keep=run_id)
+    return manifest
+
+
+def _remove_old_runs(storage: Storage, stage: str, keep: str) -> None:
+    """Runs superseded by the published one (or orphaned by a crash) are garbage."""
+    for run in storage.list_dirs(join(storage.root, stage, "runs")):
+        if not run.rstrip("/").endswith(keep):
+            storage.delete_dir(run)

@@ -1,0 +1,199 @@
+"""The one way any stage reaches data: a URI resolved to a pyarrow filesystem and a path.
+
+Local paths, ``file://`` and ``s3://`` take the same code path, so a test against an S3 endpoint on
+loopback exercises exactly what runs against AWS. Credentials come from the standard AWS chain
+(env, profile, instance role) and are never read, stored or logged here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from cpr_ray.config import StorageConfig
+
+
+class StorageError(RuntimeError):
+    """Storage that cannot be reached or used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Location:
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+
+    @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join URI parts with '/', on every backend."""
+    out = uri.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}"
+    return out
+
+
+class Storage:
+    def __init__(self, cfg: StorageConfig) -> None:
+        self.cfg = cfg
+        self._s3: pafs.S3FileSystem | None = None
+
+    @property
+    def root(self) -> str:
+        return self.resolve(self.cfg.root).uri
+
+    def _s3_fs(self) -> pafs.S3FileSystem:
+        if self._s3 is None:
+            kwargs: dict[str, Any] = {
+                "force_virtual_addressing": self.cfg.s3_virtual_addressing,
+                "anonymous": self.cfg.s3_anonymous,
+                # fail in seconds on a dead endpoint, not after minutes of retries
+                "connect_timeout": 5,
+                "request_timeout": 60,
+                "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+            }
+            if self.cfg.s3_region:
+                kwargs["region"] = self.cfg.s3_region
+            if self.cfg.s3_endpoint:
+                parsed = urlparse(self.cfg.s3_endpoint)
+                if not parsed.scheme or not parsed.netloc:
+                    raise StorageError(
+                        f"storage.s3_endpoint {self.cfg.s3_endpoint!r} must look like "
+                        "http://host:port or https://host"
+                    )
+                kwargs["endpoint_override"] = parsed.netloc
+                kwargs["scheme"] = parsed.scheme
+            self._s3 = pafs.S3FileSystem(**kwargs)
+        return self._s3
+
+    def resolve(self, uri: str) -> Location:
+        if uri.startswith("s3://"):
+            path = uri[len("s3://") :].rstrip("/")
+            if not path:
+                raise StorageError(f"{uri!r} names no bucket")
+            return Location(self._s3_fs(), path, f"s3://{path}")
+        if "://" in uri and not uri.startswith("file://"):
+            scheme = uri.split("://", 1)[0]
+            raise StorageError(f"unsupported storage scheme {scheme!r} in {uri!r}; use s3:// or a path")
+        local = os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
+        return Location(pafs.LocalFileSystem(), local, local)
+
+    def lance_options(self) -> dict[str, str]:
+        """The same endpoint settings, in the form Lance's object store takes."""
+        opts: dict[str, str] = {}
+        if self.cfg.s3_endpoint:
+            opts["aws_endpoint"] = self.cfg.s3_endpoint
+            opts["allow_http"] = str(self.cfg.s3_endpoint.startswith("http://")).lower()
+            opts["aws_virtual_hosted_style_request"] = str(self.cfg.s3_virtual_addressing).lower()
+        region = self.cfg.s3_region or os.environ.get("AWS_REGION") or os.environ.get(
+            "AWS_DEFAULT_REGION"
+        )
+        if region:
+            opts["aws_region"] = region
+        if self.cfg.s3_anonymous:
+            opts["aws_skip_signature"] = "true"
+        return opts
+
+    # -- checks and small files ------------------------------------------------------------
+    def check(self, uri: str, *, must_exist: bool = False) -> Location:
+        """Touch the location once, turning SDK errors into one message that says what to fix."""
+        loc = self.resolve(uri)
+        try:
+            info = loc.fs.get_file_info(loc.path)
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+        if must_exist and info.type == pafs.FileType.NotFound:
+            raise StorageError(f"{loc.uri} does not exist")
+        return loc
+
+    def exists(self, uri: str) -> bool:
+        loc = self.resolve(uri)
+        try:
+            return loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def read_json(self, uri: str) -> Any:
+        loc = self.resolve(uri)
+        try:
+            with loc.fs.open_input_stream(loc.path) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def write_json(self, uri: str, obj: Any) -> None:
+        loc = self.resolve(uri)
+        try:
+            loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
+            with loc.fs.open_output_stream(loc.path) as f:
+                f.write(json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def delete_dir(self, uri: str) -> None:
+        loc = self.resolve(uri)
+        try:
+            if loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound:
+                loc.fs.delete_dir(loc.path)
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def list_dirs(self, uri: str) -> list[str]:
+        loc = self.resolve(uri)
+        try:
+            infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=True))
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+        return sorted(join(uri, i.base_name) for i in infos if i.type == pafs.FileType.Directory)
+
+    def list_files(self, uri: str, suffixes: tuple[str, ...] = ()) -> list[pafs.FileInfo]:
+        """Files under a prefix, recursively, sorted by path; hidden and `_`-prefixed skipped."""
+        loc = self.resolve(uri)
+        try:
+            infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+        except FileNotFoundError:
+            raise StorageError(f"{loc.uri} does not exist") from None
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+        files = [
+            i
+            for i in infos
+            if i.type == pafs.FileType.File
+            and not any(part.startswith((".", "_")) for part in _rel_parts(loc.path, i.path))
+            and (not suffixes or i.path.endswith(suffixes))
+        ]
+        return sorted(files, key=lambda i: i.path)
+
+
+def _rel_parts(root: str, path: str) -> list[str]:
+    return posixpath.relpath(path, root).split("/")
+
+
+def _explain(loc: Location, exc: OSError) -> str:
+    text = str(exc)
+    if not loc.is_s3:
+        return f"cannot use {loc.uri}: {text}"
+    hints = []
+    low = text.lower()
+    if "access" in low or "forbidden" in low or "credential" in low or "signature" in low:
+        hints.append(
+            "check the AWS credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or "
+            "an instance role) and that they may use this bucket"
+        )
+    if "resolve" in low or "connect" in low or "timeout" in low or "curl" in low:
+        hints.append("check storage.s3_endpoint / network reachability of the S3 endpoint")
+    if "nosuchbucket" in low or "does not exist" in low:
+        hints.append("check the bucket name")
+    hint = "; ".join(hints) or "check storage.s3_endpoint, the bucket name and the credentials"
+    return f"cannot reach {loc.uri}: {text.splitlines()[0]} ({hint})"

@@ -1,0 +1,101 @@
+"""Shared fixtures: a small local Ray, a real S3 endpoint on loopback, the bundled sample.
+
+The S3 endpoint is moto's server in a child process (not a thread: native readers that hold the
+GIL during I/O stall an in-process server), reached through exactly the code path used for AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# before Ray starts, so its workers inherit them; dummy credentials for the loopback S3 only
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "cpr-test")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "cpr-test-secret")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def reference() -> Path:
+    if not REFERENCE.is_dir():
+        pytest.skip(f"reference data not found at {REFERENCE}")
+    return REFERENCE
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start; see {log}") from None
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty bucket per test."""
+    import boto3
+
+    name = "cpr-" + request.node.name.lower().replace("_", "-")[:40].strip("-") + f"-{time.time_ns() % 10**6}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        num_gpus=0,
+        object_store_memory=256 * 1024**2,
+        include_dashboard=False,
+        # short: Ray's socket paths must fit in 107 characters
+        _temp_dir=tempfile.mkdtemp(prefix="cprray-", dir=os.environ.get("RAY_TMPDIR", "/tmp")),
+    )
+    yield
+    ray.shutdown()
+
+
+def upload_tree(endpoint: str, bucket: str, local: Path, prefix: str) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+
+from cpr_ray.config import ConfigError, load_config, profile_names, sample_dir
+
+
+def test_profiles_load_and_validate():
+    assert {"dry-run", "cluster"} <= set(profile_names())
+    dry = load_config("dry-run", env={})
+    assert dry.profile == "dry-run"
+    assert dry.input.s2 == f"{sample_dir()}/s2"
+    assert Path(dry.input.s2, "papers").is_dir()
+    cluster = load_config("cluster", env={})
+    assert cluster.storage.root.startswith("s3://")
+
+
+def test_precedence_file_then_env_then_flags(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("profile: dry-run\ningest:\n  num_buckets: 3\n  batch_size: 1000\n")
+    cfg = load_config(file=cfg_file, env={})
+    assert (cfg.ingest.num_buckets, cfg.ingest.batch_size) == (3, 1000)
+    cfg = load_config(file=cfg_file, env={"CPR_INGEST__NUM_BUCKETS": "5"})
+    assert cfg.ingest.num_buckets == 5
+    cfg = load_config(
+        file=cfg_file, env={"CPR_INGEST__NUM_BUCKETS": "5"}, overrides=["ingest.num_buckets=7"]
+    )
+    assert cfg.ingest.num_buckets == 7
+    assert cfg.ingest.batch_size == 1000
+
+
+def test_unknown_key_names_key_and_allowed_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config("dry-run", overrides=["ingest.num_bucket=4"], env={})
+    msg = str(err.value)
+    assert "ingest.num_bucket: unknown key" in msg
+    assert "num_buckets" in msg and "batch_size" in msg
+
+
+def test_bad_value_names_key_and_limit():
+    with pytest.raises(ConfigError, match=r"ingest.num_buckets: Input should be greater than or equal to 1"):
+        load_config("dry-run", overrides=["ingest.num_buckets=0"], env={})
+    with pytest.raises(ConfigError, match=r"llm.response_format: Input should be 'json_schema' or 'json_object_schema'"):
+        load_config("dry-run", overrides=["llm.response_format=xml"], env={})
+
+
+def test_bad_env_value_fails_before_work():
+    with pytest.raises(ConfigError, match="ingest.batch_size"):
+        load_config("dry-run", env={"CPR_INGEST__BATCH_SIZE": "many"})
+
+
+def test_missing_required_and_unknown_profile(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("storage:\n  root: /tmp/x\n")
+    with pytest.raises(ConfigError, match="input: required but not set"):
+        load_config(file=f, env={})
+    with pytest.raises(ConfigError, match="unknown profile 'nope'"):
+        load_config("nope", env={})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(file=tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("storage: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(file=bad, env={})
+
+
+def test_section_hash_tracks_only_named_sections():
+    a = load_config("dry-run", env={})
+    b = load_config("dry-run", overrides=["llm.model=other"], env={})
+    c = load_config("dry-run", overrides=["ingest.num_buckets=9"], env={})
+    assert a.section_hash("input", "ingest") == b.section_hash("input", "ingest")
+    assert a.section_hash("input", "ingest") != c.section_hash("input", "ingest")
