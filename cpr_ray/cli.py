@@ -52,9 +52,9 @@ def _print_manifests(manifests: dict[str, dict[str, Any]]) -> None:
 
 @app.command("dry-run")
 def dry_run(
-    out: Annotated[
-        Path, typer.Option("--out", help="Local folder for the build.")
-    ] = Path("cpr-dry-run"),
+    out: Annotated[Path, typer.Option("--out", help="Local folder for the build.")] = Path(
+        "cpr-dry-run"
+    ),
     force: ForceOpt = False,
     set_: SetOpt = None,
 ) -> None:
@@ -67,14 +67,14 @@ def dry_run(
     except USER_ERRORS as exc:
         _fail(exc)
     _print_manifests(manifests)
-    console.print(f"dry run finished in {time.time() - started:.0f}s; inspect with: cpr stats {out}")
+    console.print(
+        f"dry run finished in {time.time() - started:.0f}s; inspect with: cpr stats {out}"
+    )
 
 
 @app.command()
 def build(
-    config: Annotated[
-        Path | None, typer.Option("--config", help="YAML config file.")
-    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
     profile: Annotated[
         str | None, typer.Option("--profile", help="Named profile to start from.")
     ] = None,

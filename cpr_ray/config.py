@@ -49,7 +49,8 @@ class StorageConfig(_Section):
 
 class RayConfig(_Section):
     address: str | None = Field(
-        None, description="Ray cluster address; unset starts (or joins via RAY_ADDRESS) a local one."
+        None,
+        description="Ray cluster address; unset starts (or joins via RAY_ADDRESS) a local one.",
     )
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray; unset: all.")
     object_store_memory_mb: int | None = Field(
@@ -146,7 +147,9 @@ class Config(_Section):
 
 def profile_names() -> list[str]:
     folder = resources.files("cpr_ray") / "profiles"
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def sample_dir() -> Path:

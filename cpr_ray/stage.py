@@ -110,7 +110,9 @@ def run_stage(
         )
         return previous
 
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    run_id = (
+        dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    )
     out = join(storage.root, name, "runs", run_id)
     started = time.time()
     console.print(f"[bold]{name}[/]: running (run {run_id}) → {out}")

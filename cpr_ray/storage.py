@@ -83,7 +83,9 @@ class Storage:
             return Location(self._s3_fs(), path, f"s3://{path}")
         if "://" in uri and not uri.startswith("file://"):
             scheme = uri.split("://", 1)[0]
-            raise StorageError(f"unsupported storage scheme {scheme!r} in {uri!r}; use s3:// or a path")
+            raise StorageError(
+                f"unsupported storage scheme {scheme!r} in {uri!r}; use s3:// or a path"
+            )
         local = os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
         return Location(pafs.LocalFileSystem(), local, local)
 
@@ -94,8 +96,10 @@ class Storage:
             opts["aws_endpoint"] = self.cfg.s3_endpoint
             opts["allow_http"] = str(self.cfg.s3_endpoint.startswith("http://")).lower()
             opts["aws_virtual_hosted_style_request"] = str(self.cfg.s3_virtual_addressing).lower()
-        region = self.cfg.s3_region or os.environ.get("AWS_REGION") or os.environ.get(
-            "AWS_DEFAULT_REGION"
+        region = (
+            self.cfg.s3_region
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
         )
         if region:
             opts["aws_region"] = region
@@ -193,7 +197,7 @@ def _explain(loc: Location, exc: OSError) -> str:
         )
     if "resolve" in low or "connect" in low or "timeout" in low or "curl" in low:
         hints.append("check storage.s3_endpoint / network reachability of the S3 endpoint")
-    if "nosuchbucket" in low or "does not exist" in low:
+    if "nosuchbucket" in low or "does not exist" in low or "bucket" in low and "not found" in low:
         hints.append("check the bucket name")
     hint = "; ".join(hints) or "check storage.s3_endpoint, the bucket name and the credentials"
     return f"cannot reach {loc.uri}: {text.splitlines()[0]} ({hint})"

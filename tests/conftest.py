@@ -71,7 +71,11 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     """A fresh, empty bucket per test."""
     import boto3
 
-    name = "cpr-" + request.node.name.lower().replace("_", "-")[:40].strip("-") + f"-{time.time_ns() % 10**6}"
+    name = (
+        "cpr-"
+        + request.node.name.lower().replace("_", "-")[:40].strip("-")
+        + f"-{time.time_ns() % 10**6}"
+    )
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
 

@@ -38,9 +38,14 @@ def test_unknown_key_names_key_and_allowed_keys():
 
 
 def test_bad_value_names_key_and_limit():
-    with pytest.raises(ConfigError, match=r"ingest.num_buckets: Input should be greater than or equal to 1"):
+    with pytest.raises(
+        ConfigError, match=r"ingest.num_buckets: Input should be greater than or equal to 1"
+    ):
         load_config("dry-run", overrides=["ingest.num_buckets=0"], env={})
-    with pytest.raises(ConfigError, match=r"llm.response_format: Input should be 'json_schema' or 'json_object_schema'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"llm.response_format: Input should be 'json_schema' or 'json_object_schema'",
+    ):
         load_config("dry-run", overrides=["llm.response_format=xml"], env={})
 
 

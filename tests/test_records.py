@@ -55,7 +55,9 @@ def test_s2_papers_ids_are_normalised(reference):
 
 def test_s2_citations_string_ids_and_unresolved(reference):
     out = records.parse_lines(
-        _lines(reference / "s2-samples/citations/citations-sample.jsonl.gz"), records.S2_CITATIONS, 4
+        _lines(reference / "s2-samples/citations/citations-sample.jsonl.gz"),
+        records.S2_CITATIONS,
+        4,
     )
     assert out.schema.field("citing_id").type == pa.int64()
     unresolved = out.filter(pc.equal(out["_bucket"], SKIPPED))
@@ -88,12 +90,12 @@ def test_openalex_topics_hierarchy_ids_become_integers(reference):
 
 
 def test_openalex_abstract_rebuilt_from_inverted_index(reference):
-    works = [json.loads(line) for line in gzip.open(reference / "openalex/works-sample.jsonl.gz", "rt")]
+    works = [
+        json.loads(line) for line in gzip.open(reference / "openalex/works-sample.jsonl.gz", "rt")
+    ]
     work = next(w for w in works if w["abstract_inverted_index"] and w["doi"])
     index = work["abstract_inverted_index"]
-    expected = " ".join(
-        word for _, word in sorted((p, w) for w, ps in index.items() for p in ps)
-    )
+    expected = " ".join(word for _, word in sorted((p, w) for w, ps in index.items() for p in ps))
     parsed = records.parse_lines(_lines_of(json.dumps(work)), records.OPENALEX_WORKS, 4)
     keys = work_keys(parsed, 4)
     assert keys.filter(pc.equal(keys["key_type"], "doi"))["abstract"].to_pylist() == [expected]
@@ -102,7 +104,7 @@ def test_openalex_abstract_rebuilt_from_inverted_index(reference):
 BAD_PAPERS = [
     ('{"corpusid": 12, "title": "trunc', "malformed_json"),
     ("not json at all", "malformed_json"),
-    ('[1, 2, 3]', "not_a_json_object"),
+    ("[1, 2, 3]", "not_a_json_object"),
     ('{"title": "no id"}', "missing_corpusid"),
     ('{"corpusid": "abc"}', "bad_corpusid"),
     ('{"corpusid": null}', "missing_corpusid"),
@@ -112,10 +114,14 @@ BAD_PAPERS = [
 
 def test_malformed_papers_are_quarantined_with_reason_and_raw_line():
     good = '{"corpusid": "42", "externalids": {"DOI": "https://doi.org/10.1/X"}, "year": "2020"}'
-    out = records.parse_lines(_lines_of(good, "", *[b for b, _ in BAD_PAPERS]), records.S2_PAPERS, 4)
+    out = records.parse_lines(
+        _lines_of(good, "", *[b for b, _ in BAD_PAPERS]), records.S2_PAPERS, 4
+    )
     assert out.num_rows == 1 + len(BAD_PAPERS)  # the blank line is no record
     rejected = out.filter(pc.equal(out["_bucket"], REJECTED))
-    assert list(zip(rejected["raw"].to_pylist(), rejected["reject_reason"].to_pylist())) == BAD_PAPERS
+    assert (
+        list(zip(rejected["raw"].to_pylist(), rejected["reject_reason"].to_pylist())) == BAD_PAPERS
+    )
     assert set(rejected["path"].to_pylist()) == {"mem"}
     kept = out.filter(pc.greater_equal(out["_bucket"], 0)).to_pylist()
     assert [(r["corpus_id"], r["doi"], r["year"]) for r in kept] == [(42, "10.1/x", 2020)]

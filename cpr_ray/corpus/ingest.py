@@ -99,8 +99,12 @@ def snapshot_label(cfg: Config, works: InputSet) -> str:
     """Which OpenAlex snapshot the topics came from: config, else the newest partition date."""
     if cfg.input.openalex_snapshot:
         return cfg.input.openalex_snapshot
-    dates = sorted({m.group(1) for f in works.files for m in [re.search(r"updated_date=([\d-]+)", f)] if m})
-    return f"openalex updated_date<={dates[-1]}" if dates else "unknown (set input.openalex_snapshot)"
+    dates = sorted(
+        {m.group(1) for f in works.files for m in [re.search(r"updated_date=([\d-]+)", f)] if m}
+    )
+    return (
+        f"openalex updated_date<={dates[-1]}" if dates else "unknown (set input.openalex_snapshot)"
+    )
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,9 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         storage,
         rows_per_file,
     )
-    s2_keys_schema = _rows_schema(linking.s2_keys(_rows_schema(empty_schema["papers"]).empty_table(), n).schema)
+    s2_keys_schema = _rows_schema(
+        linking.s2_keys(_rows_schema(empty_schema["papers"]).empty_table(), n).schema
+    )
     match = partial(
         _match_bucket,
         storage=storage,
@@ -205,14 +211,22 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     console.print("  assembling papers")
     papers_ds = map_buckets(n, partial(_papers_bucket, storage=storage, side=side), cpus)
     lance_ray.write_lance(
-        papers_ds, papers_uri, schema=schemas.PAPERS, mode="create",
-        enable_stable_row_ids=True, storage_options=lance_opts,
+        papers_ds,
+        papers_uri,
+        schema=schemas.PAPERS,
+        mode="create",
+        enable_stable_row_ids=True,
+        storage_options=lance_opts,
     )
     console.print("  assembling citations")
     citations_ds = map_buckets(n, partial(_citations_bucket, storage=storage, side=side), cpus)
     lance_ray.write_lance(
-        citations_ds, citations_uri, schema=schemas.CITATIONS, mode="create",
-        enable_stable_row_ids=True, storage_options=lance_opts,
+        citations_ds,
+        citations_uri,
+        schema=schemas.CITATIONS,
+        mode="create",
+        enable_stable_row_ids=True,
+        storage_options=lance_opts,
     )
 
     # 4. venues: small tables, joined once -----------------------------------------------------
@@ -307,7 +321,9 @@ def _build_venues(
     lance_opts: dict[str, str],
 ) -> pa.Table:
     counts = (
-        ray.data.read_lance(papers_uri, columns=["venue_id", "field_id"], storage_options=lance_opts)
+        ray.data.read_lance(
+            papers_uri, columns=["venue_id", "field_id"], storage_options=lance_opts
+        )
         .groupby(["venue_id", "field_id"], num_partitions=4)
         .count()
     )
@@ -317,11 +333,16 @@ def _build_venues(
         pa.concat_tables(tables).rename_columns(["venue_id", "field_id", "n"])
         if tables
         else pa.table(
-            {"venue_id": pa.array([], pa.string()), "field_id": pa.array([], pa.int32()),
-             "n": pa.array([], pa.int64())}
+            {
+                "venue_id": pa.array([], pa.string()),
+                "field_id": pa.array([], pa.int32()),
+                "n": pa.array([], pa.int64()),
+            }
         )
     )
-    venues = _read_small(storage, stage_uri("publication-venues"), empty_schema["publication-venues"])
+    venues = _read_small(
+        storage, stage_uri("publication-venues"), empty_schema["publication-venues"]
+    )
     sources = _read_small(storage, stage_uri("sources"), empty_schema["sources"])
     return linking.assemble_venues(venues, sources, field_counts)
 
@@ -339,9 +360,7 @@ def _write_table(storage: Storage, table: pa.Table, uri: str) -> None:
     pq.write_table(table, loc.path, filesystem=loc.fs)
 
 
-def _collect_rejects(
-    storage: Storage, staging: str, inputs: dict[str, InputSet], out: str
-) -> str:
+def _collect_rejects(storage: Storage, staging: str, inputs: dict[str, InputSet], out: str) -> str:
     """Quarantined lines of every input, in one table with their dataset, file and reason."""
     parts = []
     for name in inputs:

@@ -126,9 +126,7 @@ def assemble_papers(papers: pa.Table, abstracts: pa.Table, matches: pa.Table) ->
         m.topics[1].domain_id AS domain_id, m.topics[1].domain AS domain
     FROM p LEFT JOIN a USING (corpus_id) LEFT JOIN m USING (corpus_id)
     """
-    return duck.query(sql, papers=papers, abstracts=abstracts, matches=matches).cast(
-        schemas.PAPERS
-    )
+    return duck.query(sql, papers=papers, abstracts=abstracts, matches=matches).cast(schemas.PAPERS)
 
 
 def assemble_citations(citations: pa.Table, recovered: pa.Table) -> pa.Table:

@@ -168,7 +168,9 @@ OPENALEX_SOURCES = RecordSpec(
         "type": "j->>'$.type'",
         "issn_l": "upper(j->>'$.issn_l')",
         "issn": "list_transform(TRY_CAST(j->'$.issn' AS VARCHAR[]), lambda s: upper(s))",
-        "two_year_mean_citedness": "TRY_CAST(j->>'$.summary_stats.\"2yr_mean_citedness\"' AS DOUBLE)",
+        "two_year_mean_citedness": (
+            "TRY_CAST(j->>'$.summary_stats.\"2yr_mean_citedness\"' AS DOUBLE)"
+        ),
         "h_index": "TRY_CAST(j->>'$.summary_stats.h_index' AS INTEGER)",
     },
     checks=(("source_id_raw IS NULL", "missing_id"), ("source_id IS NULL", "bad_id")),
@@ -177,7 +179,15 @@ OPENALEX_SOURCES = RecordSpec(
 
 SPECS: dict[str, RecordSpec] = {
     s.name: s
-    for s in (S2_PAPERS, S2_ABSTRACTS, S2_CITATIONS, S2_VENUES, S2ORC, OPENALEX_WORKS, OPENALEX_SOURCES)
+    for s in (
+        S2_PAPERS,
+        S2_ABSTRACTS,
+        S2_CITATIONS,
+        S2_VENUES,
+        S2ORC,
+        OPENALEX_WORKS,
+        OPENALEX_SOURCES,
+    )
 }
 
 

@@ -18,7 +18,19 @@ MAX_SENTENCE_CHARS = 1000
 
 # A full stop ends a sentence unless it closes a common abbreviation or an initial.
 _BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\[])|\n+")
-_ABBREVIATIONS = ("et al.", "e.g.", "i.e.", "Fig.", "fig.", "Eq.", "eq.", "Ref.", "cf.", "vs.", "No.")
+_ABBREVIATIONS = (
+    "et al.",
+    "e.g.",
+    "i.e.",
+    "Fig.",
+    "fig.",
+    "Eq.",
+    "eq.",
+    "Ref.",
+    "cf.",
+    "vs.",
+    "No.",
+)
 
 
 def _spans(encoded: str | None) -> list[dict[str, Any]]:
@@ -44,9 +56,7 @@ def _sentence_bounds(text: str) -> list[int]:
     return starts
 
 
-def citing_sentences(
-    text: str, bibref: str | None, bibentry: str | None
-) -> list[tuple[int, str]]:
+def citing_sentences(text: str, bibref: str | None, bibentry: str | None) -> list[tuple[int, str]]:
     """(cited corpus id, sentence) for every in-text citation resolved to a paper, in text order.
 
     A sentence citing the same paper twice is reported once.
