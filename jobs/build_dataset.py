@@ -1,0 +1,45 @@
+"""Entry point for `ray job submit … -- python jobs/build_dataset.py --config FILE`.
+
+Parses arguments, runs the build stages through the same code as `cpr build`, and prints where
+each stage published its manifest. On a cluster, RAY_ADDRESS (set by `ray job submit`) makes the
+job join the cluster instead of starting a local Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cpr_ray.config import ConfigError, load_config
+from cpr_ray.corpus.ingest import IngestError
+from cpr_ray.pipeline import STAGES, run_build
+from cpr_ray.stage import manifest_uri
+from cpr_ray.storage import Storage, StorageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config file")
+    parser.add_argument("--profile", help="named profile to start from (e.g. dry-run, cluster)")
+    parser.add_argument("--stages", help=f"comma-separated subset of: {', '.join(STAGES)}")
+    parser.add_argument("--force", action="store_true", help="rerun published stages")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config key")
+    args = parser.parse_args(argv)
+    if not args.config and not args.profile:
+        parser.error("give --config and/or --profile")
+    try:
+        cfg = load_config(args.profile, args.config, args.overrides)
+        stages = [s.strip() for s in args.stages.split(",")] if args.stages else None
+        manifests = run_build(cfg, stages, force=args.force)
+    except (ConfigError, StorageError, IngestError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    storage = Storage(cfg.storage)
+    for name, manifest in manifests.items():
+        print(f"{name}: run {manifest['run_id']} → {manifest_uri(storage, name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
