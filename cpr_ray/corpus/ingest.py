@@ -114,9 +114,10 @@ class ParseRecords:
     spec: RecordSpec
     num_buckets: int
     raw_limit: int
+    threads: int = 1
 
     def __call__(self, lines: pa.Table) -> pa.Table:
-        return parse_lines(lines, self.spec, self.num_buckets, self.raw_limit)
+        return parse_lines(lines, self.spec, self.num_buckets, self.raw_limit, self.threads)
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class ParseWorks(ParseRecords):
     """Step: OpenAlex work lines → key rows with payload, bucketed by key hash."""
 
     def __call__(self, lines: pa.Table) -> pa.Table:
-        return linking.work_keys(super().__call__(lines), self.num_buckets)
+        return linking.work_keys(super().__call__(lines), self.num_buckets, self.threads)
 
 
 def _read_lines(storage: Storage, item: InputSet) -> ray.data.Dataset:
@@ -140,6 +141,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     cfg, storage = run.cfg, run.storage
     n = cfg.ingest.num_buckets
     cpus = cfg.ingest.cpus_per_task
+    threads = max(1, int(cpus))  # DuckDB inside a task uses the CPUs the task reserved
     staging = join(run.out, "_staging")
     rows_per_file = max(1000, cfg.ingest.batch_size)
 
@@ -150,7 +152,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     empty_schema: dict[str, pa.Schema] = {}
     for name, item in inputs.items():
         step_cls = ParseWorks if name == "works" else ParseRecords
-        step = step_cls(records.SPECS[name], n, cfg.ingest.raw_line_limit)
+        step = step_cls(records.SPECS[name], n, cfg.ingest.raw_line_limit, threads)
         empty_schema[name] = step(_empty_lines()).schema
         if not item.files:
             continue
@@ -191,6 +193,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         works_uri=stage_uri("works"),
         works_schema=_rows_schema(empty_schema["works"]),
         num_buckets=n,
+        threads=threads,
     )
     write_bucketed(map_buckets(n, match, cpus), stage_uri("matches"), storage, rows_per_file)
 
@@ -209,7 +212,9 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     citations_uri = join(run.out, "citations.lance")
     lance_opts = storage.lance_options()
     console.print("  assembling papers")
-    papers_ds = map_buckets(n, partial(_papers_bucket, storage=storage, side=side), cpus)
+    papers_ds = map_buckets(
+        n, partial(_papers_bucket, storage=storage, side=side, threads=threads), cpus
+    )
     lance_ray.write_lance(
         papers_ds,
         papers_uri,
@@ -219,7 +224,9 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         storage_options=lance_opts,
     )
     console.print("  assembling citations")
-    citations_ds = map_buckets(n, partial(_citations_bucket, storage=storage, side=side), cpus)
+    citations_ds = map_buckets(
+        n, partial(_citations_bucket, storage=storage, side=side, threads=threads), cpus
+    )
     lance_ray.write_lance(
         citations_ds,
         citations_uri,
@@ -286,10 +293,11 @@ def _match_bucket(
     works_uri: str,
     works_schema: pa.Schema,
     num_buckets: int,
+    threads: int,
 ) -> pa.Table:
     s2 = read_bucket(storage, s2_uri, k, s2_schema)
     works = read_bucket(storage, works_uri, k, works_schema)
-    return linking.match_keys(s2, works, num_buckets)
+    return linking.match_keys(s2, works, num_buckets, threads)
 
 
 def _side(storage: Storage, side: dict[str, tuple[str, pa.Schema]], name: str, k: int) -> pa.Table:
@@ -297,20 +305,23 @@ def _side(storage: Storage, side: dict[str, tuple[str, pa.Schema]], name: str, k
     return read_bucket(storage, uri, k, schema)
 
 
-def _papers_bucket(k: int, *, storage: Storage, side: dict[str, tuple[str, pa.Schema]]) -> pa.Table:
+def _papers_bucket(
+    k: int, *, storage: Storage, side: dict[str, tuple[str, pa.Schema]], threads: int
+) -> pa.Table:
     return linking.assemble_papers(
         _side(storage, side, "papers", k),
         _side(storage, side, "abstracts", k),
         _side(storage, side, "matches", k),
+        threads,
     )
 
 
 def _citations_bucket(
-    k: int, *, storage: Storage, side: dict[str, tuple[str, pa.Schema]]
+    k: int, *, storage: Storage, side: dict[str, tuple[str, pa.Schema]], threads: int
 ) -> pa.Table:
     # s2orc documents are bucketed by their corpus id, which is the citing id here
     recovered = recover_contexts(_side(storage, side, "s2orc", k))
-    return linking.assemble_citations(_side(storage, side, "citations", k), recovered)
+    return linking.assemble_citations(_side(storage, side, "citations", k), recovered, threads)
 
 
 def _build_venues(

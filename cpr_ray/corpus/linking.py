@@ -35,15 +35,15 @@ _LICENSE = """CASE WHEN {x} IS NULL THEN NULL
     ELSE nullif(upper(regexp_replace({x}, '[^A-Za-z0-9]', '', 'g')), '') END"""
 
 
-def s2_keys(papers: pa.Table, num_buckets: int) -> pa.Table:
+def s2_keys(papers: pa.Table, num_buckets: int, threads: int = 1) -> pa.Table:
     """Parsed S2 paper rows → (key, key_type, prio, corpus_id, _bucket) rows."""
     sql = f"""
     SELECT key, key_type, prio, corpus_id, CAST(hash(key) % {num_buckets} AS INTEGER) AS {BUCKET}
     FROM ({_KEYS.format(src="papers")})"""
-    return duck.query(sql, papers=papers)
+    return duck.query(sql, threads, papers=papers)
 
 
-def work_keys(parsed: pa.Table, num_buckets: int) -> pa.Table:
+def work_keys(parsed: pa.Table, num_buckets: int, threads: int = 1) -> pa.Table:
     """Parsed OpenAlex work rows → key rows with payload, plus the parser's rejects as they are.
 
     The abstract is rebuilt from OpenAlex's inverted index (word → positions) here, in SQL.
@@ -76,10 +76,10 @@ def work_keys(parsed: pa.Table, num_buckets: int) -> pa.Table:
     SELECT {REJECTED}::INTEGER AS {BUCKET}, reject_reason, raw, path
     FROM parsed WHERE {BUCKET} = {REJECTED}
     """
-    return duck.query(sql, parsed=parsed)
+    return duck.query(sql, threads, parsed=parsed)
 
 
-def match_keys(s2: pa.Table, works: pa.Table, num_buckets: int) -> pa.Table:
+def match_keys(s2: pa.Table, works: pa.Table, num_buckets: int, threads: int = 1) -> pa.Table:
     """One key bucket: S2 keys joined to OpenAlex keys, re-bucketed by corpus id.
 
     A work seen in several snapshot partitions counts once (its newest version).
@@ -94,10 +94,12 @@ def match_keys(s2: pa.Table, works: pa.Table, num_buckets: int) -> pa.Table:
            CAST(s.corpus_id % {num_buckets} AS INTEGER) AS {BUCKET}
     FROM s2 s JOIN o USING (key)
     """
-    return duck.query(sql, s2=s2, works=works)
+    return duck.query(sql, threads, s2=s2, works=works)
 
 
-def assemble_papers(papers: pa.Table, abstracts: pa.Table, matches: pa.Table) -> pa.Table:
+def assemble_papers(
+    papers: pa.Table, abstracts: pa.Table, matches: pa.Table, threads: int = 1
+) -> pa.Table:
     """One corpus-id bucket → rows of the `papers` table (schema `schemas.PAPERS`)."""
     sql = f"""
     WITH p AS (
@@ -126,10 +128,12 @@ def assemble_papers(papers: pa.Table, abstracts: pa.Table, matches: pa.Table) ->
         m.topics[1].domain_id AS domain_id, m.topics[1].domain AS domain
     FROM p LEFT JOIN a USING (corpus_id) LEFT JOIN m USING (corpus_id)
     """
-    return duck.query(sql, papers=papers, abstracts=abstracts, matches=matches).cast(schemas.PAPERS)
+    return duck.query(sql, threads, papers=papers, abstracts=abstracts, matches=matches).cast(
+        schemas.PAPERS
+    )
 
 
-def assemble_citations(citations: pa.Table, recovered: pa.Table) -> pa.Table:
+def assemble_citations(citations: pa.Table, recovered: pa.Table, threads: int = 1) -> pa.Table:
     """One citing-id bucket → rows of the `citations` table (schema `schemas.CITATIONS`).
 
     S2's own contexts win; S2ORC sentences fill in only where S2 has none.
@@ -152,7 +156,9 @@ def assemble_citations(citations: pa.Table, recovered: pa.Table) -> pa.Table:
         coalesce(c.is_influential, false) AS is_influential
     FROM c LEFT JOIN r USING (citing_id, cited_id)
     """
-    return duck.query(sql, citations=citations, recovered=recovered).cast(schemas.CITATIONS)
+    return duck.query(sql, threads, citations=citations, recovered=recovered).cast(
+        schemas.CITATIONS
+    )
 
 
 def _taxonomy_table() -> pa.Table:
@@ -167,7 +173,9 @@ def _taxonomy_table() -> pa.Table:
     )
 
 
-def assemble_venues(venues: pa.Table, sources: pa.Table, field_counts: pa.Table) -> pa.Table:
+def assemble_venues(
+    venues: pa.Table, sources: pa.Table, field_counts: pa.Table, threads: int = 1
+) -> pa.Table:
     """S2 venues with their OpenAlex source (matched by any ISSN), impact and home field.
 
     `field_counts` holds (venue_id, field_id, n) over the papers table; a venue's field is the
@@ -207,5 +215,10 @@ def assemble_venues(venues: pa.Table, sources: pa.Table, field_counts: pa.Table)
     ORDER BY v.venue_id
     """
     return duck.query(
-        sql, venues=venues, sources=sources, field_counts=field_counts, taxonomy=_taxonomy_table()
+        sql,
+        threads,
+        venues=venues,
+        sources=sources,
+        field_counts=field_counts,
+        taxonomy=_taxonomy_table(),
     ).cast(schemas.VENUES)

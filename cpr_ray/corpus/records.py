@@ -228,7 +228,7 @@ FROM chk
 
 
 def parse_lines(
-    lines: pa.Table, spec: RecordSpec, num_buckets: int, raw_limit: int = 20_000
+    lines: pa.Table, spec: RecordSpec, num_buckets: int, raw_limit: int = 20_000, threads: int = 1
 ) -> pa.Table:
     """Parse a batch of raw lines (`text`, `path` columns) into typed, bucketed rows."""
-    return duck.query(parse_sql(spec, num_buckets, raw_limit), lines=lines)
+    return duck.query(parse_sql(spec, num_buckets, raw_limit), threads, lines=lines)
