@@ -7,6 +7,7 @@ from typing import Any
 
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import ingest
+from cpr_ray.mining.stages import mine, venues
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.storage import Storage
 
@@ -14,6 +15,8 @@ StageFn = Callable[..., dict[str, Any]]
 
 STAGES: dict[str, StageFn] = {
     "ingest": ingest,
+    "venues": venues,
+    "mine": mine,
 }
 
 

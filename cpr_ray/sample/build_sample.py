@@ -388,8 +388,11 @@ def s2orc_citations(lines: list[str]) -> list[Record]:
         record = json.loads(line)
         entries = json.loads(record["content"]["annotations"].get("bibentry") or "[]")
         cited = sorted(
-            {int(e["attributes"]["matched_paper_id"]) for e in entries
-             if (e.get("attributes") or {}).get("matched_paper_id") is not None}
+            {
+                int(e["attributes"]["matched_paper_id"])
+                for e in entries
+                if (e.get("attributes") or {}).get("matched_paper_id") is not None
+            }
         )
         updated = record.get("updated") or "2023-01-01T00:00:00Z"
         out.extend(citation(int(record["corpusid"]), c, updated) for c in cited)
