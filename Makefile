@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install dry-run test lint bench-ingest clean
+.PHONY: install dry-run test lint bench-ingest bench-mine clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ lint: install
 
 bench-ingest: install
 	$(PY) benchmarks/ingest.py
+
+bench-mine: install
+	$(PY) benchmarks/mine.py
 
 clean:
 	rm -rf $(DRY_RUN_OUT) .pytest_cache

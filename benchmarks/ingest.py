@@ -76,8 +76,15 @@ def duckdb_baseline(raw: Path, out: Path, threads: int) -> tuple[int, float]:
         kept(parsed["papers"]), kept(parsed["abstracts"]), matches, threads
     )
     empty_docs = pa.table(
-        {c: pa.array([], t) for c, t in [("corpus_id", pa.int64()), ("text", pa.string()),
-                                          ("bibref", pa.string()), ("bibentry", pa.string())]}
+        {
+            c: pa.array([], t)
+            for c, t in [
+                ("corpus_id", pa.int64()),
+                ("text", pa.string()),
+                ("bibref", pa.string()),
+                ("bibentry", pa.string()),
+            ]
+        }
     )
     citations = linking.assemble_citations(
         kept(parsed["citations"]), recover_contexts(empty_docs), threads

@@ -127,6 +127,7 @@ def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path):
     rerun = mine(strict, storage)  # a mining knob changed: mine reruns, ingest is reused
     assert rerun["run_id"] != manifest["run_id"]
     strict_pairs = _read(storage, rerun["tables"]["pairs"]["uri"])
+    assert rerun["stats"]["pairs_without_context_dropped"] == len(got) - len(with_context)
     assert (
         set(zip(strict_pairs["base_id"].to_pylist(), strict_pairs["cited_id"].to_pylist()))
         == with_context

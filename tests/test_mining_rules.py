@@ -152,11 +152,17 @@ def test_disjointness_on_real_openalex_topics(reference):
     }
     assert 1000 < len(expected) < len(pairs)  # the sample's README: 1,264 topic-disjoint
 
-    topic_ids = lambda w: [int(t["id"].rsplit("T", 1)[1]) for t in w["topics"]]  # noqa: E731
-    field = lambda w: int(w["topics"][0]["field"]["id"].rsplit("/", 1)[1]) if w["topics"] else None  # noqa: E731,E501
-    domain = lambda w: (
-        int(w["topics"][0]["domain"]["id"].rsplit("/", 1)[1]) if w["topics"] else None
-    )  # noqa: E731,E501
+    def topic_ids(w):
+        return [int(t["id"].rsplit("T", 1)[1]) for t in w["topics"]]
+
+    def level(w, name):
+        return int(w["topics"][0][name]["id"].rsplit("/", 1)[1]) if w["topics"] else None
+
+    def field(w):
+        return level(w, "field")
+
+    def domain(w):
+        return level(w, "domain")
     candidates = pa.table(
         {
             "base_id": pa.array([wid(q["id"]) for q, _ in pairs], pa.int64()),

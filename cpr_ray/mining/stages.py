@@ -343,15 +343,22 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
         base=base.schema.empty_table(),
     ).schema
     candidates_schema = candidates_schema.remove(candidates_schema.get_field_index(BUCKET))
-    pairs_ds = map_buckets(
+    pairs_all = map_buckets(
         n, partial(_pairs_bucket, sides=sides, candidates_schema=candidates_schema), cpus
-    )
+    ).materialize()  # small (bounded by the base sample); counted before the context rule
+    n_pairs = pairs_all.count()
+    without_context = n_pairs - (pairs_all.sum("has_context") or 0) if n_pairs else 0
+    pairs_ds = pairs_all
     if not m.keep_pairs_without_context:
-        pairs_ds = pairs_ds.filter(expr=ray.data.expressions.col("has_context"))
+        pairs_ds = pairs_all.filter(expr=ray.data.expressions.col("has_context"))
     pairs_uri = join(run.out, "pairs")
     loc = storage.resolve(pairs_uri)
     pairs_ds.write_parquet(loc.path, filesystem=loc.fs, try_create_dir=not loc.is_s3)
-    pairs = pq.read_table(loc.path, filesystem=loc.fs, schema=rules.PAIR_SCHEMA)
+    pairs = (
+        pq.read_table(loc.path, filesystem=loc.fs, schema=rules.PAIR_SCHEMA)
+        if storage.exists(pairs_uri)
+        else rules.PAIR_SCHEMA.empty_table()
+    )
 
     # pooling universe: top-venue papers and the papers they cite, with abstract and date
     console.print("  pooling universe: top-venue papers and what they cite")
@@ -384,6 +391,9 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
                 for r in report.to_pylist()
             },
             "universe": universe_rows,
+            "cross_topic_citations": n_pairs,
+            "pairs_without_context": without_context,
+            "pairs_without_context_dropped": 0 if m.keep_pairs_without_context else without_context,
         }
     )
     stats_uri = join(run.out, "stats.json")
@@ -431,7 +441,9 @@ def _print_mining(stats: dict[str, Any]) -> None:
             f"{stats['base_papers']:,} base papers; crossing field "
             f"{stats['share_crossing_field']:.1%}, domain {stats['share_crossing_domain']:.1%} "
             "(the paper's final positives: 79.9% / 45.3%); with a citing sentence "
-            f"{stats['share_with_context']:.1%}; pooling universe {stats['universe']:,} papers"
+            f"{stats['share_with_context']:.1%} ({stats['pairs_without_context']:,} without, "
+            f"{stats['pairs_without_context_dropped']:,} of them dropped); pooling universe "
+            f"{stats['universe']:,} papers"
         )
     else:
         console.print(f"  no pairs; pooling universe {stats['universe']:,} papers")
