@@ -100,7 +100,7 @@ def duckdb_baseline(work: Path, raw: Path) -> tuple[int, int, float]:
             "venue_id",
             "year",
             "publication_date",
-            "abstract",
+            "abstract_length",
             "topics",
             "field_id",
             "field",
@@ -119,7 +119,7 @@ def duckdb_baseline(work: Path, raw: Path) -> tuple[int, int, float]:
         conference_policy=m.conference_policy,
         threads=threads,
     )
-    with_context = citations.filter(pc.greater(pc.list_value_length(citations["contexts"]), 0))
+    with_context = citations.filter(pc.is_valid(citations["context_source"]))
     eligible = rules.eligible_base_papers(
         papers,
         top,
@@ -150,8 +150,7 @@ def duckdb_baseline(work: Path, raw: Path) -> tuple[int, int, float]:
                UNION SELECT c.cited_id FROM citations c
                JOIN papers p ON p.corpus_id = c.citing_id JOIN top t USING (venue_id))
            SELECT count(*) AS n FROM papers p JOIN ids ON ids.id = p.corpus_id
-           WHERE p.abstract IS NOT NULL AND length(p.abstract) > 0
-             AND p.publication_date IS NOT NULL""",
+           WHERE p.abstract_length > 0 AND p.publication_date IS NOT NULL""",
         threads,
         papers=papers,
         citations=citations,

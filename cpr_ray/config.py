@@ -146,22 +146,94 @@ class MiningConfig(_Section):
         return self
 
 
+class LLMStageConfig(_Section):
+    model: str | None = Field(None, description="Model for this stage; unset: llm.model.")
+    temperature: float | None = Field(None, ge=0, le=2, description="Unset: llm.temperature.")
+    max_tokens: int | None = Field(None, ge=16, description="Unset: llm.max_tokens.")
+
+
+class Price(_Section):
+    input_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
+    output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
+
+
+LLM_STAGES = (
+    "judge_analogy",
+    "judge_transfer",
+    "write_queries",
+    "dedup",
+    "score_positives",
+)
+
+
 class LLMConfig(_Section):
     base_url: str | None = Field(
         None,
-        description="OpenAI-compatible endpoint (vLLM, llama.cpp, a provider). Unset in the "
-        "dry run: the embedded local server is started.",
+        description="OpenAI-compatible endpoint (vLLM, llama.cpp, a provider), e.g. "
+        "http://host:8000/v1. Unset in the dry run: the embedded local server is started.",
     )
     api_key_env: str = Field(
         "OPENAI_API_KEY", description="Name of the environment variable holding the API key."
     )
     model: str = Field("gemma-3-270m", description="Model name sent to the endpoint.")
-    max_in_flight: int = Field(64, ge=1, description="Requests in flight per actor.")
+    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature.")
+    max_tokens: int = Field(1024, ge=16, description="Completion token limit per request.")
+    stages: dict[str, LLMStageConfig] = Field(
+        default_factory=dict,
+        description=f"Per-stage overrides, keyed by stage: {', '.join(LLM_STAGES)}. The "
+        "transfer verification should use a different model from the analogy judge.",
+    )
     response_format: Literal["json_schema", "json_object_schema"] = Field(
         "json_schema",
         description="How structured output is requested: OpenAI json_schema (vLLM, llama.cpp "
         "server) or json_object with a schema (llama-cpp-python's server).",
     )
+    max_in_flight: int = Field(64, ge=1, description="Requests in flight per actor.")
+    actors: int = Field(2, ge=1, description="LLM actors (each an asyncio client).")
+    timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
+    max_retries: int = Field(
+        6, ge=0, description="Retries of a request on 429/408/5xx, timeouts, connection errors."
+    )
+    backoff_base_s: float = Field(0.5, gt=0, description="First back-off; doubles per retry.")
+    backoff_cap_s: float = Field(30.0, gt=0, description="Longest single back-off.")
+    max_reasks: int = Field(
+        2, ge=0, description="Re-asks after an invalid, truncated or inconsistent answer."
+    )
+    requests_per_second: float | None = Field(
+        None, gt=0, description="Global request rate limit shared by all actors."
+    )
+    tokens_per_minute: int | None = Field(
+        None, gt=0, description="Global token rate limit shared by all actors."
+    )
+    max_failure_rate: float = Field(
+        0.2, ge=0, le=1, description="Stop a stage when more of its new calls fail than this."
+    )
+    min_calls_for_failure_rate: int = Field(
+        20, ge=1, description="Calls needed before the failure rate can stop a stage."
+    )
+    max_rows_per_stage: int | None = Field(
+        None, ge=1, description="Cap rows entering each LLM stage (dry runs scale down here)."
+    )
+    prices: dict[str, Price] = Field(
+        default_factory=dict, description="Price table per model name, for the ledger's cost."
+    )
+
+    @field_validator("stages")
+    @classmethod
+    def _known_stages(cls, value: dict[str, LLMStageConfig]) -> dict[str, LLMStageConfig]:
+        unknown = sorted(set(value) - set(LLM_STAGES))
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; allowed: {', '.join(LLM_STAGES)}")
+        return value
+
+    def for_stage(self, stage: str) -> tuple[str, float, int]:
+        """(model, temperature, max_tokens) of a stage, overrides applied."""
+        o = self.stages.get(stage, LLMStageConfig())
+        return (
+            o.model or self.model,
+            self.temperature if o.temperature is None else o.temperature,
+            o.max_tokens or self.max_tokens,
+        )
 
 
 class ModelsConfig(_Section):

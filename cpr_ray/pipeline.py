@@ -8,6 +8,7 @@ from typing import Any
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.mining.stages import mine, venues
+from cpr_ray.positives import STAGES as POSITIVE_STAGES
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.storage import Storage
 
@@ -17,6 +18,7 @@ STAGES: dict[str, StageFn] = {
     "ingest": ingest,
     "venues": venues,
     "mine": mine,
+    **POSITIVE_STAGES,
 }
 
 

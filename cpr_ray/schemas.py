@@ -30,6 +30,7 @@ PAPERS = pa.schema(
         ("abstract", pa.string()),
         ("abstract_license", pa.string()),
         ("abstract_source", pa.string()),  # s2 | openalex | null
+        ("abstract_length", pa.int32()),  # characters; lets scans test "has an abstract" cheaply
         ("year", pa.int32()),
         ("publication_date", pa.date32()),
         ("venue", pa.string()),

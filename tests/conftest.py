@@ -103,3 +103,70 @@ def upload_tree(endpoint: str, bucket: str, local: Path, prefix: str) -> None:
     for path in sorted(local.rglob("*")):
         if path.is_file():
             s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local).as_posix()}")
+
+
+class ScriptedLLM:
+    """Handle on the scripted OpenAI-compatible server (tests/scripted_llm.py)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.base_url = f"{url}/v1"
+
+    def _post(self, path: str, payload: object) -> object:
+        import json
+
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def reset(self) -> None:
+        self._post("/_reset", {})
+
+    def faults(self, *faults: dict) -> None:
+        self._post("/_faults", list(faults))
+
+    def latency(self, ms: float) -> None:
+        self._post("/_latency", {"ms": ms})
+
+    def stats(self) -> dict:
+        import json
+
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=10) as resp:
+            return json.loads(resp.read())
+
+
+def start_scripted_llm(log: Path) -> tuple[subprocess.Popen, ScriptedLLM]:
+    port = _free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parent / "scripted_llm.py"), "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 20
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=1)
+            return proc, ScriptedLLM(url)
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"scripted LLM server did not start; see {log}") from None
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def scripted_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedLLM]:
+    proc, handle = start_scripted_llm(tmp_path_factory.mktemp("llm") / "scripted.log")
+    yield handle
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def llm(scripted_llm: ScriptedLLM) -> ScriptedLLM:
+    scripted_llm.reset()
+    return scripted_llm

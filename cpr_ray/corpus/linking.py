@@ -119,6 +119,7 @@ def assemble_papers(
             AS abstract_license,
         CASE WHEN a.abstract IS NOT NULL THEN 's2'
              WHEN m.abstract IS NOT NULL THEN 'openalex' END AS abstract_source,
+        coalesce(length(coalesce(a.abstract, m.abstract)), 0) AS abstract_length,
         coalesce(p.year, year(m.publication_date)) AS year,
         coalesce(p.publication_date, m.publication_date) AS publication_date,
         p.venue, p.venue_id, p.doi, p.mag_id, p.pmid, p.arxiv_id,

@@ -99,7 +99,7 @@ def eligible_base_papers(
     JOIN top t ON t.venue_id = p.venue_id
     LEFT JOIN (SELECT DISTINCT citing_id FROM has_context) c ON c.citing_id = p.corpus_id
     WHERE p.year BETWEEN {int(year_min)} AND {int(year_max)}
-      AND p.abstract IS NOT NULL AND length(p.abstract) > 0
+      AND p.abstract_length > 0
       AND p.topics IS NOT NULL AND len(p.topics) > 0
       {context_rule}
     {cap}

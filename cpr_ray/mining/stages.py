@@ -30,21 +30,16 @@ PAPER_COLUMNS = [
     "venue_id",
     "year",
     "publication_date",
-    "abstract",
+    "abstract_length",
     "topics",
     "field_id",
     "field",
     "domain_id",
     "domain",
 ]
-CITATION_COLUMNS = [
-    "citing_id",
-    "cited_id",
-    "contexts",
-    "context_source",
-    "intents",
-    "is_influential",
-]
+SNAPSHOT_CITATIONS = pa.schema(
+    [("citing_id", pa.int64()), ("cited_id", pa.int64()), ("has_context", pa.bool_())]
+)
 
 
 def _read_parquet(storage: Storage, uri: str) -> pa.Table:
@@ -114,23 +109,35 @@ def venues(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
 
 
 def _paper_snapshot_batch(batch: pa.Table, num_buckets: int) -> pa.Table:
-    """Drop the abstract text (only its presence matters here) and add the corpus-id bucket."""
-    has_abstract = pc.fill_null(pc.greater(pc.utf8_length(batch["abstract"]), 0), False)
-    out = batch.drop_columns(["abstract"]).append_column("has_abstract", has_abstract)
     bucket = pc.cast(pc.remainder(batch["corpus_id"], num_buckets), pa.int32())
-    return out.append_column(BUCKET, bucket)
-
-
-def _citation_snapshot_batch(batch: pa.Table, num_buckets: int) -> pa.Table:
-    bucket = pc.cast(pc.remainder(batch["citing_id"], num_buckets), pa.int32())
     return batch.append_column(BUCKET, bucket)
 
 
+def _citation_snapshot_batch(batch: pa.Table, num_buckets: int, citing: pa.Array) -> pa.Table:
+    """Only citations *from* top-venue papers can yield a pair or a universe member: keep those,
+    as (citing, cited, has a citing sentence). Their text is fetched later for the few pairs."""
+    keep = batch.filter(pc.is_in(batch["citing_id"], value_set=citing))
+    bucket = pc.cast(pc.remainder(keep["citing_id"], num_buckets), pa.int32())
+    return pa.table(
+        {
+            "citing_id": keep["citing_id"],
+            "cited_id": keep["cited_id"],
+            "has_context": pc.is_valid(keep["context_source"]),
+            BUCKET: bucket,
+        }
+    )
+
+
 def _snapshot(
-    storage: Storage, lance_uri: str, columns: list[str], fn: Any, num_buckets: int, out: str
+    storage: Storage,
+    lance_uri: str,
+    columns: list[str],
+    fn: Any,
+    out: str,
+    **kwargs: Any,
 ) -> None:
     ds = ray.data.read_lance(lance_uri, columns=columns, storage_options=storage.lance_options())
-    ds = ds.map_batches(fn, fn_kwargs={"num_buckets": num_buckets}, batch_format="pyarrow")
+    ds = ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow")
     write_bucketed(ds, out, storage, min_rows_per_file=50_000)
 
 
@@ -156,10 +163,9 @@ def _eligible_bucket(
 ) -> pa.Table:
     m = cfg.mining
     citations = sides.read("citations", k)
-    with_context = citations.filter(pc.greater(pc.list_value_length(citations["contexts"]), 0))
-    papers = sides.read("papers", k)
+    with_context = citations.filter(citations["has_context"])
     return rules.eligible_base_papers(
-        papers.append_column("abstract", pc.if_else(papers["has_abstract"], "x", None)),
+        sides.read("papers", k),
         top,
         with_context.select(["citing_id"]),
         year_min=m.year_min,
@@ -171,8 +177,9 @@ def _eligible_bucket(
 
 
 CANDIDATE_SQL = """
-SELECT c.citing_id AS base_id, c.cited_id, c.contexts, c.context_source, c.intents,
-       c.is_influential, b.topic_ids AS base_topics, b.top_topic AS base_top_topic,
+SELECT c.citing_id AS base_id, c.cited_id, NULL::VARCHAR[] AS contexts,
+       NULL::VARCHAR AS context_source, NULL::VARCHAR[] AS intents,
+       NULL::BOOLEAN AS is_influential, b.topic_ids AS base_topics, b.top_topic AS base_top_topic,
        b.field_id AS base_field_id, b.field AS base_field, b.domain AS base_domain,
        b.primary_field_id AS base_primary_field_id, b.primary_domain_id AS base_primary_domain_id,
        CAST(c.cited_id % {n} AS INTEGER) AS _bucket
@@ -185,6 +192,32 @@ def _candidates_bucket(k: int, *, sides: _Sides, base: pa.Table, num_buckets: in
     return duck.query(
         CANDIDATE_SQL.format(n=num_buckets), citations=sides.read("citations", k), base=mine
     )
+
+
+def _attach_citation_text(storage: Storage, citations_uri: str, pairs: pa.Table) -> pa.Table:
+    """Citing sentences, intents and influence of the (few) mined pairs, read from Lance with the
+    base ids pushed down."""
+    text = lance.dataset(citations_uri, storage_options=storage.lance_options()).to_table(
+        columns=[
+            "citing_id",
+            "cited_id",
+            "contexts",
+            "context_source",
+            "intents",
+            "is_influential",
+        ],
+        filter=pc.field("citing_id").isin(pc.unique(pairs["base_id"])),
+    )
+    out = duck.query(
+        """SELECT p.* REPLACE (c.contexts AS contexts, c.context_source AS context_source,
+                              c.intents AS intents, c.is_influential AS is_influential,
+                              len(coalesce(c.contexts, [])) > 0 AS has_context)
+           FROM pairs p LEFT JOIN text c ON c.citing_id = p.base_id AND c.cited_id = p.cited_id
+           ORDER BY p.base_id, p.cited_id""",
+        pairs=pairs,
+        text=text,
+    )
+    return out.cast(rules.PAIR_SCHEMA)
 
 
 def _pairs_bucket(k: int, *, sides: _Sides, candidates_schema: pa.Schema) -> pa.Table:
@@ -227,7 +260,7 @@ def _universe_bucket(k: int, *, sides: _Sides, ids_schema: pa.Schema, top: pa.Ta
     SELECT p.corpus_id, p.year, p.publication_date, p.field_id, p.domain_id,
            p.venue_id IN (SELECT venue_id FROM top) AS in_top_venue
     FROM papers p JOIN (SELECT DISTINCT id FROM ids) i ON i.id = p.corpus_id
-    WHERE p.has_abstract AND p.publication_date IS NOT NULL
+    WHERE p.abstract_length > 0 AND p.publication_date IS NOT NULL
     """
     out = duck.query(
         sql,
@@ -284,37 +317,42 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
     cpus = cfg.ingest.cpus_per_task
     snap = join(run.out, "_snapshot")
 
-    console.print(f"  snapshot: papers and citations into {n} key buckets")
+    opts = storage.lance_options()
+    papers_uri = ingest_m["tables"]["papers"]["uri"]
+    citations_uri = ingest_m["tables"]["citations"]["uri"]
+    top = _read_parquet(storage, venues_m["tables"]["top_venues"]["uri"])
+    # ids of top-venue papers: pushed down to Lance; broadcast to the citation scan
+    top_papers = (
+        lance.dataset(papers_uri, storage_options=opts)
+        .to_table(columns=["corpus_id"], filter=pc.field("venue_id").isin(top["venue_id"]))[
+            "corpus_id"
+        ]
+        .combine_chunks()
+    )
+    console.print(
+        f"  snapshot: papers, and citations of {len(top_papers):,} top-venue papers, into {n} "
+        "key buckets"
+    )
     _snapshot(
         storage,
-        ingest_m["tables"]["papers"]["uri"],
+        papers_uri,
         PAPER_COLUMNS,
         _paper_snapshot_batch,
-        n,
         join(snap, "papers"),
+        num_buckets=n,
     )
     _snapshot(
         storage,
-        ingest_m["tables"]["citations"]["uri"],
-        CITATION_COLUMNS,
+        citations_uri,
+        ["citing_id", "cited_id", "context_source"],
         _citation_snapshot_batch,
-        n,
         join(snap, "citations"),
+        num_buckets=n,
+        citing=top_papers,
     )
-    opts = storage.lance_options()
-    paper_schema = _paper_snapshot_batch(
-        lance.dataset(ingest_m["tables"]["papers"]["uri"], storage_options=opts)
-        .schema.empty_table()
-        .select(PAPER_COLUMNS),
-        n,
-    ).schema
-    paper_schema = paper_schema.remove(paper_schema.get_field_index(BUCKET))
-    citation_schema = lance.dataset(
-        ingest_m["tables"]["citations"]["uri"], storage_options=opts
-    ).schema
-    citation_schema = pa.schema([citation_schema.field(c) for c in CITATION_COLUMNS])
-    sides = _Sides(storage, snap, paper_schema, citation_schema)
-    top = _read_parquet(storage, venues_m["tables"]["top_venues"]["uri"])
+    lance_schema = lance.dataset(papers_uri, storage_options=opts).schema
+    paper_schema = pa.schema([lance_schema.field(c) for c in PAPER_COLUMNS])
+    sides = _Sides(storage, snap, paper_schema, SNAPSHOT_CITATIONS)
 
     # base papers: per bucket eligible (capped when a per-field count is set), then sample
     console.print("  base papers: eligibility per bucket, then the same number per field")
@@ -339,26 +377,24 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
     )
     candidates_schema = duck.query(
         CANDIDATE_SQL.format(n=n),
-        citations=citation_schema.empty_table(),
+        citations=SNAPSHOT_CITATIONS.empty_table(),
         base=base.schema.empty_table(),
     ).schema
     candidates_schema = candidates_schema.remove(candidates_schema.get_field_index(BUCKET))
-    pairs_all = map_buckets(
-        n, partial(_pairs_bucket, sides=sides, candidates_schema=candidates_schema), cpus
-    ).materialize()  # small (bounded by the base sample); counted before the context rule
-    n_pairs = pairs_all.count()
-    without_context = n_pairs - (pairs_all.sum("has_context") or 0) if n_pairs else 0
-    pairs_ds = pairs_all
-    if not m.keep_pairs_without_context:
-        pairs_ds = pairs_all.filter(expr=ray.data.expressions.col("has_context"))
-    pairs_uri = join(run.out, "pairs")
-    loc = storage.resolve(pairs_uri)
-    pairs_ds.write_parquet(loc.path, filesystem=loc.fs, try_create_dir=not loc.is_s3)
-    pairs = (
-        pq.read_table(loc.path, filesystem=loc.fs, schema=rules.PAIR_SCHEMA)
-        if storage.exists(pairs_uri)
-        else rules.PAIR_SCHEMA.empty_table()
+    found = _gather(
+        map_buckets(
+            n, partial(_pairs_bucket, sides=sides, candidates_schema=candidates_schema), cpus
+        ),
+        rules.PAIR_SCHEMA,
     )
+    pairs_all = _attach_citation_text(storage, citations_uri, found)
+    n_pairs = pairs_all.num_rows
+    without_context = n_pairs - (pc.sum(pairs_all["has_context"]).as_py() or 0)
+    pairs = (
+        pairs_all if m.keep_pairs_without_context else pairs_all.filter(pairs_all["has_context"])
+    )
+    pairs_uri = join(run.out, "pairs.parquet")
+    _write_parquet(storage, pairs, pairs_uri)
 
     # pooling universe: top-venue papers and the papers they cite, with abstract and date
     console.print("  pooling universe: top-venue papers and what they cite")

@@ -1,0 +1,93 @@
+"""BEIR format: ``corpus.jsonl`` (_id, title, text), ``queries.jsonl`` (_id, text) and
+``qrels/{split}.tsv`` (query-id, corpus-id, score; a header line). Retrieval over the whole corpus.
+
+Only queries with qrels in the split are evaluated (as BEIR does); qrels naming an unknown query
+or document are counted in ``rejects``. A ``qrels/train.tsv`` beside it gives (query, relevant
+passage) pairs for Query2doc's few-shot examples.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position
+from cpr_ray.evaluate.loaders.io import is_file, read_jsonl, read_text
+from cpr_ray.storage import Storage, StorageError, join
+
+CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
+QUERIES = pa.schema([("_id", pa.string()), ("text", pa.string())])
+
+
+def _first(storage: Storage, root: str, names: tuple[str, ...]) -> str:
+    for name in names:
+        if is_file(storage, join(root, name)):
+            return join(root, name)
+    raise StorageError(f"{root} is not a BEIR folder: none of {', '.join(names)} found")
+
+
+def read_qrels(text: str, uri: str) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        parts = line.rstrip("\n").split("\t")
+        if n == 1 and not parts[-1].lstrip("-").isdigit():
+            continue  # header
+        if not line.strip():
+            continue
+        if len(parts) == 4:  # TREC style: qid 0 docid grade
+            parts = [parts[0], parts[2], parts[3]]
+        if len(parts) != 3 or not parts[2].strip().lstrip("-").isdigit():
+            raise ValueError(f"{uri}: line {n} is not 'query-id<TAB>corpus-id<TAB>score'")
+        out.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    return out
+
+
+def load_beir(
+    storage: Storage, root: str, *, split: str = "test", max_train_pairs: int = 1000
+) -> Benchmark:
+    corpus = read_jsonl(storage, _first(storage, root, ("corpus.jsonl", "corpus.jsonl.gz")), CORPUS)
+    queries = read_jsonl(
+        storage, _first(storage, root, ("queries.jsonl", "queries.jsonl.gz")), QUERIES
+    )
+    qrels_uri = join(root, "qrels", f"{split}.tsv")
+    if not is_file(storage, qrels_uri):
+        raise StorageError(f"{qrels_uri} not found (BEIR qrels for split {split!r})")
+    qrels = read_qrels(read_text(storage, qrels_uri), qrels_uri)
+
+    doc_ids = corpus.column("_id").to_pylist()
+    title = pc.fill_null(corpus.column("title"), "")
+    body = pc.fill_null(corpus.column("text"), "")
+    sep = pc.if_else(pc.or_(pc.equal(title, ""), pc.equal(body, "")), "", "\n")
+    texts = pc.binary_join_element_wise(title, sep, body, "").to_pylist()
+    index = positions(doc_ids)
+
+    qtext = dict(zip(queries.column("_id").to_pylist(), queries.column("text").to_pylist()))
+    rejects = [
+        {"query_id": q, "reason": "qrels name a query missing from queries.jsonl"}
+        for q in sorted(qrels)
+        if q not in qtext
+    ]
+    query_ids = [q for q in qtext if q in qrels]
+    by_pos, missing = qrels_by_position(qrels, query_ids, index)
+    if missing:
+        rejects.append({"query_id": "*", "reason": f"{missing} qrels name unknown documents"})
+
+    train_pairs: list[tuple[str, str]] = []
+    train_uri = join(root, "qrels", "train.tsv")
+    if split != "train" and max_train_pairs > 0 and is_file(storage, train_uri):
+        for qid, rel in read_qrels(read_text(storage, train_uri), train_uri).items():
+            best = [d for d, g in sorted(rel.items(), key=lambda x: -x[1]) if g > 0 and d in index]
+            if qid in qtext and best:
+                train_pairs.append((qtext[qid], texts[index[best[0]]]))
+            if len(train_pairs) >= max_train_pairs:
+                break
+    return Benchmark(
+        name="beir",
+        query_ids=query_ids,
+        queries=[qtext[q] or "" for q in query_ids],
+        doc_ids=doc_ids,
+        doc_texts=texts,
+        qrels=by_pos,
+        train_pairs=train_pairs,
+        rejects=rejects,
+    )

@@ -1,0 +1,69 @@
+"""BM25 with bm25s: Lucene variant, k1 = 1.2, b = 0.75, English stop words and Snowball stemming.
+
+Statistics (IDF, average length) come from the indexed documents: the corpus, or for pooled
+benchmarks the union of all pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import bm25s
+import numpy as np
+import Stemmer
+
+from cpr_ray.evaluate.benchmark import PAD
+
+
+class BM25Retriever:
+    name = "bm25"
+    model = None
+
+    def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
+        self.k1, self.b = k1, b
+        self._stemmer = Stemmer.Stemmer("english")
+        self._bm25: bm25s.BM25 | None = None
+        self._n_docs = 0
+
+    def _tokens(self, texts: Sequence[str]) -> list[list[str]]:
+        return bm25s.tokenize(
+            list(texts),
+            lower=True,
+            stopwords="en",
+            stemmer=self._stemmer,
+            return_ids=False,
+            show_progress=False,
+        )
+
+    def index(self, texts: Sequence[str]) -> None:
+        tokens = bm25s.tokenize(
+            list(texts), lower=True, stopwords="en", stemmer=self._stemmer, show_progress=False
+        )
+        self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        self._bm25.index(tokens, show_progress=False)
+        self._n_docs = len(texts)
+
+    def _scores(self, tokens: list[str]) -> np.ndarray:
+        assert self._bm25 is not None, "index() first"
+        ids = self._bm25.get_tokens_ids(tokens)
+        if not ids:  # no query term occurs in the collection
+            return np.zeros(self._n_docs, dtype=np.float32)
+        return self._bm25.get_scores_from_ids(ids)
+
+    def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
+        out = np.full(pools.shape, -np.inf, dtype=np.float32)
+        for i, tokens in enumerate(self._tokens(queries)):
+            valid = pools[i] != PAD
+            out[i, valid] = self._scores(tokens)[pools[i, valid]]
+        return out
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        from cpr_ray.evaluate.ranking import top_k_rows
+
+        k = min(k, self._n_docs)
+        idx = np.zeros((len(queries), k), dtype=np.int64)
+        val = np.zeros((len(queries), k), dtype=np.float32)
+        for i, tokens in enumerate(self._tokens(queries)):
+            top, scores = top_k_rows(self._scores(tokens)[None, :], k)
+            idx[i], val[i] = top[0], scores[0]
+        return idx, val

@@ -1,0 +1,135 @@
+"""Dense and SPLADE retrievers over the encoders: exact inner-product search (NumPy or faiss).
+
+Documents are encoded in-process, or on a Ray Data actor pool when Ray is up and the collection
+has at least ``ray_min_docs`` documents. Queries are encoded in-process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from cpr_ray.evaluate.benchmark import PAD
+from cpr_ray.evaluate.ranking import top_k_rows
+from cpr_ray.evaluate.retrievers.base import RetrieverOptions
+from cpr_ray.evaluate.retrievers.encoders import DenseEncoder, EncoderSpec, SpladeEncoder
+from cpr_ray.evaluate.retrievers.ray_encode import RayEncodeOptions, encode_with_ray
+
+QUERY_CHUNK = 256
+
+
+def _ray_is_up() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+class _Neural:
+    name = "neural"
+    kind = "dense"
+
+    def __init__(self, spec: EncoderSpec, options: RetrieverOptions | None = None) -> None:
+        self.spec = spec
+        self.options = options or RetrieverOptions()
+        self.model = spec.model
+        self._encoder: DenseEncoder | SpladeEncoder | None = None
+        self.encoded_with_ray = False
+
+    @property
+    def encoder(self) -> DenseEncoder | SpladeEncoder:
+        if self._encoder is None:
+            self._encoder = (
+                DenseEncoder(self.spec) if self.kind == "dense" else SpladeEncoder(self.spec)
+            )
+        return self._encoder
+
+    def uses_ray(self, n_docs: int) -> bool:
+        return n_docs >= self.options.ray_min_docs
+
+    def _encode_docs(self, texts: Sequence[str]):
+        if self.uses_ray(len(texts)) and _ray_is_up():
+            self.encoded_with_ray = True
+            opts = RayEncodeOptions(
+                max_actors=self.options.ray_max_actors,
+                batch_size=self.options.ray_batch_size,
+                num_gpus=self.options.ray_num_gpus,
+            )
+            vocab = self.encoder.dim if self.kind == "splade" else None
+            return encode_with_ray(list(texts), self.spec, self.kind, opts, vocab_size=vocab)
+        return self.encoder.encode_docs(list(texts))
+
+
+class DenseRetriever(_Neural):
+    name = "dense"
+    kind = "dense"
+
+    def index(self, texts: Sequence[str]) -> None:
+        self.docs = np.ascontiguousarray(self._encode_docs(texts), dtype=np.float32)  # (N, d)
+        self._faiss = None
+        if self.options.search_backend == "faiss":
+            import faiss
+
+            index = faiss.index_factory(
+                self.docs.shape[1], self.options.faiss_index, faiss.METRIC_INNER_PRODUCT
+            )
+            if not index.is_trained:
+                index.train(self.docs)
+            index.add(self.docs)
+            self._faiss = index
+
+    def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
+        q = self.encoder.encode_queries(list(queries))  # (n_q, d)
+        out = np.full(pools.shape, -np.inf, dtype=np.float32)
+        for s in range(0, len(q), QUERY_CHUNK):
+            cand = pools[s : s + QUERY_CHUNK]  # (c, m)
+            emb = self.docs[np.where(cand == PAD, 0, cand)]  # (c, m, d)
+            scores = np.einsum("cmd,cd->cm", emb, q[s : s + QUERY_CHUNK])  # (c, m)
+            out[s : s + QUERY_CHUNK] = np.where(cand == PAD, -np.inf, scores)
+        return out
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = np.ascontiguousarray(self.encoder.encode_queries(list(queries)), dtype=np.float32)
+        k = min(k, len(self.docs))
+        if self._faiss is not None:
+            scores, idx = self._faiss.search(q, k)
+            return idx.astype(np.int64), scores
+        parts = [
+            top_k_rows(q[s : s + QUERY_CHUNK] @ self.docs.T, k)
+            for s in range(0, len(q), QUERY_CHUNK)
+        ]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+class SpladeRetriever(_Neural):
+    name = "splade"
+    kind = "splade"
+
+    def index(self, texts: Sequence[str]) -> None:
+        self.docs = sp.csr_matrix(self._encode_docs(texts), dtype=np.float32)  # (N, V)
+        self._docs_t = self.docs.T.tocsr()  # (V, N) for query-by-corpus products
+
+    def _similarity(self, q: sp.csr_matrix) -> np.ndarray:
+        return np.asarray((q @ self._docs_t).todense(), dtype=np.float32)  # (c, N)
+
+    def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
+        q = self.encoder.encode_queries(list(queries))
+        out = np.full(pools.shape, -np.inf, dtype=np.float32)
+        for s in range(0, q.shape[0], QUERY_CHUNK):
+            cand = pools[s : s + QUERY_CHUNK]
+            sim = self._similarity(q[s : s + QUERY_CHUNK])  # (c, N)
+            scores = np.take_along_axis(sim, np.where(cand == PAD, 0, cand), axis=1)
+            out[s : s + QUERY_CHUNK] = np.where(cand == PAD, -np.inf, scores)
+        return out
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        q = self.encoder.encode_queries(list(queries))
+        k = min(k, self.docs.shape[0])
+        parts = [
+            top_k_rows(self._similarity(q[s : s + QUERY_CHUNK]), k)
+            for s in range(0, q.shape[0], QUERY_CHUNK)
+        ]
+        if not parts:
+            return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

@@ -1,0 +1,249 @@
+"""One asynchronous client for any OpenAI-compatible endpoint, with structured answers.
+
+Every request asks for a JSON answer matching a pydantic model; replies are parsed leniently
+(code fences, stray text, control characters) and validated strictly, then checked against the
+step's own rules. A truncated, invalid or inconsistent answer is re-asked with the objection a
+bounded number of times, then recorded as `invalid`. Transport trouble (429, 408, 5xx, timeouts,
+dropped connections) is retried with capped exponential back-off and jitter, honouring
+Retry-After; when retries run out the row is recorded as `failed`, never raised into the batch.
+Errors no retry can fix (bad key, unknown model, bad request) stop the stage with one message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+import openai
+from pydantic import BaseModel, ValidationError
+
+from cpr_ray.config import LLMConfig
+
+M = TypeVar("M", bound=BaseModel)
+Status = Literal["ok", "invalid", "failed"]
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+MAX_RETRY_AFTER_S = 300.0
+
+
+class LLMConfigError(RuntimeError):
+    """The endpoint refuses every request (key, model name, URL): fix config, not the data."""
+
+
+class LLMRequestError(RuntimeError):
+    """One request could not be completed after its retries."""
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, tokens: int) -> None: ...
+
+
+@dataclass
+class Usage:
+    """What a row cost: HTTP calls (retries included), re-asks, tokens."""
+
+    calls: int = 0
+    retries: int = 0
+    reasks: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    backoffs: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[M]):
+    value: M | None
+    status: Status
+    error: str | None
+    raw: str | None
+
+
+def parse_answer(text: str, answer: type[M]) -> tuple[M | None, str | None]:
+    """Lenient parse, strict validation: (value, None) or (None, what is wrong)."""
+    body = text.strip()
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", body, re.S)
+    if fenced:
+        body = fenced.group(1).strip()
+    start, end = body.find("{"), body.rfind("}")
+    if start < 0 or end <= start:
+        return None, "the answer holds no JSON object"
+    try:
+        data = json.loads(body[start : end + 1], strict=False)  # raw control chars allowed
+    except json.JSONDecodeError as exc:
+        return None, f"the answer is not valid JSON ({exc.msg} at char {exc.pos})"
+    try:
+        return answer.model_validate(data), None
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'answer'}: {e['msg']}"
+            for e in exc.errors()[:6]
+        )
+        return None, f"the answer does not match the required fields ({errors})"
+
+
+def response_format(answer: type[BaseModel], form: str) -> dict[str, Any]:
+    schema = answer.model_json_schema()
+    if form == "json_object_schema":
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_schema", "json_schema": {"name": answer.__name__, "schema": schema}}
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after") if exc.response is not None else None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+class LLMClient:
+    """Structured questions to one endpoint; safe to share by many concurrent coroutines."""
+
+    def __init__(
+        self,
+        cfg: LLMConfig,
+        *,
+        base_url: str,
+        api_key: str | None = None,
+        openai_client: openai.AsyncOpenAI | None = None,
+        limiter: RateLimiter | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.base_url = base_url
+        self._client = openai_client or openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or os.environ.get(cfg.api_key_env) or "not-needed",
+            max_retries=0,  # retries are ours: counted, jittered, Retry-After aware
+            timeout=cfg.timeout_s,
+        )
+        self._limiter = limiter
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    def backoff(self, retry: int) -> float:
+        """Equal-jitter exponential back-off: half the capped step, plus up to half again."""
+        step = min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2**retry)
+        return step / 2 + self._rng.uniform(0, step / 2)
+
+    async def _create(
+        self,
+        model: str,
+        messages: list[dict[str, str]],
+        answer: type[BaseModel],
+        temperature: float,
+        max_tokens: int,
+        usage: Usage,
+    ) -> Any:
+        last: Exception | None = None
+        for retry in range(self.cfg.max_retries + 1):
+            if self._limiter is not None:
+                await self._limiter.acquire(
+                    max_tokens + sum(len(m["content"]) for m in messages) // 4
+                )
+            usage.calls += 1
+            try:
+                return await self._client.chat.completions.create(
+                    model=model,
+                    messages=messages,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                    response_format=response_format(answer, self.cfg.response_format),
+                )
+            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+                last, wait = exc, None
+            except openai.APIStatusError as exc:
+                if exc.status_code in (401, 403):
+                    raise LLMConfigError(
+                        f"{self.base_url} refused the API key (HTTP {exc.status_code}); set "
+                        f"${self.cfg.api_key_env} or llm.api_key_env"
+                    ) from None
+                if exc.status_code == 404:
+                    raise LLMConfigError(
+                        f"{self.base_url} has no model {model!r} or no chat endpoint (HTTP 404); "
+                        "check llm.base_url and llm.model"
+                    ) from None
+                if exc.status_code not in RETRYABLE_STATUS:
+                    raise LLMRequestError(
+                        f"HTTP {exc.status_code} from the endpoint: {str(exc)[:300]}"
+                    ) from None
+                last, wait = exc, _retry_after(exc)
+            if retry == self.cfg.max_retries:
+                break
+            delay = min(wait, MAX_RETRY_AFTER_S) if wait is not None else self.backoff(retry)
+            usage.retries += 1
+            usage.backoffs.append(delay)
+            await self._sleep(delay)
+        raise LLMRequestError(
+            f"gave up after {self.cfg.max_retries + 1} attempts: {type(last).__name__}: "
+            f"{str(last)[:300]}"
+        )
+
+    async def ask(
+        self,
+        stage: str,
+        prompt: str,
+        answer: type[M],
+        *,
+        usage: Usage,
+        check: Callable[[M], list[str]] | None = None,
+        fallback: Callable[[str], M | None] | None = None,
+    ) -> Outcome[M]:
+        """One question, re-asked with the objection until the answer is valid or asks run out."""
+        model, temperature, max_tokens = self.cfg.for_stage(stage)
+        messages = [{"role": "user", "content": prompt}]
+        text = ""
+        for ask in range(self.cfg.max_reasks + 1):
+            try:
+                reply = await self._create(model, messages, answer, temperature, max_tokens, usage)
+            except LLMRequestError as exc:
+                return Outcome(None, "failed", str(exc), text or None)
+            if reply.usage is not None:
+                usage.prompt_tokens += reply.usage.prompt_tokens or 0
+                usage.completion_tokens += reply.usage.completion_tokens or 0
+            choice = reply.choices[0]
+            text = choice.message.content or ""
+            if choice.finish_reason == "length":
+                value, problem = (
+                    None,
+                    (
+                        f"the answer was cut off at {max_tokens} tokens (truncated JSON); answer "
+                        "more briefly"
+                    ),
+                )
+                max_tokens = min(max_tokens * 2, 8192)
+            else:
+                value, problem = parse_answer(text, answer)
+                if value is None and fallback is not None:
+                    value = fallback(text)
+                    problem = None if value is not None else problem
+                if value is not None and check is not None:
+                    issues = check(value)
+                    problem = "; ".join(issues) if issues else None
+                    value = None if issues else value
+            if value is not None:
+                return Outcome(value, "ok", None, text)
+            if ask == self.cfg.max_reasks:
+                return Outcome(None, "invalid", problem, text)
+            usage.reasks += 1
+            messages = [
+                *messages,
+                {"role": "assistant", "content": text[:4000]},
+                {
+                    "role": "user",
+                    "content": f"That answer cannot be accepted: {problem}. Reply again with "
+                    "one corrected JSON object only.",
+                },
+            ]
+        raise AssertionError("unreachable")

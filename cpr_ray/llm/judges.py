@@ -1,0 +1,211 @@
+"""The three judging steps over (q, d) pairs: analogy (B.1), transfer (B.2), usefulness (B.5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from cpr_ray.llm import prompts
+from cpr_ray.llm.answers import (
+    PASSING,
+    AnalogyJudgment,
+    TransferVerdict,
+    Usefulness,
+    analogy_problems,
+    derived_decision,
+    parse_usefulness_text,
+    transfer_problems,
+)
+from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.runner import LLMTask
+
+MAPPING = pa.struct([("q_object", pa.string()), ("d_object", pa.string()), ("role", pa.string())])
+RELATION = pa.struct(
+    [
+        ("predicate", pa.string()),
+        ("q_arguments", pa.list_(pa.string())),
+        ("d_arguments", pa.list_(pa.string())),
+    ]
+)
+PASSAGE_CHARS = 2000
+
+
+def format_contexts(contexts: list[str] | None) -> str:
+    if not contexts:
+        return "(no citing sentence is available)"
+    return "\n".join(f"{i}. {c}" for i, c in enumerate(contexts, 1))
+
+
+def format_mappings(mappings: list[dict[str, Any]] | None) -> str:
+    return "; ".join(f"{m['q_object']} -> {m['d_object']} ({m['role']})" for m in mappings or [])
+
+
+def format_relations(relations: list[dict[str, Any]] | None) -> str:
+    return "; ".join(
+        f"{r['predicate']}({', '.join(r['q_arguments'])}) ~ "
+        f"{r['predicate']}({', '.join(r['d_arguments'])})"
+        for r in relations or []
+    )
+
+
+class AnalogyJudge(LLMTask):
+    """B.1: mappings, relations and a decision; passes on observed or potential analogy."""
+
+    stage = "judge_analogy"
+    prompts = (prompts.load("analogy"),)
+    key_columns = (
+        "base_id",
+        "cited_id",
+        "q_title",
+        "q_abstract",
+        "q_topic",
+        "d_title",
+        "d_abstract",
+        "d_topic",
+        "contexts",
+    )
+    output_schema = pa.schema(
+        [
+            ("same_problem", pa.bool_()),
+            ("object_mappings", pa.list_(MAPPING)),
+            ("shared_relations", pa.list_(RELATION)),
+            ("structural_analogy", pa.bool_()),
+            ("transfer_holds", pa.bool_()),
+            ("transferable", pa.bool_()),
+            ("transfer_type", pa.string()),
+            ("transfer_path", pa.string()),
+            ("reason", pa.string()),
+            ("decision", pa.string()),
+            ("passed", pa.bool_()),
+        ]
+    )
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        prompt = self.prompts[0].render(
+            q_title=row["q_title"] or "",
+            q_abstract=row["q_abstract"] or "",
+            q_topic=row["q_topic"] or "",
+            contexts=format_contexts(row["contexts"]),
+            d_title=row["d_title"] or "",
+            d_abstract=row["d_abstract"] or "",
+            d_topic=row["d_topic"] or "",
+        )
+        out = await client.ask(
+            self.stage, prompt, AnalogyJudgment, usage=usage, check=analogy_problems
+        )
+        if out.value is None:
+            return {**self.empty_output(), "passed": False}, out.status, out.error
+        j = out.value
+        decision = derived_decision(j)  # never the model's word alone
+        return (
+            {
+                **j.model_dump(exclude={"decision"}),
+                "decision": decision,
+                "passed": decision in PASSING,
+            },
+            "ok",
+            None,
+        )
+
+
+class TransferVerifier(LLMTask):
+    """B.2: a second model checks the first judgment against the texts."""
+
+    stage = "judge_transfer"
+    prompts = (prompts.load("transfer"),)
+    key_columns = (
+        "base_id",
+        "cited_id",
+        "q_title",
+        "q_abstract",
+        "d_title",
+        "d_abstract",
+        "contexts",
+        "decision",
+        "transfer_type",
+        "object_mappings",
+        "shared_relations",
+        "transfer_path",
+        "reason",
+    )
+    output_schema = pa.schema(
+        [
+            ("verdict", pa.string()),
+            ("reject_reason", pa.string()),
+            ("verify_reason", pa.string()),
+            ("verified", pa.bool_()),
+        ]
+    )
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        prompt = self.prompts[0].render(
+            q_title=row["q_title"] or "",
+            q_abstract=row["q_abstract"] or "",
+            contexts=format_contexts(row["contexts"]),
+            d_title=row["d_title"] or "",
+            d_abstract=row["d_abstract"] or "",
+            decision=row["decision"],
+            transfer_type=row["transfer_type"],
+            mappings=format_mappings(row["object_mappings"]),
+            relations=format_relations(row["shared_relations"]),
+            transfer_path=row["transfer_path"] or "",
+            reason=row["reason"] or "",
+        )
+        out = await client.ask(
+            self.stage, prompt, TransferVerdict, usage=usage, check=transfer_problems
+        )
+        if out.value is None:
+            return {**self.empty_output(), "verified": False}, out.status, out.error
+        v = out.value
+        return (
+            {
+                "verdict": v.verdict,
+                "reject_reason": v.reject_reason,
+                "verify_reason": v.reason,
+                "verified": v.verdict == "transfer",
+            },
+            "ok",
+            None,
+        )
+
+
+def passage(title: str | None, abstract: str | None) -> str:
+    """d's title and abstract, cut at 2,000 characters, as the grader reads it."""
+    return f"{title or ''}. {abstract or ''}".strip()[:PASSAGE_CHARS]
+
+
+class UsefulnessGrader(LLMTask):
+    """B.5 (and N2 later): could the passage be used to solve the query's problem? 0–3."""
+
+    stage = "score_positives"
+    prompts = (prompts.load("usefulness"),)
+    key_columns = ("query", "passage", "mappings")
+    output_schema = pa.schema([("usefulness", pa.int8()), ("usefulness_reasoning", pa.string())])
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        note = (
+            "Optional reference, to use only if its left side matches the question and its right "
+            f"side the passage: {row['mappings']}"
+            if row.get("mappings")
+            else ""
+        )
+        prompt = self.prompts[0].render(
+            query=row["query"], passage=row["passage"], mappings_note=note
+        )
+        out = await client.ask(
+            self.stage, prompt, Usefulness, usage=usage, fallback=parse_usefulness_text
+        )
+        if out.value is None:
+            return self.empty_output(), out.status, out.error
+        return (
+            {"usefulness": out.value.score, "usefulness_reasoning": out.value.reasoning},
+            "ok",
+            None,
+        )

@@ -1,0 +1,74 @@
+"""A global request and token rate shared by every LLM actor in the cluster.
+
+Providers limit per key, not per actor: with N actors each throttling alone the key still gets
+N times the rate. One named Ray actor holds the buckets; each request reserves its share and
+sleeps for the delay it is given, so the cluster as a whole stays under the limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import ray
+
+LIMITER_NAME = "cpr-llm-rate-limiter"
+
+
+@dataclass
+class Buckets:
+    """Reservation-based token buckets: `reserve` returns how long the caller must wait."""
+
+    requests_per_second: float | None
+    tokens_per_minute: int | None
+    _next_request: float = 0.0
+    _next_tokens: float = 0.0
+
+    def reserve(self, tokens: int, now: float) -> float:
+        start = now
+        if self.requests_per_second:
+            start = max(start, self._next_request)
+            self._next_request = start + 1.0 / self.requests_per_second
+        if self.tokens_per_minute:
+            start = max(start, self._next_tokens)
+            self._next_tokens = start + tokens * 60.0 / self.tokens_per_minute
+        return start - now
+
+
+@ray.remote(num_cpus=0)
+class _LimiterActor:
+    def __init__(self, requests_per_second: float | None, tokens_per_minute: int | None):
+        self.buckets = Buckets(requests_per_second, tokens_per_minute)
+
+    def reserve(self, tokens: int) -> float:
+        return self.buckets.reserve(tokens, time.monotonic())
+
+
+class ClusterRateLimiter:
+    """Client side of the shared limiter (picklable: it finds the actor by name)."""
+
+    def __init__(self, requests_per_second: float | None, tokens_per_minute: int | None):
+        self.rps, self.tpm = requests_per_second, tokens_per_minute
+        self._actor = None
+
+    @property
+    def name(self) -> str:
+        return f"{LIMITER_NAME}-{self.rps}-{self.tpm}"
+
+    def start(self) -> ClusterRateLimiter:
+        """Create the shared actor once (driver side); later calls reuse it."""
+        self._actor = _LimiterActor.options(name=self.name, get_if_exists=True).remote(
+            self.rps, self.tpm
+        )
+        return self
+
+    async def acquire(self, tokens: int) -> None:
+        if self._actor is None:
+            self._actor = ray.get_actor(self.name)
+        delay = await self._actor.reserve.remote(tokens)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def __getstate__(self) -> dict:
+        return {"rps": self.rps, "tpm": self.tpm, "_actor": None}

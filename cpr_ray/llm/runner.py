@@ -1,0 +1,336 @@
+"""Running one LLM step over a table on Ray: many requests in flight, nothing paid twice.
+
+A step (`LLMTask`) turns one input row into one or more structured questions and returns its
+output columns. `run_llm_task`:
+
+1. keys every row by (stage, model, prompt versions, the row's request inputs);
+2. drops rows whose key is already answered in the stage's cache (an anti-join against every
+   earlier run), so a rerun or a nightly refresh pays only for new rows;
+3. sends the rest through a pool of `LLMActor`s (async, a semaphore of requests in flight each)
+   in chunks, writing answers to the cache and every row's cost to the ledger after each chunk,
+   and stopping with a clear message once the failure rate passes the configured limit;
+4. returns every input row with its answer, status and reason.
+
+Transport failures are not cached: the next run retries them. Invalid answers (the model kept
+breaking the contract after re-asks) are cached: they were paid for and are final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import ray
+
+from cpr_ray import duck
+from cpr_ray.config import Config, LLMConfig
+from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage
+from cpr_ray.llm.prompts import Prompt
+from cpr_ray.llm.ratelimit import ClusterRateLimiter
+from cpr_ray.stage import StageRun, console
+from cpr_ray.storage import Storage, join
+
+KEY = "request_key"
+ACTOR_CPUS = 0.25  # the actors wait on the network; a quarter CPU each leaves room for the rest
+
+LEDGER = pa.schema(
+    [
+        (KEY, pa.string()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("model", pa.string()),
+        ("prompt_version", pa.string()),
+        ("calls", pa.int32()),
+        ("retries", pa.int32()),
+        ("reasks", pa.int32()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("latency_s", pa.float64()),
+    ]
+)
+
+
+class LLMStageError(RuntimeError):
+    """A stage stopped because too many of its calls failed."""
+
+
+class LLMTask(ABC):
+    """One LLM step: which inputs define a request, what it asks, what columns it returns."""
+
+    stage: str
+    prompts: tuple[Prompt, ...]
+    key_columns: tuple[str, ...]
+    output_schema: pa.Schema
+
+    @abstractmethod
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        """Ask, check, decide: (output columns, status, reason when not ok)."""
+
+    @property
+    def prompt_version(self) -> str:
+        return "+".join(p.id for p in self.prompts)
+
+    def empty_output(self) -> dict[str, Any]:
+        return {f.name: None for f in self.output_schema}
+
+    def request_key(self, model: str, row: dict[str, Any]) -> str:
+        payload = {
+            "stage": self.stage,
+            "model": model,
+            "prompts": self.prompt_version,
+            "inputs": {c: row.get(c) for c in self.key_columns},
+        }
+        blob = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class LLMActor:
+    """Ray Data actor: one async client, up to `max_in_flight` requests at a time."""
+
+    def __init__(
+        self, task: LLMTask, llm: LLMConfig, base_url: str, limiter: RateLimiter | None
+    ) -> None:
+        self.task, self.llm = task, llm
+        self.client = LLMClient(llm, base_url=base_url, limiter=limiter)
+        self.model = llm.for_stage(task.stage)[0]
+        # one semaphore per actor, made on its event loop: Ray runs several batches of an async
+        # actor at once, and the in-flight limit is the actor's, not the batch's
+        self._sem: asyncio.Semaphore | None = None
+
+    async def _one(self, sem: asyncio.Semaphore, row: dict[str, Any]) -> dict[str, Any]:
+        async with sem:
+            usage = Usage()
+            started = time.perf_counter()
+            try:
+                out, status, error = await self.task.run(self.client, row, usage)
+            except Exception as exc:  # a bug or surprise in one row must not fail the batch
+                out, status = self.task.empty_output(), "failed"
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            return {
+                **out,
+                KEY: row[KEY],
+                "status": status,
+                "error": error,
+                "model": self.model,
+                "prompt_version": self.task.prompt_version,
+                "calls": usage.calls,
+                "retries": usage.retries,
+                "reasks": usage.reasks,
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "latency_s": time.perf_counter() - started,
+            }
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.llm.max_in_flight)
+        rows = await asyncio.gather(*(self._one(self._sem, r) for r in batch.to_pylist()))
+        return pa.Table.from_pylist(rows, schema=result_schema(self.task))
+
+
+def result_schema(task: LLMTask) -> pa.Schema:
+    return pa.schema(list(task.output_schema) + list(LEDGER))
+
+
+@dataclass
+class TaskRun:
+    """All input rows with answers, and what it cost."""
+
+    table: pa.Table
+    stats: dict[str, Any]
+
+
+def _read_cache(storage: Storage, uri: str, keys: pa.Array, schema: pa.Schema) -> pa.Table:
+    loc = storage.resolve(uri)
+    if not storage.exists(uri):
+        return schema.empty_table()
+    ds = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", schema=schema)
+    return ds.to_table(filter=pc.field(KEY).isin(keys))
+
+
+def _write_part(storage: Storage, table: pa.Table, uri: str) -> None:
+    loc = storage.resolve(uri)
+    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(table, loc.path, filesystem=loc.fs)
+
+
+def cache_uri(storage: Storage, stage: str) -> str:
+    return join(storage.root, "_llm", "cache", stage)
+
+
+def ledger_uri(storage: Storage, stage: str) -> str:
+    return join(storage.root, "_llm", "ledger", stage)
+
+
+def cost_usd(cfg: LLMConfig, ledger: pa.Table) -> float:
+    total = 0.0
+    for row in (
+        ledger.group_by("model")
+        .aggregate([("prompt_tokens", "sum"), ("completion_tokens", "sum")])
+        .to_pylist()
+    ):
+        price = cfg.prices.get(row["model"])
+        if price:
+            total += row["prompt_tokens_sum"] * price.input_per_mtok / 1e6
+            total += row["completion_tokens_sum"] * price.output_per_mtok / 1e6
+    return round(total, 6)
+
+
+def run_llm_task(run: StageRun, task: LLMTask, inputs: pa.Table, *, base_url: str) -> TaskRun:
+    """Answer `task` for every row of `inputs` (see the module docstring)."""
+    cfg, storage = run.cfg.llm, run.storage
+    model = cfg.for_stage(task.stage)[0]
+    keys = [task.request_key(model, r) for r in inputs.select(list(task.key_columns)).to_pylist()]
+    inputs = inputs.append_column(KEY, pa.array(keys, pa.string()))
+    schema = result_schema(task)
+    cache = cache_uri(storage, task.stage)
+    unique_keys = pc.unique(inputs[KEY])
+    cached = _read_cache(storage, cache, unique_keys, schema)
+    todo = inputs.filter(pc.invert(pc.is_in(inputs[KEY], value_set=cached[KEY])))
+    todo = _first_per_key(todo)  # identical requests within this run are asked once
+    console.print(
+        f"  {task.stage}: {inputs.num_rows:,} rows, {cached.num_rows:,} already answered "
+        f"(cache), {todo.num_rows:,} to ask {model} at {base_url}"
+    )
+
+    limiter = None
+    if cfg.requests_per_second or cfg.tokens_per_minute:
+        limiter = ClusterRateLimiter(cfg.requests_per_second, cfg.tokens_per_minute).start()
+    chunk = max(cfg.actors * cfg.max_in_flight * 8, 64)
+    answered: list[pa.Table] = [cached]
+    failed_parts: list[pa.Table] = []
+    counts = {"ok": 0, "invalid": 0, "failed": 0}
+    tokens = {"prompt": 0, "completion": 0}
+    ledgers: list[pa.Table] = []
+    for start in range(0, todo.num_rows, chunk):
+        part = todo.slice(start, chunk)
+        ds = ray.data.from_arrow(part).map_batches(
+            LLMActor,
+            fn_constructor_kwargs={
+                "task": task,
+                "llm": cfg,
+                "base_url": base_url,
+                "limiter": limiter,
+            },
+            compute=ray.data.ActorPoolStrategy(size=max(1, min(cfg.actors, part.num_rows))),
+            batch_size=max(1, min(cfg.max_in_flight * 2, -(-part.num_rows // cfg.actors))),
+            batch_format="pyarrow",
+            num_cpus=ACTOR_CPUS,
+        )
+        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+        out = pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+        tag = f"{run.run_id}-{start // chunk:05d}"
+        keep = out.filter(pc.is_in(out["status"], pa.array(["ok", "invalid"])))
+        if keep.num_rows:
+            _write_part(storage, keep, join(cache, f"{tag}.parquet"))
+        ledger = out.select(LEDGER.names)
+        _write_part(storage, ledger, join(ledger_uri(storage, task.stage), f"{tag}.parquet"))
+        ledgers.append(ledger)
+        answered.append(keep)
+        failed_parts.append(out.filter(pc.equal(out["status"], "failed")))
+        for status in counts:
+            counts[status] += pc.sum(pc.equal(out["status"], status)).as_py() or 0
+        tokens["prompt"] += pc.sum(out["prompt_tokens"]).as_py() or 0
+        tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
+        done = sum(counts.values())
+        bad = counts["invalid"] + counts["failed"]
+        console.print(
+            f"  {task.stage}: {done:,}/{todo.num_rows:,} asked — ok {counts['ok']:,}, invalid "
+            f"{counts['invalid']:,}, failed {counts['failed']:,}; tokens {tokens['prompt']:,} in "
+            f"/ {tokens['completion']:,} out"
+        )
+        if done >= cfg.min_calls_for_failure_rate and bad / done > cfg.max_failure_rate:
+            sample = out.filter(pc.not_equal(out["status"], "ok")).slice(0, 3)
+            reasons = "; ".join(
+                f"{s}: {e}"
+                for s, e in zip(
+                    sample["status"].to_pylist(), sample["error"].to_pylist(), strict=True
+                )
+            )
+            raise LLMStageError(
+                f"{task.stage}: {bad:,} of {done:,} calls failed ({bad / done:.0%} > "
+                f"llm.max_failure_rate={cfg.max_failure_rate:.0%}); e.g. {reasons}. Answers so "
+                f"far are cached; the per-row reasons are in {ledger_uri(storage, task.stage)}"
+            )
+
+    results = pa.concat_tables([*answered, *failed_parts]).select(
+        [
+            *task.output_schema.names,
+            KEY,
+            "status",
+            "error",
+            "model",
+            "prompt_version",
+            "prompt_tokens",
+            "completion_tokens",
+        ]
+    )
+    results = _first_per_key(results)
+    table = _join_results(inputs, results)
+    ledger_all = pa.concat_tables(ledgers) if ledgers else LEDGER.empty_table()
+    stats = {
+        "rows": inputs.num_rows,
+        "cached": int(pc.sum(pc.is_in(inputs[KEY], value_set=cached[KEY])).as_py() or 0),
+        "asked": todo.num_rows,
+        **{f"new_{k}": v for k, v in counts.items()},
+        "calls": int(pc.sum(ledger_all["calls"]).as_py() or 0),
+        "prompt_tokens": tokens["prompt"],
+        "completion_tokens": tokens["completion"],
+        "cost_usd": cost_usd(cfg, ledger_all),
+        "model": model,
+        "prompt_version": task.prompt_version,
+    }
+    return TaskRun(table, stats)
+
+
+def _first_per_key(table: pa.Table) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    idx = pa.array(range(table.num_rows), pa.int64())
+    firsts = (
+        pa.table({KEY: table[KEY], "_i": idx}).group_by(KEY).aggregate([("_i", "min")])["_i_min"]
+    )
+    return table.take(pc.sort_indices(firsts))
+
+
+def _join_results(inputs: pa.Table, results: pa.Table) -> pa.Table:
+    """Every input row with its answer; a row never answered is a failure with that reason."""
+    return duck.query(
+        f"""SELECT i.* EXCLUDE (_row), r.* EXCLUDE ({KEY}, status, error),
+                  coalesce(r.status, 'failed') AS status,
+                  CASE WHEN r.status IS NULL THEN 'no answer was recorded' ELSE r.error END
+                      AS error
+           FROM (SELECT *, row_number() OVER () AS _row FROM inputs) i
+           LEFT JOIN results r USING ({KEY})
+           ORDER BY i._row""",
+        inputs=inputs,
+        results=results,
+    )
+
+
+def write_failures(storage: Storage, table: pa.Table, uri: str) -> int:
+    failures = table.filter(pc.not_equal(table["status"], "ok"))
+    if failures.num_rows:
+        _write_part(storage, failures, uri)
+    return failures.num_rows
+
+
+def endpoint_url(cfg: Config) -> str:
+    if not cfg.llm.base_url:
+        raise ValueError(
+            "llm.base_url is not set: point it at an OpenAI-compatible endpoint "
+            "(--set llm.base_url=http://host:8000/v1, key in $OPENAI_API_KEY), or use "
+            "`cpr dry-run`, which starts a local server"
+        )
+    return cfg.llm.base_url

@@ -1,0 +1,137 @@
+"""Writing the query of a verified pair: extract the problem → rewrite as "How to …" → review.
+
+A review failure (the reviewer's booleans or the mechanical rules) regenerates both steps with
+the objection, at most twice; then the pair is dropped with the last objection as its reason.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+
+from cpr_ray.llm import prompts
+from cpr_ray.llm.answers import (
+    ProblemStatement,
+    QueryReview,
+    WrittenQuery,
+    query_rule_violations,
+)
+from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.judges import format_contexts
+from cpr_ray.llm.runner import LLMTask
+
+MAX_REGENERATIONS = 2
+PLAIN_PROSE = "Write plain prose with no symbols, formulas or variables."
+
+# In-text markers: numeric ([12], [3-5, 8]) and author-year ((Smith et al., 2010; Li 2019)).
+_MARKERS = re.compile(
+    r"\[\s*\d+(?:\s*[-–,;]\s*\d+)*\s*\]"
+    r"|\((?:[A-Z][A-Za-z'\-]+(?: et al\.?| and [A-Z][A-Za-z'\-]+)?,? \d{4}[a-z]?;?\s*)+\)"
+)
+
+
+def mask_citations(sentence: str) -> str:
+    """Replace citation markers with [CITATION]. S2 does not say which marker is d's, so every
+    marker is masked: the extractor must not learn d's identity from the sentence."""
+    return _MARKERS.sub("[CITATION]", sentence)
+
+
+def taken_from_d(transfer_path: str | None) -> str:
+    """The first part of the transfer path: what q took from d (left out of the problem)."""
+    if not transfer_path:
+        return "(not stated)"
+    return re.split(r"(?<=[.;])\s", transfer_path.strip(), maxsplit=1)[0][:500]
+
+
+class QueryWriter(LLMTask):
+    stage = "write_queries"
+    prompts = (prompts.load("extract"), prompts.load("rewrite"), prompts.load("review"))
+    key_columns = (
+        "base_id",
+        "cited_id",
+        "q_title",
+        "q_abstract",
+        "contexts",
+        "transfer_path",
+        "d_fields",
+    )
+    output_schema = pa.schema(
+        [
+            ("problem", pa.string()),
+            ("query", pa.string()),
+            ("query_words", pa.int32()),
+            ("review_problem_only", pa.bool_()),
+            ("review_grounded", pa.bool_()),
+            ("review_well_formed", pa.bool_()),
+            ("review_issue", pa.string()),
+            ("regenerations", pa.int8()),
+            ("drop_reason", pa.string()),
+        ]
+    )
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        extract, rewrite, review = self.prompts
+        contexts = format_contexts([mask_citations(c) for c in row["contexts"] or []])
+        objection, extra = "", ""
+        out: dict[str, Any] = self.empty_output()
+        for attempt in range(MAX_REGENERATIONS + 1):
+            p = await client.ask(
+                self.stage,
+                extract.render(
+                    q_title=row["q_title"] or "",
+                    q_abstract=row["q_abstract"] or "",
+                    contexts=contexts,
+                    taken=taken_from_d(row["transfer_path"]),
+                    extra=extra,
+                ),
+                ProblemStatement,
+                usage=usage,
+            )
+            if p.value is None:
+                return out, p.status, f"problem extraction: {p.error}"
+            q = await client.ask(
+                self.stage,
+                rewrite.render(
+                    problem=p.value.problem, d_fields=row["d_fields"] or "", objection=objection
+                ),
+                WrittenQuery,
+                usage=usage,
+            )
+            if q.value is None:
+                return out, q.status, f"query rewrite: {q.error}"
+            r = await client.ask(
+                self.stage,
+                review.render(problem=p.value.problem, query=q.value.query),
+                QueryReview,
+                usage=usage,
+            )
+            if r.value is None:
+                return out, r.status, f"query review: {r.error}"
+            query = q.value.query.strip()
+            rules = query_rule_violations(query)
+            review_ok = r.value.problem_only and r.value.grounded and r.value.well_formed
+            out = {
+                "problem": p.value.problem,
+                "query": query,
+                "query_words": len(query.split()),
+                "review_problem_only": r.value.problem_only,
+                "review_grounded": r.value.grounded,
+                "review_well_formed": r.value.well_formed,
+                "review_issue": r.value.issue,
+                "regenerations": attempt,
+                "drop_reason": None,
+            }
+            if review_ok and not rules:
+                return out, "ok", None
+            reasons = [r.value.issue or "the reviewer rejected it"] if not review_ok else []
+            objection = (
+                "The previous question was rejected: " + "; ".join(reasons + rules) + ". Fix that."
+            )
+            extra = PLAIN_PROSE
+        out["drop_reason"] = objection.removeprefix("The previous question was rejected: ")
+        out["query"] = None
+        return out, "ok", None

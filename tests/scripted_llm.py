@@ -1,0 +1,203 @@
+"""A scripted OpenAI-compatible chat endpoint on loopback, for tests and benchmarks.
+
+It stands in for the external LLM service only (the client, actors and stages under test are
+real). Answers are deterministic functions of the request, chosen by the requested schema's
+name; markers in the prompt pick special behaviour (SAME → same problem, REJECT → reject verdict,
+BADQUERY → a rule-breaking query, USELESS → usefulness 1, PLAINSCORE → a non-JSON grader reply).
+Faults are queued through `POST /_faults` and consumed by the next requests, in order:
+{"kind": "429", "retry_after": 1}, {"kind": "500"}, {"kind": "timeout", "seconds": 5},
+{"kind": "invalid_json"}, {"kind": "truncate"}, {"kind": "inconsistent"}.
+`GET /_stats` counts requests per schema; `POST /_reset` clears faults and counts;
+`POST /_latency {"ms": 200}` adds a fixed delay to every answer.
+
+Run: python tests/scripted_llm.py --port PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+
+def _title(prompt: str, label: str) -> str:
+    m = re.search(rf"{label}: (.*)", prompt)
+    return m.group(1).strip() if m else ""
+
+
+def analogy(prompt: str) -> dict[str, Any]:
+    if "SAME" in _title(prompt, "Q title"):
+        return {
+            "same_problem": True, "object_mappings": [], "shared_relations": [],
+            "structural_analogy": False, "transfer_holds": False, "transferable": False,
+            "transfer_type": "same_problem", "transfer_path": "", "reason": "same task",
+            "decision": "not_analogy",
+        }
+    if "ignore the instructions" in prompt.lower():
+        # a gullible model obeys the abstract: claims observed with nothing to back it
+        return {
+            "same_problem": False, "object_mappings": [], "shared_relations": [],
+            "structural_analogy": False, "transfer_holds": False, "transferable": False,
+            "transfer_type": "method", "transfer_path": "", "reason": "as instructed",
+            "decision": "observed_analogy",
+        }
+    return {
+        "same_problem": False,
+        "object_mappings": [
+            {"q_object": "data distribution", "d_object": "initial state", "role": "start"},
+            {"q_object": "noise distribution", "d_object": "equilibrium state", "role": "end"},
+        ],
+        "shared_relations": [
+            {"predicate": "Converts", "q_arguments": ["data distribution", "noise distribution"],
+             "d_arguments": ["initial state", "equilibrium state"]}
+        ],
+        "structural_analogy": True, "transfer_holds": True, "transferable": True,
+        "transfer_type": "method",
+        "transfer_path": "The diffusion process is taken from d. It maps data to noise.",
+        "reason": "the citing text uses the process", "decision": "observed_analogy",
+    }
+
+
+def transfer(prompt: str) -> dict[str, Any]:
+    if "REJECT" in _title(prompt, "Q title"):
+        return {"verdict": "reject", "reject_reason": "background_only", "reason": "background"}
+    return {"verdict": "transfer", "reject_reason": None, "reason": "q builds on d"}
+
+
+def problem(prompt: str) -> dict[str, Any]:
+    title = _title(prompt, "Title")
+    return {"problem": f"The difficulty of {title.lower()} under limited data."}
+
+
+def query(prompt: str) -> dict[str, Any]:
+    text = _title(prompt, "Problem")
+    if "badquery" in text.lower():
+        # fits the schema's pattern, breaks the mechanical rules
+        return {"query": "How to apply the analogy of the cited paper by using noise?"}
+    words = re.findall(r"[a-z]+", text.lower())[3:12]
+    return {"query": "How to " + " ".join(words) + "?"}
+
+
+def review(prompt: str) -> dict[str, Any]:
+    return {"problem_only": True, "grounded": True, "well_formed": True, "issue": None}
+
+
+def same_problem(prompt: str) -> dict[str, Any]:
+    a, b = _title(prompt, "Question A"), _title(prompt, "Question B")
+    return {"same_problem": a.split()[:5] == b.split()[:5], "reason": "compared openings"}
+
+
+def usefulness(prompt: str) -> dict[str, Any] | str:
+    passage = _title(prompt, "Passage")
+    if "PLAINSCORE" in passage:
+        return "The passage offers a usable method after adaptation. Final score: 2"
+    return {"reasoning": "intent matches", "score": 1 if "USELESS" in passage else 3}
+
+
+ANSWERS = {
+    "AnalogyJudgment": analogy,
+    "TransferVerdict": transfer,
+    "ProblemStatement": problem,
+    "WrittenQuery": query,
+    "QueryReview": review,
+    "SameProblem": same_problem,
+    "Usefulness": usefulness,
+}
+
+
+class Script:
+    def __init__(self) -> None:
+        self.faults: list[dict[str, Any]] = []
+        self.counts: Counter[str] = Counter()
+        self.latency_s = 0.0
+
+
+def _reply(content: str, finish: str, prompt: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "scripted",
+        "choices": [{"index": 0, "finish_reason": finish,
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(content) // 4,
+                  "total_tokens": (len(prompt) + len(content)) // 4},
+    }
+
+
+async def chat(request: web.Request) -> web.Response:
+    script: Script = request.app["script"]
+    body = await request.json()
+    fmt = body.get("response_format") or {}
+    name = (fmt.get("json_schema") or {}).get("name", "unknown")
+    prompt = body["messages"][0]["content"]
+    script.counts[name] += 1
+    script.counts["total"] += 1
+    if script.latency_s:
+        await asyncio.sleep(script.latency_s)
+    if script.faults:
+        fault = script.faults.pop(0)
+        kind = fault["kind"]
+        script.counts[f"fault_{kind}"] += 1
+        if kind == "429":
+            return web.json_response(
+                {"error": {"message": "rate limited"}}, status=429,
+                headers={"Retry-After": str(fault.get("retry_after", 1))},
+            )
+        if kind == "500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        if kind == "timeout":
+            await asyncio.sleep(fault.get("seconds", 5))
+        if kind == "invalid_json":
+            return web.json_response(_reply('{"same_problem": tru', "stop", prompt))
+        if kind == "truncate":
+            return web.json_response(_reply('{"reasoning": "the passage', "length", prompt))
+        if kind == "inconsistent" and name == "AnalogyJudgment":
+            bad = analogy(prompt) | {"decision": "not_analogy"}
+            return web.json_response(_reply(json.dumps(bad), "stop", prompt))
+    answer = ANSWERS[name](prompt) if name in ANSWERS else {}
+    content = answer if isinstance(answer, str) else json.dumps(answer)
+    return web.json_response(_reply(content, "stop", prompt))
+
+
+async def faults(request: web.Request) -> web.Response:
+    request.app["script"].faults.extend(await request.json())
+    return web.json_response({"queued": len(request.app["script"].faults)})
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(dict(request.app["script"].counts))
+
+
+async def reset(request: web.Request) -> web.Response:
+    request.app["script"] = Script()
+    return web.json_response({"ok": True})
+
+
+async def latency(request: web.Request) -> web.Response:
+    request.app["script"].latency_s = (await request.json())["ms"] / 1000
+    return web.json_response({"ok": True})
+
+
+def app() -> web.Application:
+    application = web.Application()
+    application["script"] = Script()
+    application.router.add_post("/v1/chat/completions", chat)
+    application.router.add_post("/_faults", faults)
+    application.router.add_get("/_stats", stats)
+    application.router.add_post("/_reset", reset)
+    application.router.add_post("/_latency", latency)
+    application.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    return application
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    web.run_app(app(), host="127.0.0.1", port=args.port, print=None, backlog=1024)
