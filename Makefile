@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install dry-run test lint bench-ingest bench-mine clean
+.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench-ingest: install
 
 bench-mine: install
 	$(PY) benchmarks/mine.py
+
+bench-llm: install
+	$(PY) benchmarks/llm_throughput.py
 
 clean:
 	rm -rf $(DRY_RUN_OUT) .pytest_cache

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from cpr_ray import duck
 from cpr_ray.config import Config, load_config
 from cpr_ray.mining import rules
+from cpr_ray.mining.stages import PAPER_COLUMNS
 from cpr_ray.storage import Storage
 
 
@@ -41,6 +42,7 @@ def config(work: Path, raw: Path, cpus: int) -> Config:
             "ingest.num_buckets=8",
             "ingest.batch_size=50000",
             "ingest.max_reject_rate=0.01",
+            "ingest.lance_fragment_rows=250000",
             "mining.num_buckets=8",
             "mining.top_share=0.2",
             "mining.min_venue_papers=20",
@@ -84,6 +86,7 @@ def run_ray(work: Path, raw: Path, cpus: int) -> dict:
         "pairs": manifest["stats"]["pairs"],
         "universe": manifest["stats"]["universe"],
         "stage_seconds": manifest["seconds"],
+        "phases": manifest["stats"]["phase_seconds"],
     }
 
 
@@ -94,20 +97,7 @@ def duckdb_baseline(work: Path, raw: Path) -> tuple[int, int, float]:
     ingest_m = storage.read_json(f"{storage.root}/ingest/_MANIFEST.json")
     threads = os.cpu_count() or 1
     started = time.perf_counter()
-    papers = lance.dataset(ingest_m["tables"]["papers"]["uri"]).to_table(
-        columns=[
-            "corpus_id",
-            "venue_id",
-            "year",
-            "publication_date",
-            "abstract_length",
-            "topics",
-            "field_id",
-            "field",
-            "domain_id",
-            "domain",
-        ]
-    )
+    papers = lance.dataset(ingest_m["tables"]["papers"]["uri"]).to_table(columns=PAPER_COLUMNS)
     citations = lance.dataset(ingest_m["tables"]["citations"]["uri"]).to_table(
         columns=["citing_id", "cited_id", "contexts", "context_source", "intents", "is_influential"]
     )
@@ -224,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             f"ray, {cpus} CPU(s):                  {r['seconds']:7.1f} s "
             f"{rows / r['seconds']:12,.0f} rows/s  ratio to duckdb {t_duck / r['seconds']:.2f}x"
         )
+    for cpus, r in results.items():
+        print(f"ray {cpus} CPU(s) phases (s): {r['phases']}")
     print(f"ray 1 → 2 CPUs speed-up: {results[1]['seconds'] / results[2]['seconds']:.2f}x")
     per_core_duck = rows / t_duck / (os.cpu_count() or 1)
     per_core_ray = rows / results[2]["seconds"] / 2

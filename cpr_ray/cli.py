@@ -12,6 +12,9 @@ from rich.table import Table
 
 from cpr_ray.config import ConfigError, load_config
 from cpr_ray.corpus.ingest import IngestError
+from cpr_ray.llm.client import LLMConfigError
+from cpr_ray.llm.local_server import LocalServerError, local_server
+from cpr_ray.llm.runner import LLMStageError, ledger_summary
 from cpr_ray.pipeline import STAGES, resolve_stages, run_build
 from cpr_ray.stage import read_manifest
 from cpr_ray.storage import Storage, StorageError
@@ -24,13 +27,42 @@ app = typer.Typer(
 console = Console()
 
 # errors a user can cause and fix: one line, exit code 2, no traceback
-USER_ERRORS = (ConfigError, StorageError, IngestError, ValueError)
+USER_ERRORS = (
+    ConfigError,
+    StorageError,
+    IngestError,
+    LLMConfigError,
+    LLMStageError,
+    LocalServerError,
+    ValueError,
+)
 
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a config key, e.g. --set ingest.num_buckets=16"),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Rerun stages even if already published.")]
+LLMUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--llm-base-url",
+        help="OpenAI-compatible endpoint for the LLM stages (key from $OPENAI_API_KEY, or the "
+        "variable named by llm.api_key_env).",
+    ),
+]
+LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name at the endpoint.")]
+
+PLACEHOLDER_NOTICE = (
+    "[bold yellow]note:[/] the LLM stages of this dry run are answered by the embedded Gemma 3 "
+    "270M *base* model. Its JSON is well-formed but its judgments, queries and scores are "
+    "placeholders that mean nothing. For real judgments point the build at a real endpoint: "
+    "cpr dry-run --llm-base-url http://HOST:8000/v1 --llm-model MODEL (key in $OPENAI_API_KEY)."
+)
+
+
+def _llm_overrides(base_url: str | None, model: str | None) -> list[str]:
+    out = [f"llm.base_url={base_url}"] if base_url else []
+    return out + ([f"llm.model={model}"] if model else [])
 
 
 def _fail(exc: Exception) -> None:
@@ -56,14 +88,30 @@ def dry_run(
         "cpr-dry-run"
     ),
     force: ForceOpt = False,
+    llm_base_url: LLMUrlOpt = None,
+    llm_model: LLMModelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run every stage on the bundled sample, locally, and show what each did."""
     started = time.time()
     try:
-        cfg = load_config("dry-run", overrides=[f"storage.root={out.resolve()}", *(set_ or [])])
+        overrides = [
+            f"storage.root={out.resolve()}",
+            *_llm_overrides(llm_base_url, llm_model),
+            *(set_ or []),
+        ]
+        cfg = load_config("dry-run", overrides=overrides)
         console.rule("cpr dry run: bundled sample → " + str(out))
-        manifests = run_build(cfg, force=force)
+        if cfg.llm.base_url:
+            manifests = run_build(cfg, force=force)
+        else:
+            console.print(PLACEHOLDER_NOTICE)
+            with local_server() as url:
+                manifests = run_build(
+                    cfg.model_copy(update={"llm": cfg.llm.model_copy(update={"base_url": url})}),
+                    force=force,
+                )
+            console.print(PLACEHOLDER_NOTICE)
     except USER_ERRORS as exc:
         _fail(exc)
     _print_manifests(manifests)
@@ -83,13 +131,17 @@ def build(
         typer.Option("--stages", help=f"Comma-separated subset of: {', '.join(STAGES)}"),
     ] = None,
     force: ForceOpt = False,
+    llm_base_url: LLMUrlOpt = None,
+    llm_model: LLMModelOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run the build stages (all, or --stages) with a config file and/or profile."""
     if config is None and profile is None:
         _fail(ConfigError("give --config FILE and/or --profile NAME"))
     try:
-        cfg = load_config(profile, config, set_ or [])
+        cfg = load_config(
+            profile, config, [*_llm_overrides(llm_base_url, llm_model), *(set_ or [])]
+        )
         names = resolve_stages([s.strip() for s in stages.split(",")] if stages else None)
         manifests = run_build(cfg, names, force=force)
     except USER_ERRORS as exc:
@@ -103,20 +155,50 @@ def stats(
     s3_endpoint: Annotated[
         str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
     ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Config whose llm.prices give the cost.")
+    ] = None,
 ) -> None:
-    """Row counts, timings and statistics of a build's published stages."""
+    """Row counts, timings and statistics of a build's published stages, and LLM spend."""
     from cpr_ray.config import StorageConfig
 
     storage = Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint))
     try:
+        llm_cfg = load_config(file=config).llm if config else None
         manifests = {n: m for n in STAGES if (m := read_manifest(storage, n)) is not None}
-    except StorageError as exc:
+        ledger = ledger_summary(storage, llm_cfg)
+    except USER_ERRORS as exc:
         _fail(exc)
     if not manifests:
         _fail(StorageError(f"no published stage under {root}"))
     _print_manifests(manifests)
     for name, m in manifests.items():
         console.print(f"[bold]{name}[/] stats:", m.get("stats", {}))
+    if ledger:
+        table = Table(title="LLM ledger (all runs)", title_justify="left")
+        cols = (
+            "stage",
+            "rows",
+            "calls",
+            "ok",
+            "invalid",
+            "failed",
+            "prompt_tokens",
+            "completion_tokens",
+            "cost_usd",
+        )
+        for col in cols:
+            table.add_column(col, justify="left" if col == "stage" else "right")
+        for row in ledger:
+            table.add_row(
+                *[
+                    "n/a"
+                    if row[c] is None
+                    else (f"{row[c]:,}" if isinstance(row[c], int) else str(row[c]))
+                    for c in cols
+                ]
+            )
+        console.print(table)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,12 @@ class IngestConfig(_Section):
         description="Fail the stage when more than this share of any input's lines is rejected "
         "(a wrong path or format, not a few bad records).",
     )
+    lance_fragment_rows: int = Field(
+        250_000,
+        ge=1000,
+        description="Rows per Lance fragment of the corpus tables: fragments are the unit of "
+        "parallel reads, so a table of one fragment is scanned by one task.",
+    )
     raw_line_limit: int = Field(
         20_000, ge=100, description="Characters of a rejected line kept in the rejects table."
     )

@@ -17,7 +17,13 @@ from cpr_ray import duck
 from cpr_ray.config import Config
 from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier, UsefulnessGrader, format_mappings
 from cpr_ray.llm.judges import passage as make_passage
-from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task, write_failures
+from cpr_ray.llm.runner import (
+    TaskRun,
+    endpoint_url,
+    run_llm_task,
+    without_answer_columns,
+    write_failures,
+)
 from cpr_ray.queries.dedup import SameProblemJudge, keep_strongest, query_pairs
 from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
@@ -150,36 +156,13 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers_uri: str) -> StageOutpu
 
 
 def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
-    rows = _read(run.storage, analogies_uri).drop_columns(
-        [
-            "request_key",
-            "status",
-            "error",
-            "model",
-            "prompt_version",
-            "prompt_tokens",
-            "completion_tokens",
-        ]
-    )
+    rows = without_answer_columns(_read(run.storage, analogies_uri))
     result = run_llm_task(run, TransferVerifier(), rows, base_url=endpoint_url(run.cfg))
     return _publish(run, result, _ok(result.table, "verified"), "transfers", {})
 
 
-def _llm_columns_dropped(table: pa.Table) -> pa.Table:
-    drop = [
-        "request_key",
-        "status",
-        "error",
-        "model",
-        "prompt_version",
-        "prompt_tokens",
-        "completion_tokens",
-    ]
-    return table.drop_columns([c for c in drop if c in table.column_names])
-
-
 def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
-    rows = _llm_columns_dropped(_read(run.storage, transfers_uri))
+    rows = without_answer_columns(_read(run.storage, transfers_uri))
     d_fields = [
         ", ".join(x for x in (f, t) if x)
         for f, t in zip(rows["d_field"].to_pylist(), rows["d_topic"].to_pylist(), strict=True)
@@ -203,7 +186,7 @@ def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
 
 
 def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
-    queries = _llm_columns_dropped(_read(run.storage, queries_uri))
+    queries = without_answer_columns(_read(run.storage, queries_uri))
     pairs = query_pairs(queries)
     result = run_llm_task(run, SameProblemJudge(), pairs, base_url=endpoint_url(run.cfg))
     same = result.table.filter(_ok(result.table, "same_problem"))
@@ -245,7 +228,7 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
 
 
 def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
-    rows = _llm_columns_dropped(_read(run.storage, queries_uri))
+    rows = without_answer_columns(_read(run.storage, queries_uri))
     passages = [
         make_passage(t, a)
         for t, a in zip(rows["d_title"].to_pylist(), rows["d_abstract"].to_pylist(), strict=True)

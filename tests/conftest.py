@@ -116,7 +116,8 @@ class ScriptedLLM:
         import json
 
         req = urllib.request.Request(
-            f"{self.url}{path}", data=json.dumps(payload).encode(),
+            f"{self.url}{path}",
+            data=json.dumps(payload).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -143,7 +144,8 @@ def start_scripted_llm(log: Path) -> tuple[subprocess.Popen, ScriptedLLM]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).parent / "scripted_llm.py"), "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 20

@@ -33,17 +33,29 @@ def _title(prompt: str, label: str) -> str:
 def analogy(prompt: str) -> dict[str, Any]:
     if "SAME" in _title(prompt, "Q title"):
         return {
-            "same_problem": True, "object_mappings": [], "shared_relations": [],
-            "structural_analogy": False, "transfer_holds": False, "transferable": False,
-            "transfer_type": "same_problem", "transfer_path": "", "reason": "same task",
+            "same_problem": True,
+            "object_mappings": [],
+            "shared_relations": [],
+            "structural_analogy": False,
+            "transfer_holds": False,
+            "transferable": False,
+            "transfer_type": "same_problem",
+            "transfer_path": "",
+            "reason": "same task",
             "decision": "not_analogy",
         }
     if "ignore the instructions" in prompt.lower():
         # a gullible model obeys the abstract: claims observed with nothing to back it
         return {
-            "same_problem": False, "object_mappings": [], "shared_relations": [],
-            "structural_analogy": False, "transfer_holds": False, "transferable": False,
-            "transfer_type": "method", "transfer_path": "", "reason": "as instructed",
+            "same_problem": False,
+            "object_mappings": [],
+            "shared_relations": [],
+            "structural_analogy": False,
+            "transfer_holds": False,
+            "transferable": False,
+            "transfer_type": "method",
+            "transfer_path": "",
+            "reason": "as instructed",
             "decision": "observed_analogy",
         }
     return {
@@ -53,13 +65,19 @@ def analogy(prompt: str) -> dict[str, Any]:
             {"q_object": "noise distribution", "d_object": "equilibrium state", "role": "end"},
         ],
         "shared_relations": [
-            {"predicate": "Converts", "q_arguments": ["data distribution", "noise distribution"],
-             "d_arguments": ["initial state", "equilibrium state"]}
+            {
+                "predicate": "Converts",
+                "q_arguments": ["data distribution", "noise distribution"],
+                "d_arguments": ["initial state", "equilibrium state"],
+            }
         ],
-        "structural_analogy": True, "transfer_holds": True, "transferable": True,
+        "structural_analogy": True,
+        "transfer_holds": True,
+        "transferable": True,
         "transfer_type": "method",
         "transfer_path": "The diffusion process is taken from d. It maps data to noise.",
-        "reason": "the citing text uses the process", "decision": "observed_analogy",
+        "reason": "the citing text uses the process",
+        "decision": "observed_analogy",
     }
 
 
@@ -123,10 +141,18 @@ def _reply(content: str, finish: str, prompt: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": 0,
         "model": "scripted",
-        "choices": [{"index": 0, "finish_reason": finish,
-                     "message": {"role": "assistant", "content": content}}],
-        "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(content) // 4,
-                  "total_tokens": (len(prompt) + len(content)) // 4},
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish,
+                "message": {"role": "assistant", "content": content},
+            }
+        ],
+        "usage": {
+            "prompt_tokens": len(prompt) // 4,
+            "completion_tokens": len(content) // 4,
+            "total_tokens": (len(prompt) + len(content)) // 4,
+        },
     }
 
 
@@ -146,7 +172,8 @@ async def chat(request: web.Request) -> web.Response:
         script.counts[f"fault_{kind}"] += 1
         if kind == "429":
             return web.json_response(
-                {"error": {"message": "rate limited"}}, status=429,
+                {"error": {"message": "rate limited"}},
+                status=429,
                 headers={"Retry-After": str(fault.get("retry_after", 1))},
             )
         if kind == "500":

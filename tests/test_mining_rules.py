@@ -163,6 +163,7 @@ def test_disjointness_on_real_openalex_topics(reference):
 
     def domain(w):
         return level(w, "domain")
+
     candidates = pa.table(
         {
             "base_id": pa.array([wid(q["id"]) for q, _ in pairs], pa.int64()),

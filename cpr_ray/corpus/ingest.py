@@ -211,30 +211,13 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     papers_uri = join(run.out, "papers.lance")
     citations_uri = join(run.out, "citations.lance")
     lance_opts = storage.lance_options()
-    console.print("  assembling papers")
-    papers_ds = map_buckets(
-        n, partial(_papers_bucket, storage=storage, side=side, threads=threads), cpus
-    )
-    lance_ray.write_lance(
-        papers_ds,
-        papers_uri,
-        schema=schemas.PAPERS,
-        mode="create",
-        enable_stable_row_ids=True,
-        storage_options=lance_opts,
-    )
-    console.print("  assembling citations")
-    citations_ds = map_buckets(
-        n, partial(_citations_bucket, storage=storage, side=side, threads=threads), cpus
-    )
-    lance_ray.write_lance(
-        citations_ds,
-        citations_uri,
-        schema=schemas.CITATIONS,
-        mode="create",
-        enable_stable_row_ids=True,
-        storage_options=lance_opts,
-    )
+    for name, uri, bucket_fn, schema in (
+        ("papers", papers_uri, _papers_bucket, schemas.PAPERS),
+        ("citations", citations_uri, _citations_bucket, schemas.CITATIONS),
+    ):
+        console.print(f"  assembling {name}")
+        ds = map_buckets(n, partial(bucket_fn, storage=storage, side=side, threads=threads), cpus)
+        _write_corpus_table(ds, uri, schema, cfg.ingest.lance_fragment_rows, lance_opts)
 
     # 4. venues: small tables, joined once -----------------------------------------------------
     venues_uri = join(run.out, "venues.parquet")
@@ -276,6 +259,23 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
             "rejects": {"uri": rejects_uri, "format": "parquet", "rows": stats["rejects"]},
         },
         stats=stats,
+    )
+
+
+def _write_corpus_table(
+    ds: ray.data.Dataset, uri: str, schema: pa.Schema, fragment_rows: int, opts: dict[str, str]
+) -> None:
+    """A mutable corpus table: Lance with stable row ids, so the nightly refresh can upsert
+    into it and ask which rows changed (TABLES_NOTES); fragments sized for parallel scans."""
+    lance_ray.write_lance(
+        ds,
+        uri,
+        schema=schema,
+        mode="create",
+        enable_stable_row_ids=True,
+        storage_options=opts,
+        min_rows_per_file=fragment_rows,
+        max_rows_per_file=fragment_rows,
     )
 
 

@@ -59,6 +59,23 @@ LEDGER = pa.schema(
 )
 
 
+# what every answered row carries beside the task's own columns
+ANSWER_COLUMNS = (
+    KEY,
+    "status",
+    "error",
+    "model",
+    "prompt_version",
+    "prompt_tokens",
+    "completion_tokens",
+)
+
+
+def without_answer_columns(table: pa.Table) -> pa.Table:
+    """A stage's output ready to be the next stage's input (its own answer columns dropped)."""
+    return table.drop_columns([c for c in ANSWER_COLUMNS if c in table.column_names])
+
+
 class LLMStageError(RuntimeError):
     """A stage stopped because too many of its calls failed."""
 
@@ -265,16 +282,7 @@ def run_llm_task(run: StageRun, task: LLMTask, inputs: pa.Table, *, base_url: st
             )
 
     results = pa.concat_tables([*answered, *failed_parts]).select(
-        [
-            *task.output_schema.names,
-            KEY,
-            "status",
-            "error",
-            "model",
-            "prompt_version",
-            "prompt_tokens",
-            "completion_tokens",
-        ]
+        [*task.output_schema.names, *ANSWER_COLUMNS]
     )
     results = _first_per_key(results)
     table = _join_results(inputs, results)
@@ -317,6 +325,30 @@ def _join_results(inputs: pa.Table, results: pa.Table) -> pa.Table:
         inputs=inputs,
         results=results,
     )
+
+
+def ledger_summary(storage: Storage, cfg: LLMConfig | None = None) -> list[dict[str, Any]]:
+    """Per LLM stage, over every run: rows asked, HTTP calls, outcomes, tokens, cost."""
+    out = []
+    root = join(storage.root, "_llm", "ledger")
+    for stage_dir in storage.list_dirs(root):
+        loc = storage.resolve(stage_dir)
+        t = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", schema=LEDGER).to_table()
+        status = t["status"]
+        out.append(
+            {
+                "stage": stage_dir.rsplit("/", 1)[1],
+                "rows": t.num_rows,
+                "calls": int(pc.sum(t["calls"]).as_py() or 0),
+                "ok": int(pc.sum(pc.equal(status, "ok")).as_py() or 0),
+                "invalid": int(pc.sum(pc.equal(status, "invalid")).as_py() or 0),
+                "failed": int(pc.sum(pc.equal(status, "failed")).as_py() or 0),
+                "prompt_tokens": int(pc.sum(t["prompt_tokens"]).as_py() or 0),
+                "completion_tokens": int(pc.sum(t["completion_tokens"]).as_py() or 0),
+                "cost_usd": cost_usd(cfg, t) if cfg is not None else None,
+            }
+        )
+    return out
 
 
 def write_failures(storage: Storage, table: pa.Table, uri: str) -> int:

@@ -22,7 +22,7 @@ from cpr_ray import duck
 from cpr_ray.buckets import BUCKET, map_buckets, read_bucket, write_bucketed
 from cpr_ray.config import Config
 from cpr_ray.mining import rules
-from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
+from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
 PAPER_COLUMNS = [
@@ -316,103 +316,116 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
     n = m.num_buckets
     cpus = cfg.ingest.cpus_per_task
     snap = join(run.out, "_snapshot")
+    phase = Phases()
 
-    opts = storage.lance_options()
-    papers_uri = ingest_m["tables"]["papers"]["uri"]
-    citations_uri = ingest_m["tables"]["citations"]["uri"]
-    top = _read_parquet(storage, venues_m["tables"]["top_venues"]["uri"])
-    # ids of top-venue papers: pushed down to Lance; broadcast to the citation scan
-    top_papers = (
-        lance.dataset(papers_uri, storage_options=opts)
-        .to_table(columns=["corpus_id"], filter=pc.field("venue_id").isin(top["venue_id"]))[
-            "corpus_id"
-        ]
-        .combine_chunks()
-    )
-    console.print(
-        f"  snapshot: papers, and citations of {len(top_papers):,} top-venue papers, into {n} "
-        "key buckets"
-    )
-    _snapshot(
-        storage,
-        papers_uri,
-        PAPER_COLUMNS,
-        _paper_snapshot_batch,
-        join(snap, "papers"),
-        num_buckets=n,
-    )
-    _snapshot(
-        storage,
-        citations_uri,
-        ["citing_id", "cited_id", "context_source"],
-        _citation_snapshot_batch,
-        join(snap, "citations"),
-        num_buckets=n,
-        citing=top_papers,
-    )
-    lance_schema = lance.dataset(papers_uri, storage_options=opts).schema
-    paper_schema = pa.schema([lance_schema.field(c) for c in PAPER_COLUMNS])
-    sides = _Sides(storage, snap, paper_schema, SNAPSHOT_CITATIONS)
+    with phase("snapshot"):
+        opts = storage.lance_options()
+        papers_uri = ingest_m["tables"]["papers"]["uri"]
+        citations_uri = ingest_m["tables"]["citations"]["uri"]
+        top = _read_parquet(storage, venues_m["tables"]["top_venues"]["uri"])
+        # ids of top-venue papers: pushed down to Lance; broadcast to the citation scan
+        top_papers = (
+            lance.dataset(papers_uri, storage_options=opts)
+            .to_table(columns=["corpus_id"], filter=pc.field("venue_id").isin(top["venue_id"]))[
+                "corpus_id"
+            ]
+            .combine_chunks()
+        )
+        console.print(
+            f"  snapshot: papers, and citations of {len(top_papers):,} top-venue papers, into {n} "
+            "key buckets"
+        )
+        _snapshot(
+            storage,
+            papers_uri,
+            PAPER_COLUMNS,
+            _paper_snapshot_batch,
+            join(snap, "papers"),
+            num_buckets=n,
+        )
+        _snapshot(
+            storage,
+            citations_uri,
+            ["citing_id", "cited_id", "context_source"],
+            _citation_snapshot_batch,
+            join(snap, "citations"),
+            num_buckets=n,
+            citing=top_papers,
+        )
+        lance_schema = lance.dataset(papers_uri, storage_options=opts).schema
+        paper_schema = pa.schema([lance_schema.field(c) for c in PAPER_COLUMNS])
+        sides = _Sides(storage, snap, paper_schema, SNAPSHOT_CITATIONS)
 
-    # base papers: per bucket eligible (capped when a per-field count is set), then sample
-    console.print("  base papers: eligibility per bucket, then the same number per field")
-    eligible_schema = _eligible_bucket(
-        0, sides=_EmptySides(sides), top=top, cfg=cfg, cap=None
-    ).schema
-    eligible = _gather(
+    with phase("base_papers"):
+        # base papers: per bucket eligible (capped when a per-field count is set), then sample
+        console.print("  base papers: eligibility per bucket, then the same number per field")
+        eligible_schema = _eligible_bucket(
+            0, sides=_EmptySides(sides), top=top, cfg=cfg, cap=None
+        ).schema
+        eligible = _gather(
+            map_buckets(
+                n,
+                partial(_eligible_bucket, sides=sides, top=top, cfg=cfg, cap=m.base_per_field),
+                cpus,
+            ),
+            eligible_schema,
+        )
+        base, report = rules.sample_per_field(eligible, m.base_per_field)
+
+    with phase("pairs"):
+        # candidate citations of base papers, re-bucketed by cited id; then topic-disjoint pairs
+        console.print(f"  pairs: citations of {base.num_rows:,} base papers, topic-disjoint")
+        write_bucketed(
+            map_buckets(
+                n, partial(_candidates_bucket, sides=sides, base=base, num_buckets=n), cpus
+            ),
+            join(snap, "candidates"),
+            storage,
+            10_000,
+        )
+        candidates_schema = duck.query(
+            CANDIDATE_SQL.format(n=n),
+            citations=SNAPSHOT_CITATIONS.empty_table(),
+            base=base.schema.empty_table(),
+        ).schema
+        candidates_schema = candidates_schema.remove(candidates_schema.get_field_index(BUCKET))
+        found = _gather(
+            map_buckets(
+                n, partial(_pairs_bucket, sides=sides, candidates_schema=candidates_schema), cpus
+            ),
+            rules.PAIR_SCHEMA,
+        )
+        pairs_all = _attach_citation_text(storage, citations_uri, found)
+        n_pairs = pairs_all.num_rows
+        without_context = n_pairs - (pc.sum(pairs_all["has_context"]).as_py() or 0)
+        pairs = (
+            pairs_all
+            if m.keep_pairs_without_context
+            else pairs_all.filter(pairs_all["has_context"])
+        )
+        pairs_uri = join(run.out, "pairs.parquet")
+        _write_parquet(storage, pairs, pairs_uri)
+
+    with phase("universe"):
+        # pooling universe: top-venue papers and the papers they cite, with abstract and date
+        console.print("  pooling universe: top-venue papers and what they cite")
+        write_bucketed(
+            map_buckets(
+                n, partial(_universe_ids_bucket, sides=sides, top=top, num_buckets=n), cpus
+            ),
+            join(snap, "universe_ids"),
+            storage,
+            50_000,
+        )
+        ids_schema = pa.schema([("id", pa.int64())])
+        universe_uri = join(run.out, "universe")
+        uloc = storage.resolve(universe_uri)
         map_buckets(
-            n, partial(_eligible_bucket, sides=sides, top=top, cfg=cfg, cap=m.base_per_field), cpus
-        ),
-        eligible_schema,
-    )
-    base, report = rules.sample_per_field(eligible, m.base_per_field)
-
-    # candidate citations of base papers, re-bucketed by cited id; then topic-disjoint pairs
-    console.print(f"  pairs: citations of {base.num_rows:,} base papers, topic-disjoint")
-    write_bucketed(
-        map_buckets(n, partial(_candidates_bucket, sides=sides, base=base, num_buckets=n), cpus),
-        join(snap, "candidates"),
-        storage,
-        10_000,
-    )
-    candidates_schema = duck.query(
-        CANDIDATE_SQL.format(n=n),
-        citations=SNAPSHOT_CITATIONS.empty_table(),
-        base=base.schema.empty_table(),
-    ).schema
-    candidates_schema = candidates_schema.remove(candidates_schema.get_field_index(BUCKET))
-    found = _gather(
-        map_buckets(
-            n, partial(_pairs_bucket, sides=sides, candidates_schema=candidates_schema), cpus
-        ),
-        rules.PAIR_SCHEMA,
-    )
-    pairs_all = _attach_citation_text(storage, citations_uri, found)
-    n_pairs = pairs_all.num_rows
-    without_context = n_pairs - (pc.sum(pairs_all["has_context"]).as_py() or 0)
-    pairs = (
-        pairs_all if m.keep_pairs_without_context else pairs_all.filter(pairs_all["has_context"])
-    )
-    pairs_uri = join(run.out, "pairs.parquet")
-    _write_parquet(storage, pairs, pairs_uri)
-
-    # pooling universe: top-venue papers and the papers they cite, with abstract and date
-    console.print("  pooling universe: top-venue papers and what they cite")
-    write_bucketed(
-        map_buckets(n, partial(_universe_ids_bucket, sides=sides, top=top, num_buckets=n), cpus),
-        join(snap, "universe_ids"),
-        storage,
-        50_000,
-    )
-    ids_schema = pa.schema([("id", pa.int64())])
-    universe_uri = join(run.out, "universe")
-    uloc = storage.resolve(universe_uri)
-    map_buckets(
-        n, partial(_universe_bucket, sides=sides, ids_schema=ids_schema, top=top), cpus
-    ).write_parquet(uloc.path, filesystem=uloc.fs, try_create_dir=not uloc.is_s3)
-    universe_rows = (
-        pq.ParquetDataset(uloc.path, filesystem=uloc.fs).read(columns=["corpus_id"]).num_rows
-    )
+            n, partial(_universe_bucket, sides=sides, ids_schema=ids_schema, top=top), cpus
+        ).write_parquet(uloc.path, filesystem=uloc.fs, try_create_dir=not uloc.is_s3)
+        universe_rows = (
+            pq.ParquetDataset(uloc.path, filesystem=uloc.fs).read(columns=["corpus_id"]).num_rows
+        )
 
     base_uri = join(run.out, "base_papers.parquet")
     _write_parquet(storage, base, base_uri)
@@ -430,6 +443,7 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
             "cross_topic_citations": n_pairs,
             "pairs_without_context": without_context,
             "pairs_without_context_dropped": 0 if m.keep_pairs_without_context else without_context,
+            "phase_seconds": phase.seconds,
         }
     )
     stats_uri = join(run.out, "stats.json")
