@@ -12,6 +12,7 @@ from rich.table import Table
 
 from cpr_ray.config import ConfigError, load_config
 from cpr_ray.corpus.ingest import IngestError
+from cpr_ray.evaluate.commands import eval_command, report_command
 from cpr_ray.llm.client import LLMConfigError
 from cpr_ray.llm.local_server import LocalServerError, local_server
 from cpr_ray.llm.runner import LLMStageError, ledger_summary
@@ -199,6 +200,10 @@ def stats(
                 ]
             )
         console.print(table)
+
+
+app.command("eval")(eval_command)
+app.command("report")(report_command)
 
 
 if __name__ == "__main__":

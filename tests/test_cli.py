@@ -47,5 +47,5 @@ def test_console_script_is_installed():
         [sys.executable, "-m", "cpr_ray.cli", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0
-    for command in ("dry-run", "build", "stats"):
+    for command in ("dry-run", "build", "stats", "eval", "report"):
         assert command in out.stdout

@@ -10,7 +10,7 @@ Relevance is graded: a grade >= 1 is relevant, 0 is judged non-relevant.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -67,22 +67,6 @@ class Benchmark:
         if self.excluded is not None:
             sizes -= np.array([len(e) for e in self.excluded], dtype=np.int64)
         return sizes
-
-    def select(self, keep: np.ndarray | Sequence[bool]) -> Benchmark:
-        """The same benchmark restricted to some queries (documents are kept as they are)."""
-        mask = np.asarray(keep, dtype=bool)
-        idx = np.flatnonzero(mask)
-        return replace(
-            self,
-            query_ids=[self.query_ids[i] for i in idx],
-            queries=[self.queries[i] for i in idx],
-            qrels=[self.qrels[i] for i in idx],
-            pools=None if self.pools is None else self.pools[idx],
-            pool_groups=None if self.pool_groups is None else self.pool_groups[idx],
-            excluded=None if self.excluded is None else [self.excluded[i] for i in idx],
-            domains=None if self.domains is None else [self.domains[i] for i in idx],
-            meta={k: [v[i] for i in idx] for k, v in self.meta.items()},
-        )
 
 
 def pad_pools(pools: Sequence[Sequence[int]]) -> np.ndarray:

@@ -78,7 +78,7 @@ def per_query(j: Judged, gain: Gain = "exponential") -> dict[str, np.ndarray]:
     hits = np.cumsum(relevant, axis=1)  # (n_q, DEPTH) relevant within the top i
     out = {f"recall_at_{k}": hits[:, k - 1] / j.n_relevant for k in (1, 5, 10)}
     first = np.where(relevant.any(axis=1), relevant.argmax(axis=1), -1)  # (n_q,)
-    out["mrr_at_10"] = np.where(first >= 0, 1.0 / (first + 1.0), 0.0)
+    out["mrr_at_10"] = np.divide(1.0, first + 1.0, out=np.zeros(len(first)), where=first >= 0)
     disc = discounts(j.ranked_grades.shape[1])  # (DEPTH,)
     dcg = (_gain(j.ranked_grades, gain) * disc).sum(axis=1)  # (n_q,)
     idcg = (_gain(j.ideal_grades, gain) * disc).sum(axis=1)  # (n_q,)

@@ -3,7 +3,8 @@
 The runner never talks to an LLM itself. It calls:
 
 - a :class:`Reranker` on each query's first-stage ranking (the tournament reranker is
-  :class:`cpr_ray.evaluate.rerank.TournamentReranker` over a :class:`TournamentJudge`);
+  :class:`cpr_ray.evaluate.rerank.TournamentReranker` over a :class:`TournamentJudge`, or a
+  :class:`BatchTournamentJudge` that answers a whole round of all queries at once);
 - a :class:`QueryRewriter` in front of any retriever: a returned string replaces the query
   (HyDE, Query2doc), a returned list is searched query by query and the rankings are fused with
   reciprocal rank fusion (RAG-Fusion).
@@ -52,6 +53,19 @@ class TournamentJudge(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchTournamentJudge(Protocol):
+    """The same two calls, a whole round at a time (requests from ``tournament.py``)."""
+
+    def choose_many(self, requests: list[Any]) -> Sequence[Any]:
+        """Per ChooseRequest(query_index, query, group, k): ids, or an Exception if it failed."""
+        ...
+
+    def score_many(self, requests: list[Any]) -> Sequence[Any]:
+        """Per ScoreRequest(query_index, query, doc): a 0-10 score, or an Exception."""
+        ...
+
+
 REWRITE_KINDS = ("hyde", "query2doc", "rag-fusion")
 
 # hook -> (module, factory) that the LLM layer provides
@@ -63,6 +77,11 @@ LLM_HOOKS = {
 
 class LLMLayerMissing(RuntimeError):
     """The LLM layer (cpr_ray.llm) does not provide what an evaluation option needs yet."""
+
+
+def require_hook(kind: str) -> None:
+    """Fail now, before any loading or encoding, when the LLM layer lacks hook `kind`."""
+    _hook(kind)
 
 
 def _hook(kind: str) -> Any:
@@ -83,7 +102,9 @@ def _hook(kind: str) -> Any:
     return factory
 
 
-def llm_tournament_judge(llm_cfg: Any, doc_texts: Mapping[str, str]) -> TournamentJudge:
+def llm_tournament_judge(
+    llm_cfg: Any, doc_texts: Mapping[str, str]
+) -> TournamentJudge | BatchTournamentJudge:
     """`cpr_ray.llm.evaluate.tournament_judge(llm_cfg, doc_texts)` from the LLM layer."""
     return _hook("rerank")(llm_cfg, doc_texts)
 

@@ -81,14 +81,23 @@ def _default_subset(parts: Sequence[Benchmark]) -> str | None:
     return ",".join(names) if names else None
 
 
+def model_label(model: str | None) -> str | None:
+    """A short name for a model path or hub name: its last part, or last two when generic."""
+    if not model:
+        return None
+    parts = [p for p in str(model).rstrip("/").split("/") if p]
+    if len(parts) > 1 and (parts[-1] in ("model", "models") or parts[-1].startswith("checkpoint")):
+        return f"{parts[-2]}-{parts[-1]}"
+    return parts[-1] if parts else None
+
+
 def results_name(results: dict[str, Any]) -> str:
     """A file name that tells runs apart: benchmark, subset, retriever, model, options, variant."""
-    model = results.get("model")
     bits = [
         results["benchmark"],
         results.get("subset") if results.get("subset") and "," not in results["subset"] else None,
         results["retriever"],
-        model.rstrip("/").rsplit("/", 1)[-1] if model else None,
+        model_label(results.get("model")),
         f"rerank-{results['rerank']}" if results.get("rerank") else None,
         f"rewrite-{results['rewrite']}" if results.get("rewrite") else None,
         results.get("variant") if results.get("variant") not in (None, "full") else None,

@@ -24,6 +24,7 @@ from cpr_ray.evaluate.protocols import (
     Reranker,
     llm_query_rewriter,
     llm_tournament_judge,
+    require_hook,
 )
 from cpr_ray.evaluate.ranking import drop_excluded, rank_pools
 from cpr_ray.evaluate.rerank import TournamentReranker
@@ -132,8 +133,71 @@ def summarize_parts(
         **metric_blocks(values, random, opts, opts.seed),
         "per_domain": {},
         "per_subset": per,
-        "macro_over_subsets": {m: float(np.mean([b[m]["value"] for b in per.values()])) for m in METRICS},
+        "macro_over_subsets": {
+            m: float(np.mean([b[m]["value"] for b in per.values()])) for m in METRICS
+        },
     }
+
+
+def _run_part(
+    part: Benchmark,
+    settings: EvalSettings,
+    timer: Timer,
+    retriever: Retriever | None,
+    reranker: Reranker | None,
+    rewriter: QueryRewriter | None,
+) -> tuple[list[np.ndarray], dict[str, Any], Reranker | None]:
+    """Rankings of one benchmark part, the names of what made them, and the reranker used."""
+    t = time.perf_counter()
+    if settings.rewrite and rewriter is None:
+        rewriter = llm_query_rewriter(settings.rewrite, settings.llm, part.train_pairs)
+    if settings.rerank and reranker is None:
+        judge = llm_tournament_judge(settings.llm, dict(zip(part.doc_ids, part.doc_texts)))
+        reranker = TournamentReranker(
+            judge, settings.tournament(), max_workers=settings.rerank_workers
+        )
+    texts: list[str | list[str]] = list(part.queries)
+    if rewriter is not None:
+        texts = rewriter.rewrite(part.queries)
+        if len(texts) != part.n_queries:
+            raise ValueError(
+                f"rewriter {rewriter.name} returned {len(texts)} rewrites for "
+                f"{part.n_queries} queries"
+            )
+        if settings.fusion_include_original:
+            texts = with_original(texts, part.queries)
+    timer.add("rewrite_s", t)
+
+    t = time.perf_counter()
+    retriever = retriever or make_retriever(
+        settings.retriever, settings.model, settings.retriever_options()
+    )
+    uses_ray = getattr(retriever, "uses_ray", None)  # encoders: large corpora go to actors
+    if uses_ray is not None and uses_ray(len(part.doc_ids)):
+        from cpr_ray.ray_runtime import ensure_ray
+
+        ensure_ray(settings.ray)
+    retriever.index(part.doc_texts)
+    timer.add("index_s", t)
+
+    t = time.perf_counter()
+    ranked = rank(
+        part, retriever, texts, top_k=settings.top_k, seed=settings.seed, fusion_k=settings.fusion_k
+    )
+    timer.add("retrieve_s", t)
+
+    if reranker is not None:
+        t = time.perf_counter()
+        depth = settings.rerank_depth or (None if part.has_pools else settings.top_k)
+        ranked = rerank(part, ranked, reranker, depth)
+        timer.add("rerank_s", t)
+    names = {
+        "retriever": retriever.name,
+        "model": retriever.model,
+        "rerank": reranker.name if reranker is not None else None,
+        "rewrite": rewriter.name if rewriter is not None else None,
+    }
+    return ranked, names, reranker
 
 
 def run_eval(
@@ -147,6 +211,10 @@ def run_eval(
     """Evaluate one retriever (+ reranker/rewriter) on one benchmark; returns the results dict."""
     from cpr_ray.evaluate.results import build_results
 
+    if settings.rewrite and rewriter is None:
+        require_hook("rewrite")  # fail before loading or encoding anything
+    if settings.rerank and reranker is None:
+        require_hook("rerank")
     timer = Timer()
     started = time.perf_counter()
     storage = storage or Storage(settings.storage())
@@ -154,73 +222,19 @@ def run_eval(
         settings.benchmark, storage, settings.data, subset=settings.subset, seed=settings.seed
     )
     timer.add("load_s", started)
-    opts = SummaryOptions(settings.seed, settings.resamples, settings.confidence, settings.gain)
     rankings: list[list[np.ndarray]] = []
-    robustness: dict[str, Any] = {}
     rerankers: dict[int, Reranker] = {}
-    names: dict[str, str | None] = {}
+    names: dict[str, Any] = {}
     for part in parts:
-        t = time.perf_counter()
-        part_rewriter = rewriter
-        if settings.rewrite and part_rewriter is None:
-            part_rewriter = llm_query_rewriter(settings.rewrite, settings.llm, part.train_pairs)
-        part_reranker = reranker
-        if settings.rerank and part_reranker is None:
-            judge = llm_tournament_judge(settings.llm, dict(zip(part.doc_ids, part.doc_texts)))
-            part_reranker = TournamentReranker(
-                judge, settings.tournament(), max_workers=settings.rerank_workers
-            )
-        texts: list[str | list[str]] = list(part.queries)
-        if part_rewriter is not None:
-            texts = part_rewriter.rewrite(part.queries)
-            if len(texts) != part.n_queries:
-                raise ValueError(
-                    f"rewriter {part_rewriter.name} returned {len(texts)} rewrites for "
-                    f"{part.n_queries} queries"
-                )
-            if settings.fusion_include_original:
-                texts = with_original(texts, part.queries)
-        timer.add("rewrite_s", t)
-
-        t = time.perf_counter()
-        part_retriever = retriever or make_retriever(
-            settings.retriever, settings.model, settings.retriever_options()
-        )
-        uses_ray = getattr(part_retriever, "uses_ray", None)
-        if uses_ray is not None and uses_ray(len(part.doc_ids)):
-            from cpr_ray.ray_runtime import ensure_ray
-
-            ensure_ray(settings.ray)
-        part_retriever.index(part.doc_texts)
-        timer.add("index_s", t)
-
-        t = time.perf_counter()
-        ranked = rank(
-            part,
-            part_retriever,
-            texts,
-            top_k=settings.top_k,
-            seed=settings.seed,
-            fusion_k=settings.fusion_k,
-        )
-        timer.add("retrieve_s", t)
-
-        if part_reranker is not None:
-            t = time.perf_counter()
-            depth = settings.rerank_depth or (None if part.has_pools else settings.top_k)
-            ranked = rerank(part, ranked, part_reranker, depth)
-            timer.add("rerank_s", t)
-            rerankers[id(part_reranker)] = part_reranker
+        ranked, names, used = _run_part(part, settings, timer, retriever, reranker, rewriter)
         rankings.append(ranked)
-        names = {
-            "retriever": part_retriever.name,
-            "model": part_retriever.model,
-            "rerank": part_reranker.name if part_reranker is not None else None,
-            "rewrite": part_rewriter.name if part_rewriter is not None else None,
-        }
+        if used is not None:
+            rerankers[id(used)] = used
 
     t = time.perf_counter()
+    opts = SummaryOptions(settings.seed, settings.resamples, settings.confidence, settings.gain)
     summary = summarize_parts(parts, rankings, opts)
+    robustness: dict[str, Any] = {}
     if settings.robustness and len(parts) == 1 and parts[0].pool_groups is not None:
         reduced, reduced_ranked = without_groups(parts[0], rankings[0], SAME_TOPIC)
         robustness["without_same_topic"] = summarize(reduced, reduced_ranked, opts)

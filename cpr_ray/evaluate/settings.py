@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cpr_ray.config import LLMConfig, RayConfig, StorageConfig
 from cpr_ray.evaluate.loaders import BENCHMARKS
@@ -136,3 +143,21 @@ class EvalSettings(BaseModel):
 
     def storage(self) -> StorageConfig:
         return StorageConfig(root=self.out or self.data, s3_endpoint=self.s3_endpoint)
+
+
+def describe_errors(err: ValidationError) -> str:
+    """One line per bad setting, naming it (and, for an unknown one, the known settings)."""
+    lines = []
+    for item in err.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            model: type[BaseModel] = EvalSettings
+            for part in item["loc"][:-1]:
+                model = model.model_fields[str(part)].annotation  # a nested section
+            msg = "unknown setting; known: " + ", ".join(sorted(model.model_fields))
+        elif item["type"] == "missing":
+            msg = "required but not set"
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {key}: {msg}")
+    return "invalid eval settings:\n" + "\n".join(lines)

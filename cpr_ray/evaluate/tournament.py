@@ -4,13 +4,15 @@ Candidates are narrowed by listwise elimination rounds (each round splits the su
 groups and asks a chooser for the most promising of each group), then the last survivors (ten by
 default) are scored one by one and sorted by score; every other candidate follows in its input
 order. The chooser and scorer are plain callables, so the LLM layer plugs in its own and tests
-script them.
+script them: per call (:func:`run_tournament`, one query) or batched per round
+(:func:`run_tournaments`: every group of every query in one round is one batch, so a round can
+go through the LLM layer as one table, with its cache, ledger and retries).
 
 Decisions that keep the outcome deterministic whatever a chooser returns:
 
 - groups are contiguous runs of the current survivors (input order), of near-equal size:
-  ``ceil(n / group_size)`` groups whose sizes differ by at most one, so 151 in groups of 25 are
-  six groups of 26, 25, 25, 25, 25, 25 rather than six of 25 and one of 1;
+  ``ceil(n / group_size)`` groups whose sizes differ by at most one, so 151 in groups of at most
+  25 are 22, 22, 22, 22, 21, 21, 21 rather than six of 25 and one of 1;
 - a round keeps ``survivors`` candidates in total, shared among groups in proportion to their
   size (largest remainder, earlier group first on a tie); a group whose quota covers it whole is
   kept without asking; a round is skipped when no more than ``survivors`` candidates remain;
@@ -29,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 Choose = Callable[[str, list[Any], int], Sequence[Any]]
 Score = Callable[[str, Any], float]
@@ -158,6 +160,115 @@ def _valid_score(value: Any, spec: TournamentSpec) -> float | None:
     return value
 
 
+class ChooseRequest(NamedTuple):
+    query_index: int
+    query: str
+    group: list[Any]
+    k: int
+
+
+class ScoreRequest(NamedTuple):
+    query_index: int
+    query: str
+    doc: Any
+
+
+# batched forms: one call per round for all queries; an answer may be an Exception (that item
+# failed); a batch call that raises fails every item of the batch
+ChooseMany = Callable[[list[ChooseRequest]], Sequence[Any]]
+ScoreMany = Callable[[list[ScoreRequest]], Sequence[Any]]
+
+
+def _answers(fn: Callable[[list[Any]], Sequence[Any]], requests: list[Any]) -> list[Any]:
+    if not requests:
+        return []
+    try:
+        out = list(fn(requests))
+    except Exception as exc:  # the whole batch failed: every item is a recorded failure
+        return [exc] * len(requests)
+    if len(out) != len(requests):
+        err = ValueError(f"{len(out)} answers for {len(requests)} requests")
+        return [err] * len(requests)
+    return out
+
+
+def run_tournaments(
+    queries: Sequence[str],
+    candidates: Sequence[Sequence[Any]],
+    choose_many: ChooseMany,
+    score_many: ScoreMany,
+    spec: TournamentSpec = TournamentSpec(),
+) -> tuple[list[list[Any]], list[TournamentStats]]:
+    """Rank every query's candidates, asking for each round of all queries in one batch.
+
+    Returns per query the scored finalists first, then the rest in input order, and its stats.
+    """
+    if len(queries) != len(candidates):
+        raise ValueError(f"{len(candidates)} candidate lists for {len(queries)} queries")
+    orders = []
+    for cands in candidates:
+        order = {c: i for i, c in enumerate(cands)}
+        if len(order) != len(cands):
+            raise ValueError("candidate ids must be unique")
+        orders.append(order)
+    stats = [TournamentStats(queries=1) for _ in queries]
+    alive = [list(c) for c in candidates]
+    for rnd in spec.rounds:
+        requests: list[ChooseRequest] = []
+        kept: list[list[Any]] = [[] for _ in queries]
+        for qi, current in enumerate(alive):
+            if len(current) <= rnd.survivors:
+                stats[qi].rounds_skipped += 1
+                kept[qi] = current
+                continue
+            groups = split_groups(current, rnd.group_size)
+            for group, quota in zip(groups, quotas([len(g) for g in groups], rnd.survivors)):
+                if quota >= len(group):
+                    stats[qi].groups_kept_whole += 1
+                    kept[qi].extend(group)
+                elif quota > 0:
+                    requests.append(ChooseRequest(qi, queries[qi], list(group), quota))
+        for req, answer in zip(requests, _answers(choose_many, requests)):
+            st = stats[req.query_index]
+            st.choose_calls += 1
+            if isinstance(answer, BaseException):
+                st.choose_errors += 1
+                answer = None
+            kept[req.query_index].extend(_pick(answer, req.group, req.k, st))
+        alive = [sorted(k, key=orders[qi].__getitem__) for qi, k in enumerate(kept)]
+    score_requests = [ScoreRequest(qi, queries[qi], c) for qi, cur in enumerate(alive) for c in cur]
+    scores: list[dict[Any, float | None]] = [{} for _ in queries]
+    for req, value in zip(score_requests, _answers(score_many, score_requests)):
+        st = stats[req.query_index]
+        st.score_calls += 1
+        valid = None if isinstance(value, BaseException) else _valid_score(value, spec)
+        if valid is None:
+            st.score_failures += 1
+        scores[req.query_index][req.doc] = valid
+    rankings = []
+    for qi, cands in enumerate(candidates):
+        s, order = scores[qi], orders[qi]
+        top = sorted(alive[qi], key=lambda c: (s[c] is None, -(s[c] or 0.0), order[c]))
+        finalists = set(top)
+        rankings.append(top + [c for c in cands if c not in finalists])
+    return rankings, stats
+
+
+def one_by_one(fn: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
+    """A batched callable from a per-item one; a failing item becomes its exception."""
+
+    def many(requests: list[Any]) -> list[Any]:
+        out = []
+        for req in requests:
+            try:
+                out.append(fn(*req[1:]))
+            except Exception as exc:  # recorded by the bookkeeping, never fatal
+                out.append(exc)
+        return out
+
+    return many
+
+
 def run_tournament(
     query: str,
     candidates: Sequence[Any],
@@ -165,46 +276,9 @@ def run_tournament(
     score: Score,
     spec: TournamentSpec = TournamentSpec(),
 ) -> tuple[list[Any], TournamentStats]:
-    """Rank `candidates` for `query`: the scored finalists first, then the rest in input order."""
-    order = {c: i for i, c in enumerate(candidates)}
-    if len(order) != len(candidates):
-        raise ValueError("candidate ids must be unique")
-    stats = TournamentStats(queries=1)
-    alive = list(candidates)
-    for rnd in spec.rounds:
-        if len(alive) <= rnd.survivors:
-            stats.rounds_skipped += 1
-            continue
-        groups = split_groups(alive, rnd.group_size)
-        kept: list[Any] = []
-        for group, quota in zip(groups, quotas([len(g) for g in groups], rnd.survivors)):
-            if quota == 0:
-                continue
-            if quota >= len(group):
-                stats.groups_kept_whole += 1
-                kept.extend(group)
-                continue
-            stats.choose_calls += 1
-            try:
-                answer = choose(query, list(group), quota)
-            except Exception:  # the chooser's failure is recorded, never fatal
-                stats.choose_errors += 1
-                answer = None
-            kept.extend(_pick(answer, group, quota, stats))
-        alive = sorted(kept, key=order.__getitem__)
-    scores: dict[Any, float | None] = {}
-    for cand in alive:
-        stats.score_calls += 1
-        try:
-            value = _valid_score(score(query, cand), spec)
-        except Exception:  # likewise recorded
-            value = None
-        if value is None:
-            stats.score_failures += 1
-        scores[cand] = value
-    top = sorted(
-        alive,
-        key=lambda c: (scores[c] is None, -(scores[c] or 0.0), order[c]),
+    """Rank `candidates` for `query` with per-call `choose(query, group, k)` and
+    `score(query, doc)`; the same bookkeeping as :func:`run_tournaments`."""
+    rankings, stats = run_tournaments(
+        [query], [candidates], one_by_one(choose), one_by_one(score), spec
     )
-    finalists = set(top)
-    return top + [c for c in candidates if c not in finalists], stats
+    return rankings[0], stats[0]

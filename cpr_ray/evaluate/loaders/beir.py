@@ -1,13 +1,15 @@
 """BEIR format: ``corpus.jsonl`` (_id, title, text), ``queries.jsonl`` (_id, text) and
 ``qrels/{split}.tsv`` (query-id, corpus-id, score; a header line). Retrieval over the whole corpus.
 
-Only queries with qrels in the split are evaluated (as BEIR does); qrels naming an unknown query
+Only queries with qrels in the split are evaluated, and a document whose id is the query's id
+is never returned (both as BEIR's evaluation does); qrels naming an unknown query
 or document are counted in ``rejects``. A ``qrels/train.tsv`` beside it gives (query, relevant
 passage) pairs for Query2doc's few-shot examples.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,6 +41,8 @@ def read_qrels(text: str, uri: str) -> dict[str, dict[str, int]]:
         if len(parts) != 3 or not parts[2].strip().lstrip("-").isdigit():
             raise ValueError(f"{uri}: line {n} is not 'query-id<TAB>corpus-id<TAB>score'")
         out.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    if not out:
+        raise ValueError(f"{uri}: no qrels lines")
     return out
 
 
@@ -81,6 +85,9 @@ def load_beir(
                 train_pairs.append((qtext[qid], texts[index[best[0]]]))
             if len(train_pairs) >= max_train_pairs:
                 break
+    # as BEIR's own evaluation: a document with the query's own id is never returned (ArguAna,
+    # Quora hold each query in the corpus too)
+    excluded = [np.array([index[q]] if q in index else [], dtype=np.int64) for q in query_ids]
     return Benchmark(
         name="beir",
         query_ids=query_ids,
@@ -88,6 +95,7 @@ def load_beir(
         doc_ids=doc_ids,
         doc_texts=texts,
         qrels=by_pos,
+        excluded=excluded,
         train_pairs=train_pairs,
         rejects=rejects,
     )

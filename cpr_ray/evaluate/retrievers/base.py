@@ -6,6 +6,9 @@ candidate pool or searches the whole index:
 - ``index(texts)``;
 - ``score(queries, pools) -> (n_q, m)`` scores aligned with ``pools`` (PAD cells: -inf);
 - ``search(queries, k) -> (positions (n_q, k), scores (n_q, k))``, best first.
+
+Encoder-backed retrievers also have ``uses_ray(n_docs)``: the runner then makes sure Ray is up
+before ``index`` so that a large collection is encoded on an actor pool.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from cpr_ray.evaluate.retrievers.encoders import DenseEncoder, EncoderSpec, Spla
 from cpr_ray.evaluate.retrievers.ray_encode import RayEncodeOptions, encode_with_ray
 
 QUERY_CHUNK = 256
+SPARSE_QUERY_CHUNK = 32  # SPLADE scores a dense (chunk x corpus) block at a time
 
 
 def _ray_is_up() -> bool:
@@ -40,9 +41,15 @@ class _Neural:
     @property
     def encoder(self) -> DenseEncoder | SpladeEncoder:
         if self._encoder is None:
-            self._encoder = (
-                DenseEncoder(self.spec) if self.kind == "dense" else SpladeEncoder(self.spec)
-            )
+            cls = DenseEncoder if self.kind == "dense" else SpladeEncoder
+            try:
+                self._encoder = cls(self.spec)
+            except OSError as exc:  # a wrong path, or a hub name with no hub in reach
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ValueError(
+                    f"cannot load {self.kind} model {self.spec.model!r} ({first}); give a local "
+                    "model folder with --model, or a hub name where the hub can be reached"
+                ) from None
         return self._encoder
 
     def uses_ray(self, n_docs: int) -> bool:
@@ -67,6 +74,11 @@ class DenseRetriever(_Neural):
 
     def index(self, texts: Sequence[str]) -> None:
         self.docs = np.ascontiguousarray(self._encode_docs(texts), dtype=np.float32)  # (N, d)
+        resolved = self.spec.resolved()
+        # a query that is also a document (AnaloBench) reuses its embedding when both sides
+        # are encoded the same way
+        self._same_side = resolved.query_prefix == resolved.doc_prefix
+        self._texts = texts
         self._faiss = None
         if self.options.search_backend == "faiss":
             import faiss
@@ -79,8 +91,20 @@ class DenseRetriever(_Neural):
             index.add(self.docs)
             self._faiss = index
 
+    def _queries(self, queries: Sequence[str]) -> np.ndarray:
+        wanted = set(queries) if self._same_side else set()
+        found = {t: i for i, t in enumerate(self._texts) if t in wanted} if wanted else {}
+        rows = [found.get(q, -1) for q in queries]
+        todo = [i for i, r in enumerate(rows) if r < 0]
+        out = np.empty((len(queries), self.docs.shape[1]), dtype=np.float32)
+        if todo:
+            out[todo] = self.encoder.encode_queries([queries[i] for i in todo])
+        known = [i for i, r in enumerate(rows) if r >= 0]
+        out[known] = self.docs[[rows[i] for i in known]]
+        return out
+
     def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
-        q = self.encoder.encode_queries(list(queries))  # (n_q, d)
+        q = self._queries(queries)  # (n_q, d)
         out = np.full(pools.shape, -np.inf, dtype=np.float32)
         for s in range(0, len(q), QUERY_CHUNK):
             cand = pools[s : s + QUERY_CHUNK]  # (c, m)
@@ -90,7 +114,7 @@ class DenseRetriever(_Neural):
         return out
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        q = np.ascontiguousarray(self.encoder.encode_queries(list(queries)), dtype=np.float32)
+        q = np.ascontiguousarray(self._queries(queries), dtype=np.float32)
         k = min(k, len(self.docs))
         if self._faiss is not None:
             scores, idx = self._faiss.search(q, k)
@@ -116,19 +140,19 @@ class SpladeRetriever(_Neural):
     def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
         q = self.encoder.encode_queries(list(queries))
         out = np.full(pools.shape, -np.inf, dtype=np.float32)
-        for s in range(0, q.shape[0], QUERY_CHUNK):
-            cand = pools[s : s + QUERY_CHUNK]
-            sim = self._similarity(q[s : s + QUERY_CHUNK])  # (c, N)
+        for s in range(0, q.shape[0], SPARSE_QUERY_CHUNK):
+            cand = pools[s : s + SPARSE_QUERY_CHUNK]
+            sim = self._similarity(q[s : s + SPARSE_QUERY_CHUNK])  # (c, N)
             scores = np.take_along_axis(sim, np.where(cand == PAD, 0, cand), axis=1)
-            out[s : s + QUERY_CHUNK] = np.where(cand == PAD, -np.inf, scores)
+            out[s : s + SPARSE_QUERY_CHUNK] = np.where(cand == PAD, -np.inf, scores)
         return out
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         q = self.encoder.encode_queries(list(queries))
         k = min(k, self.docs.shape[0])
         parts = [
-            top_k_rows(self._similarity(q[s : s + QUERY_CHUNK]), k)
-            for s in range(0, q.shape[0], QUERY_CHUNK)
+            top_k_rows(self._similarity(q[s : s + SPARSE_QUERY_CHUNK]), k)
+            for s in range(0, q.shape[0], SPARSE_QUERY_CHUNK)
         ]
         if not parts:
             return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)

@@ -26,7 +26,7 @@ Kind = Literal["dense", "splade"]
 class RayEncodeOptions:
     max_actors: int = 2
     batch_size: int = 256  # rows per map_batches call (the encoder sub-batches by spec)
-    rows_per_block: int = 2048
+    rows_per_block: int = 2048  # at most; small corpora get smaller blocks so every actor works
     num_cpus: float = 1.0
     num_gpus: float = 0.0
 
@@ -65,9 +65,8 @@ def encode_with_ray(
 
     n = len(texts)
     table = pa.table({"row": pa.array(np.arange(n, dtype=np.int64)), "text": pa.array(texts)})
-    blocks = [
-        table.slice(s, options.rows_per_block) for s in range(0, n, options.rows_per_block)
-    ] or [table]
+    per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.max_actors))))
+    blocks = [table.slice(s, per_block) for s in range(0, n, per_block)] or [table]
     ds = ray.data.from_arrow(blocks).map_batches(
         EncodeDocs,
         fn_constructor_kwargs={"spec": spec, "kind": kind},

