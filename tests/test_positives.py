@@ -58,7 +58,7 @@ def test_sample_build_through_every_llm_stage_then_zero_calls(tmp_path, llm):
     assert all(again[s]["stats"]["asked"] == 0 for s in LLM_STAGES)
     assert all(again[s]["stats"]["cached"] == again[s]["stats"]["rows"] for s in LLM_STAGES)
 
-    result = CliRunner().invoke(app, ["stats", str(tmp_path)])
+    result = CliRunner().invoke(app, ["stats", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "LLM ledger" in result.output and "judge_analogy" in result.output
 

@@ -32,27 +32,35 @@ class _Answer(BaseModel):
 
 
 class ObjectMapping(_Answer):
-    q_object: str = Field(description="An object of the citing paper's problem.")
-    d_object: str = Field(description="The object of the cited paper playing the same role.")
-    role: str = Field(description="The role both objects play.")
+    q_object: str = Field(max_length=80, description="An object of the citing paper's problem.")
+    d_object: str = Field(
+        max_length=80, description="The object of the cited paper playing the same role."
+    )
+    role: str = Field(max_length=120, description="The role both objects play.")
 
 
 class SharedRelation(_Answer):
-    predicate: str = Field(description="A relation holding on both sides, e.g. Converts.")
-    q_arguments: list[str] = Field(description="Its arguments among the mapped q objects.")
-    d_arguments: list[str] = Field(description="The mapped d objects, in the same order.")
+    predicate: str = Field(
+        max_length=60, description="A relation holding on both sides, e.g. Converts."
+    )
+    q_arguments: list[str] = Field(
+        max_length=4, description="Its arguments among the mapped q objects."
+    )
+    d_arguments: list[str] = Field(
+        max_length=4, description="The mapped d objects, in the same order."
+    )
 
 
 class AnalogyJudgment(_Answer):
     same_problem: bool
     object_mappings: list[ObjectMapping] = Field(max_length=8)
-    shared_relations: list[SharedRelation] = Field(max_length=8)
+    shared_relations: list[SharedRelation] = Field(max_length=6)
     structural_analogy: bool
     transfer_holds: bool
     transferable: bool
     transfer_type: TransferType
-    transfer_path: str
-    reason: str
+    transfer_path: str = Field(max_length=600)
+    reason: str = Field(max_length=400)
     decision: Decision
 
 
@@ -108,7 +116,7 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
 class TransferVerdict(_Answer):
     verdict: Literal["transfer", "reject"]
     reject_reason: Literal["same_problem", "background_only", "unsupported_mappings"] | None
-    reason: str
+    reason: str = Field(max_length=400)
 
 
 def transfer_problems(v: TransferVerdict) -> list[str]:
@@ -120,7 +128,9 @@ def transfer_problems(v: TransferVerdict) -> list[str]:
 
 
 class ProblemStatement(_Answer):
-    problem: str = Field(description="1-2 sentences: the difficulty q faced, not its method.")
+    problem: str = Field(
+        max_length=500, description="1-2 sentences: the difficulty q faced, not its method."
+    )
 
 
 # The form of a query is part of the contract, so the schema itself constrains it where the
@@ -137,7 +147,7 @@ class QueryReview(_Answer):
     problem_only: bool
     grounded: bool
     well_formed: bool
-    issue: str | None
+    issue: str | None = Field(max_length=300)
 
 
 META_WORDS = ("analogy", "analogous", "mapping", "mappings", "cited", "citation", "paper")
@@ -177,11 +187,11 @@ def query_rule_violations(query: str) -> list[str]:
 
 class SameProblem(_Answer):
     same_problem: bool = Field(description="Would a paper that answers one answer the other?")
-    reason: str
+    reason: str = Field(max_length=300)
 
 
 class Usefulness(_Answer):
-    reasoning: str = Field(description="Brief: intent match and trustworthiness.")
+    reasoning: str = Field(max_length=600, description="Brief: intent match and trustworthiness.")
     score: int = Field(ge=0, le=3)
 
 
@@ -194,4 +204,4 @@ def parse_usefulness_text(text: str) -> Usefulness | None:
     if not found:
         tail = re.findall(r"(?<!\d)([0-3])(?!\d)", text[-40:])
         found = tail
-    return Usefulness(reasoning=text.strip()[:2000], score=int(found[-1])) if found else None
+    return Usefulness(reasoning=text.strip()[:600], score=int(found[-1])) if found else None
