@@ -169,6 +169,9 @@ LLM_STAGES = (
     "write_queries",
     "dedup",
     "score_positives",
+    "rerank_choose",
+    "rerank_score",
+    "rewrite",
 )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from cpr_ray import __version__
-from cpr_ray.config import Config
+from cpr_ray.config import Config, LLMConfig
 from cpr_ray.storage import Storage, StorageError, join
 
 MANIFEST = "_MANIFEST.json"
@@ -59,6 +59,10 @@ class StageRun:
     out: str  # the run folder: write here, nowhere else
     cfg: Config
     storage: Storage
+
+    @property
+    def llm(self) -> LLMConfig:
+        return self.cfg.llm
 
 
 @cache

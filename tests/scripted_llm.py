@@ -117,7 +117,31 @@ def usefulness(prompt: str) -> dict[str, Any] | str:
     return {"reasoning": "intent matches", "score": 1 if "USELESS" in passage else 3}
 
 
+def chosen(prompt: str) -> dict[str, Any]:
+    k = int(re.search(r"pick the (\d+)\s+most", prompt).group(1))
+    cands = re.findall(r"^\[([^\]]+)\] (.*)$", prompt, re.M)
+    ordered = [d for d, t in cands if "useful" in t] + [d for d, t in cands if "useful" not in t]
+    return {"review": "picked the useful ones", "ids": ordered[:k]}
+
+
+def score(prompt: str) -> dict[str, Any]:
+    return {"score": 9 if "useful" in _title(prompt, "Paper") else 2}
+
+
+def hyde_passage(prompt: str) -> dict[str, Any]:
+    return {"passage": f"We study {_title(prompt, 'Question').rstrip('?')} with a new method."}
+
+
+def fusion(prompt: str) -> dict[str, Any]:
+    q = _title(prompt, "Question")
+    return {"queries": [f"{q} variant {i}" for i in range(4)]}
+
+
 ANSWERS = {
+    "Chosen": chosen,
+    "Score": score,
+    "Passage": hyde_passage,
+    "Queries": fusion,
     "AnalogyJudgment": analogy,
     "TransferVerdict": transfer,
     "ProblemStatement": problem,

@@ -151,3 +151,17 @@ def test_query_writer_regenerates_twice_then_drops(tmp_path, llm):
     assert "meta-language: analogy, cited, paper" in bad["drop_reason"]
     assert "names a method: by using" in bad["drop_reason"]
     assert llm.stats()["WrittenQuery"] == 4  # 1 + (1 + 2 regenerations)
+
+
+def test_identical_requests_are_asked_once_and_every_row_answered(tmp_path, llm):
+    rows = pa.table(
+        {
+            "query": ["how to a?", "how to b?", "how to a?", "how to a?", "how to c?"],
+            "passage": ["good", "USELESS", "good", "good", "good"],
+            "mappings": [""] * 5,
+        }
+    )
+    out = run_llm_task(_run(tmp_path, llm), UsefulnessGrader(), rows, base_url=llm.base_url)
+    assert out.stats["asked"] == 3 and llm.stats()["Usefulness"] == 3
+    assert out.table["query"].to_pylist() == rows["query"].to_pylist()  # input order kept
+    assert out.table["usefulness"].to_pylist() == [3, 1, 3, 3, 3]

@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import json
 import time
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
@@ -204,9 +205,20 @@ def cost_usd(cfg: LLMConfig, ledger: pa.Table) -> float:
     return round(total, 6)
 
 
-def run_llm_task(run: StageRun, task: LLMTask, inputs: pa.Table, *, base_url: str) -> TaskRun:
+@dataclass(frozen=True)
+class LLMContext:
+    """Where an LLM step outside a build stage (e.g. an evaluation) keeps its cache and ledger."""
+
+    llm: LLMConfig
+    storage: Storage
+    run_id: str
+
+
+def run_llm_task(
+    run: StageRun | LLMContext, task: LLMTask, inputs: pa.Table, *, base_url: str
+) -> TaskRun:
     """Answer `task` for every row of `inputs` (see the module docstring)."""
-    cfg, storage = run.cfg.llm, run.storage
+    cfg, storage = run.llm, run.storage
     model = cfg.for_stage(task.stage)[0]
     keys = [task.request_key(model, r) for r in inputs.select(list(task.key_columns)).to_pylist()]
     inputs = inputs.append_column(KEY, pa.array(keys, pa.string()))
@@ -225,6 +237,7 @@ def run_llm_task(run: StageRun, task: LLMTask, inputs: pa.Table, *, base_url: st
     if cfg.requests_per_second or cfg.tokens_per_minute:
         limiter = ClusterRateLimiter(cfg.requests_per_second, cfg.tokens_per_minute).start()
     chunk = max(cfg.actors * cfg.max_in_flight * 8, 64)
+    call_id = uuid.uuid4().hex[:8]  # one run may call several times (tournament rounds)
     answered: list[pa.Table] = [cached]
     failed_parts: list[pa.Table] = []
     counts = {"ok": 0, "invalid": 0, "failed": 0}
@@ -247,7 +260,7 @@ def run_llm_task(run: StageRun, task: LLMTask, inputs: pa.Table, *, base_url: st
         )
         tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
         out = pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
-        tag = f"{run.run_id}-{start // chunk:05d}"
+        tag = f"{run.run_id}-{call_id}-{start // chunk:05d}"
         keep = out.filter(pc.is_in(out["status"], pa.array(["ok", "invalid"])))
         if keep.num_rows:
             _write_part(storage, keep, join(cache, f"{tag}.parquet"))
@@ -309,7 +322,7 @@ def _first_per_key(table: pa.Table) -> pa.Table:
     firsts = (
         pa.table({KEY: table[KEY], "_i": idx}).group_by(KEY).aggregate([("_i", "min")])["_i_min"]
     )
-    return table.take(pc.sort_indices(firsts))
+    return table.take(pc.take(firsts, pc.sort_indices(firsts)))  # first rows, in table order
 
 
 def _join_results(inputs: pa.Table, results: pa.Table) -> pa.Table:

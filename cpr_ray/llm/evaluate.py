@@ -1,0 +1,236 @@
+"""The LLM side of evaluation: the tournament reranker's two calls, and the query rewriters.
+
+Each round of the tournament (every query's groups at once) and each rewrite batch is one table
+through `run_llm_task`, so evaluation gets the same cache (a rerun pays nothing), ledger,
+retries and re-asks as the build. The cache and ledger live under `$CPR_EVAL_LLM_ROOT`
+(default ~/.cache/cpr-ray/eval-llm); `cpr stats` on that root shows the spend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pydantic import Field
+
+from cpr_ray.config import LLMConfig, RayConfig, StorageConfig
+from cpr_ray.llm import prompts
+from cpr_ray.llm.answers import _Answer
+from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.judges import passage
+from cpr_ray.llm.runner import LLMContext, LLMTask, run_llm_task
+from cpr_ray.ray_runtime import ensure_ray
+from cpr_ray.storage import Storage
+
+FEW_SHOT = 4
+CANDIDATE_CHARS = 600
+
+
+class Chosen(_Answer):
+    review: str = Field(max_length=800)
+    ids: list[str] = Field(max_length=60)
+
+
+class Score(_Answer):
+    score: int = Field(ge=0, le=10)
+
+
+class Passage(_Answer):
+    passage: str = Field(max_length=2000)
+
+
+class Queries(_Answer):
+    queries: list[str] = Field(min_length=4, max_length=4)
+
+
+class ChooseTask(LLMTask):
+    stage = "rerank_choose"
+    prompts = (prompts.load("rerank_choose"),)
+    key_columns = ("query", "group", "k", "texts")
+    output_schema = pa.schema([("chosen", pa.list_(pa.string()))])
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        group = json.loads(row["group"])
+        texts = json.loads(row["texts"])
+        k = row["k"]
+
+        def check(answer: Chosen) -> list[str]:
+            ids = [i.strip() for i in answer.ids]
+            unknown = [i for i in ids if i not in group]
+            problems = [f"unknown ids {unknown[:5]}; use ids from the list"] if unknown else []
+            if len(set(ids)) != k:
+                problems.append(f"give exactly {k} distinct ids (got {len(set(ids))})")
+            return problems
+
+        listing = "\n".join(f"[{d}] {texts[d][:CANDIDATE_CHARS]}" for d in group)
+        out = await client.ask(
+            self.stage,
+            self.prompts[0].render(query=row["query"], candidates=listing, k=str(k)),
+            Chosen,
+            usage=usage,
+            check=check,
+        )
+        if out.value is None:
+            return {"chosen": None}, out.status, out.error
+        return {"chosen": [i.strip() for i in out.value.ids]}, "ok", None
+
+
+class ScoreTask(LLMTask):
+    stage = "rerank_score"
+    prompts = (prompts.load("rerank_score"),)
+    key_columns = ("query", "passage")
+    output_schema = pa.schema([("score", pa.int8())])
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        out = await client.ask(
+            self.stage,
+            self.prompts[0].render(query=row["query"], passage=row["passage"]),
+            Score,
+            usage=usage,
+        )
+        if out.value is None:
+            return {"score": None}, out.status, out.error
+        return {"score": out.value.score}, "ok", None
+
+
+class RewriteTask(LLMTask):
+    stage = "rewrite"
+    key_columns = ("kind", "query", "examples")
+
+    def __init__(self, kind: str) -> None:
+        name = {"hyde": "hyde", "query2doc": "query2doc", "rag-fusion": "rag_fusion"}[kind]
+        self.kind = kind
+        self.prompts = (prompts.load(name),)
+        self.output_schema = pa.schema([("rewritten", pa.list_(pa.string()))])
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        text = self.prompts[0].render(query=row["query"], examples=row["examples"] or "")
+        if self.kind == "rag-fusion":
+            out = await client.ask(self.stage, text, Queries, usage=usage)
+            value = [row["query"], *out.value.queries] if out.value else None
+        else:
+            out = await client.ask(self.stage, text, Passage, usage=usage)
+            # HyDE searches with the imagined passage; Query2doc with query + passage
+            value = (
+                None
+                if out.value is None
+                else [
+                    out.value.passage
+                    if self.kind == "hyde"
+                    else f"{row['query']} {out.value.passage}"
+                ]
+            )
+        if value is None:
+            return {"rewritten": None}, out.status, out.error
+        return {"rewritten": value}, "ok", None
+
+
+def _context(llm_cfg: LLMConfig) -> LLMContext:
+    root = os.environ.get("CPR_EVAL_LLM_ROOT", str(Path.home() / ".cache" / "cpr-ray" / "eval-llm"))
+    return LLMContext(llm_cfg, Storage(StorageConfig(root=root)), f"eval-{uuid.uuid4().hex[:8]}")
+
+
+def _base_url(llm_cfg: LLMConfig) -> str:
+    if not llm_cfg.base_url:
+        raise ValueError(
+            "the LLM reranker and rewriters need llm.base_url (an OpenAI-compatible endpoint)"
+        )
+    return llm_cfg.base_url
+
+
+class LLMTournamentJudge:
+    """BatchTournamentJudge: a whole round of listwise choices or pointwise scores per call."""
+
+    def __init__(self, llm_cfg: LLMConfig, doc_texts: Mapping[str, str]) -> None:
+        self.llm_cfg, self.doc_texts = llm_cfg, doc_texts
+        self.ctx = _context(llm_cfg)
+        ensure_ray(RayConfig())
+
+    def choose_many(self, requests: list[Any]) -> list[Any]:
+        rows = pa.Table.from_pylist(
+            [
+                {
+                    "query": r.query,
+                    "group": json.dumps([str(d) for d in r.group]),
+                    "k": r.k,
+                    "texts": json.dumps({str(d): self.doc_texts.get(str(d), "") for d in r.group}),
+                }
+                for r in requests
+            ]
+        )
+        out = run_llm_task(self.ctx, ChooseTask(), rows, base_url=_base_url(self.llm_cfg))
+        return [
+            row["chosen"] if row["status"] == "ok" else RuntimeError(row["error"])
+            for row in out.table.to_pylist()
+        ]
+
+    def score_many(self, requests: list[Any]) -> list[Any]:
+        rows = pa.Table.from_pylist(
+            [
+                {"query": r.query, "passage": passage("", self.doc_texts.get(str(r.doc), ""))}
+                for r in requests
+            ]
+        )
+        out = run_llm_task(self.ctx, ScoreTask(), rows, base_url=_base_url(self.llm_cfg))
+        return [
+            float(row["score"]) if row["status"] == "ok" else RuntimeError(row["error"])
+            for row in out.table.to_pylist()
+        ]
+
+
+class LLMQueryRewriter:
+    def __init__(
+        self, kind: str, llm_cfg: LLMConfig, train_pairs: Sequence[tuple[str, str]]
+    ) -> None:
+        self.name, self.llm_cfg = kind, llm_cfg
+        self.ctx = _context(llm_cfg)
+        self.examples = (
+            "\n\n".join(f"Question: {q}\nPassage: {p[:600]}" for q, p in train_pairs[:FEW_SHOT])
+            if kind == "query2doc"
+            else ""
+        )
+        if kind == "query2doc" and not train_pairs:
+            raise ValueError("query2doc needs train pairs for its few-shot examples")
+        ensure_ray(RayConfig())
+
+    def rewrite(self, queries: Sequence[str]) -> list[str | list[str]]:
+        rows = pa.table(
+            {
+                "kind": [self.name] * len(queries),
+                "query": list(queries),
+                "examples": [self.examples] * len(queries),
+            }
+        )
+        out = run_llm_task(self.ctx, RewriteTask(self.name), rows, base_url=_base_url(self.llm_cfg))
+        result: list[str | list[str]] = []
+        for query, row in zip(queries, out.table.to_pylist(), strict=True):
+            texts = row["rewritten"] if row["status"] == "ok" else None
+            if not texts:  # a failed rewrite falls back to the plain query, counted in the ledger
+                result.append(query)
+            else:
+                result.append(texts if self.name == "rag-fusion" else texts[0])
+        return result
+
+
+def tournament_judge(llm_cfg: LLMConfig, doc_texts: Mapping[str, str]) -> LLMTournamentJudge:
+    return LLMTournamentJudge(llm_cfg, doc_texts)
+
+
+def query_rewriter(
+    kind: str, llm_cfg: LLMConfig, train_pairs: Sequence[tuple[str, str]]
+) -> LLMQueryRewriter:
+    return LLMQueryRewriter(kind, llm_cfg, train_pairs)
+
+
+__all__ = ["tournament_judge", "query_rewriter"]
