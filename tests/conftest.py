@@ -84,6 +84,8 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
 def ray_session() -> Iterator[None]:
     import ray
 
+    if ray.is_initialized():  # a test that started its own local Ray must not block the fixture
+        ray.shutdown()
     ray.init(
         num_cpus=2,
         num_gpus=0,

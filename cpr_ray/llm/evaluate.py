@@ -154,6 +154,7 @@ class LLMTournamentJudge:
 
     def __init__(self, llm_cfg: LLMConfig, doc_texts: Mapping[str, str]) -> None:
         self.llm_cfg, self.doc_texts = llm_cfg, doc_texts
+        self.base_url = _base_url(llm_cfg)  # fail before starting anything
         self.ctx = _context(llm_cfg)
         ensure_ray(RayConfig())
 
@@ -169,7 +170,7 @@ class LLMTournamentJudge:
                 for r in requests
             ]
         )
-        out = run_llm_task(self.ctx, ChooseTask(), rows, base_url=_base_url(self.llm_cfg))
+        out = run_llm_task(self.ctx, ChooseTask(), rows, base_url=self.base_url)
         return [
             row["chosen"] if row["status"] == "ok" else RuntimeError(row["error"])
             for row in out.table.to_pylist()
@@ -182,7 +183,7 @@ class LLMTournamentJudge:
                 for r in requests
             ]
         )
-        out = run_llm_task(self.ctx, ScoreTask(), rows, base_url=_base_url(self.llm_cfg))
+        out = run_llm_task(self.ctx, ScoreTask(), rows, base_url=self.base_url)
         return [
             float(row["score"]) if row["status"] == "ok" else RuntimeError(row["error"])
             for row in out.table.to_pylist()
@@ -194,6 +195,7 @@ class LLMQueryRewriter:
         self, kind: str, llm_cfg: LLMConfig, train_pairs: Sequence[tuple[str, str]]
     ) -> None:
         self.name, self.llm_cfg = kind, llm_cfg
+        self.base_url = _base_url(llm_cfg)  # fail before starting anything
         self.ctx = _context(llm_cfg)
         self.examples = (
             "\n\n".join(f"Question: {q}\nPassage: {p[:600]}" for q, p in train_pairs[:FEW_SHOT])
@@ -212,7 +214,7 @@ class LLMQueryRewriter:
                 "examples": [self.examples] * len(queries),
             }
         )
-        out = run_llm_task(self.ctx, RewriteTask(self.name), rows, base_url=_base_url(self.llm_cfg))
+        out = run_llm_task(self.ctx, RewriteTask(self.name), rows, base_url=self.base_url)
         result: list[str | list[str]] = []
         for query, row in zip(queries, out.table.to_pylist(), strict=True):
             texts = row["rewritten"] if row["status"] == "ok" else None
