@@ -33,6 +33,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_local_server(
+    args: list[str], health_path: str, log: Path, timeout_s: float = 30
+) -> tuple[subprocess.Popen, str]:
+    """Start a test server on a free loopback port (`{port}` in `args`); wait until it answers."""
+    port = _free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [a.replace("{port}", str(port)) for a in args], stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}{health_path}", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{args[:3]} did not start; see {log}") from None
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
 def reference() -> Path:
     if not REFERENCE.is_dir():
@@ -42,25 +64,10 @@ def reference() -> Path:
 
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server did not start; see {log}") from None
-            time.sleep(0.2)
+    proc, url = start_local_server(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], "/moto-api/", log
+    )
     yield url
     proc.terminate()
     proc.wait(timeout=10)
@@ -142,24 +149,9 @@ class ScriptedLLM:
 
 
 def start_scripted_llm(log: Path) -> tuple[subprocess.Popen, ScriptedLLM]:
-    port = _free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).parent / "scripted_llm.py"), "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 20
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            return proc, ScriptedLLM(url)
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError(f"scripted LLM server did not start; see {log}") from None
-            time.sleep(0.2)
+    script = str(Path(__file__).parent / "scripted_llm.py")
+    proc, url = start_local_server([sys.executable, script, "--port", "{port}"], "/health", log)
+    return proc, ScriptedLLM(url)
 
 
 @pytest.fixture(scope="session")
