@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import json
 import os
 import random
@@ -88,7 +89,10 @@ def parse_answer(text: str, answer: type[M]) -> tuple[M | None, str | None]:
         return None, f"the answer does not match the required fields ({errors})"
 
 
+@functools.cache
 def response_format(answer: type[BaseModel], form: str) -> dict[str, Any]:
+    """The structured-output request for an answer model (built once: schema generation is
+    costly enough to bound an actor's request rate)."""
     schema = answer.model_json_schema()
     if form == "json_object_schema":
         return {"type": "json_object", "schema": schema}
