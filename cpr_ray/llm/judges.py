@@ -37,6 +37,17 @@ def format_contexts(contexts: list[str] | None) -> str:
     return "\n".join(f"{i}. {c}" for i, c in enumerate(contexts, 1))
 
 
+def pair_texts(row: dict[str, Any]) -> dict[str, str]:
+    """The texts of a (q, d) pair that every judge reads."""
+    return {
+        "q_title": row["q_title"] or "",
+        "q_abstract": row["q_abstract"] or "",
+        "contexts": format_contexts(row["contexts"]),
+        "d_title": row["d_title"] or "",
+        "d_abstract": row["d_abstract"] or "",
+    }
+
+
 def format_mappings(mappings: list[dict[str, Any]] | None) -> str:
     return "; ".join(f"{m['q_object']} -> {m['d_object']} ({m['role']})" for m in mappings or [])
 
@@ -85,13 +96,7 @@ class AnalogyJudge(LLMTask):
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
         prompt = self.prompts[0].render(
-            q_title=row["q_title"] or "",
-            q_abstract=row["q_abstract"] or "",
-            q_topic=row["q_topic"] or "",
-            contexts=format_contexts(row["contexts"]),
-            d_title=row["d_title"] or "",
-            d_abstract=row["d_abstract"] or "",
-            d_topic=row["d_topic"] or "",
+            **pair_texts(row), q_topic=row["q_topic"] or "", d_topic=row["d_topic"] or ""
         )
         out = await client.ask(
             self.stage, prompt, AnalogyJudgment, usage=usage, check=analogy_problems
@@ -144,11 +149,7 @@ class TransferVerifier(LLMTask):
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
         prompt = self.prompts[0].render(
-            q_title=row["q_title"] or "",
-            q_abstract=row["q_abstract"] or "",
-            contexts=format_contexts(row["contexts"]),
-            d_title=row["d_title"] or "",
-            d_abstract=row["d_abstract"] or "",
+            **pair_texts(row),
             decision=row["decision"],
             transfer_type=row["transfer_type"],
             mappings=format_mappings(row["object_mappings"]),
