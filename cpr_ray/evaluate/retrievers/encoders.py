@@ -17,8 +17,9 @@ hub name gets the prompt it was trained with; an empty string means "no prefix".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,20 +128,25 @@ class DenseEncoder:
 
         parts = []
         with torch.inference_mode():
-            for start in range(0, len(texts), self.spec.batch_size):
-                batch = self._tok(
-                    texts[start : start + self.spec.batch_size],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.spec.max_length,
-                    return_tensors="pt",
-                ).to(self.spec.device)
+            for batch in _batches(self._tok, texts, self.spec):
                 hidden = self._model(**batch).last_hidden_state  # (b, L, d)
                 vec = pool(self.spec.pooling, hidden, batch["attention_mask"]).float()
                 if self.spec.normalize:
                     vec = torch.nn.functional.normalize(vec, dim=-1)
                 parts.append(vec.cpu().numpy())
         return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+def _batches(tok: Any, texts: list[str], spec: EncoderSpec) -> Iterator[Any]:
+    """Tokenised batches of `texts` on the spec's device (shared by dense and SPLADE)."""
+    for start in range(0, len(texts), spec.batch_size):
+        yield tok(
+            texts[start : start + spec.batch_size],
+            padding=True,
+            truncation=True,
+            max_length=spec.max_length,
+            return_tensors="pt",
+        ).to(spec.device)
 
 
 class SpladeEncoder:
@@ -173,14 +179,7 @@ class SpladeEncoder:
 
         parts = [sp.csr_matrix((0, self.dim), dtype=np.float32)]
         with torch.inference_mode():
-            for start in range(0, len(texts), self.spec.batch_size):
-                batch = self._tok(
-                    texts[start : start + self.spec.batch_size],
-                    padding=True,
-                    truncation=True,
-                    max_length=self.spec.max_length,
-                    return_tensors="pt",
-                ).to(self.spec.device)
+            for batch in _batches(self._tok, texts, self.spec):
                 logits = self._model(**batch).logits  # (b, L, V)
                 vec = splade_pool(logits, batch["attention_mask"]).float().cpu().numpy()
                 parts.append(sp.csr_matrix(vec, dtype=np.float32))
