@@ -28,8 +28,8 @@ from cpr_ray.config import load_config
 from cpr_ray.corpus import linking, records
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.corpus.s2orc import recover_contexts
-from cpr_ray.corpus.synthetic import generate
 from cpr_ray.ray_runtime import ensure_ray
+from cpr_ray.sample.synthetic import generate
 from cpr_ray.storage import Storage
 
 S2 = ("papers", "abstracts", "citations", "publication-venues")

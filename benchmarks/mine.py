@@ -55,8 +55,8 @@ def config(work: Path, raw: Path, cpus: int) -> Config:
 
 def prepare(work: Path, raw: Path, papers: int, citations: int) -> None:
     from cpr_ray.corpus.ingest import ingest
-    from cpr_ray.corpus.synthetic import generate
     from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.sample.synthetic import generate
 
     if not (raw / "s2").is_dir():
         print(f"generating synthetic corpus: {papers:,} papers, {citations:,} citations")

@@ -10,15 +10,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cpr_ray.config import ConfigError, load_config
-from cpr_ray.corpus.ingest import IngestError
+from cpr_ray.config import load_config
+from cpr_ray.errors import ConfigError, StorageError, UserError
 from cpr_ray.evaluate.commands import eval_command, report_command
-from cpr_ray.llm.client import LLMConfigError
-from cpr_ray.llm.local_server import LocalServerError, local_server
-from cpr_ray.llm.runner import LLMStageError, ledger_summary
+from cpr_ray.llm.local_server import local_server
+from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.pipeline import STAGES, resolve_stages, run_build
 from cpr_ray.stage import read_manifest
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage
 
 app = typer.Typer(
     help="Cross-Pollination Retrieval on Ray: build the dataset, train and evaluate retrievers.",
@@ -26,17 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-
-# errors a user can cause and fix: one line, exit code 2, no traceback
-USER_ERRORS = (
-    ConfigError,
-    StorageError,
-    IngestError,
-    LLMConfigError,
-    LLMStageError,
-    LocalServerError,
-    ValueError,
-)
 
 SetOpt = Annotated[
     list[str] | None,
@@ -113,7 +101,7 @@ def dry_run(
                     force=force,
                 )
             console.print(PLACEHOLDER_NOTICE)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         _fail(exc)
     _print_manifests(manifests)
     console.print(
@@ -145,7 +133,7 @@ def build(
         )
         names = resolve_stages([s.strip() for s in stages.split(",")] if stages else None)
         manifests = run_build(cfg, names, force=force)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         _fail(exc)
     _print_manifests(manifests)
 
@@ -168,7 +156,7 @@ def stats(
         llm_cfg = load_config(file=config).llm if config else None
         manifests = {n: m for n in STAGES if (m := read_manifest(storage, n)) is not None}
         ledger = ledger_summary(storage, llm_cfg)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         _fail(exc)
     if not manifests:
         _fail(StorageError(f"no published stage under {root}"))

@@ -26,12 +26,10 @@ from pydantic import (
     model_validator,
 )
 
+from cpr_ray.errors import ConfigError
+
 ENV_PREFIX = "CPR_"
 ENV_NESTING = "__"
-
-
-class ConfigError(ValueError):
-    """A config problem a user can fix; the message names the key."""
 
 
 class _Section(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.mining.stages import mine, venues
-from cpr_ray.positives import STAGES as POSITIVE_STAGES
+from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.storage import Storage
 

@@ -7,6 +7,7 @@ loopback exercises exactly what runs against AWS. Credentials come from the stan
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import posixpath
@@ -14,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from cpr_ray.config import StorageConfig
-
-
-class StorageError(RuntimeError):
-    """Storage that cannot be reached or used; the message says what to fix."""
+from cpr_ray.errors import StorageError
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,48 @@ class Storage:
             loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
             with loc.fs.open_output_stream(loc.path) as f:
                 f.write(json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def is_file(self, uri: str) -> bool:
+        loc = self.resolve(uri)
+        try:
+            return loc.fs.get_file_info(loc.path).type == pafs.FileType.File
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def read_bytes(self, uri: str) -> bytes:
+        """A whole file, gunzipped when its name ends in .gz."""
+        loc = self.check(uri, must_exist=True)
+        try:
+            with loc.fs.open_input_stream(loc.path) as f:
+                data = f.read()
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+        if not uri.endswith(".gz"):
+            return data
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise StorageError(f"{loc.uri} is not a complete gzip file ({exc})") from None
+
+    def read_text(self, uri: str) -> str:
+        return self.read_bytes(uri).decode("utf-8")
+
+    def read_parquet(self, uri: str, columns: list[str] | None = None) -> pa.Table:
+        """A Parquet file, or a folder of Parquet files read as one table."""
+        loc = self.check(uri, must_exist=True)
+        try:
+            return pq.read_table(loc.path, filesystem=loc.fs, columns=columns)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
+
+    def write_parquet(self, table: pa.Table, uri: str) -> None:
+        """Write one Parquet file, creating its folder (a no-op on object stores)."""
+        loc = self.resolve(uri)
+        try:
+            loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
+            pq.write_table(table, loc.path, filesystem=loc.fs)
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cpr_ray.config import ConfigError, load_config
-from cpr_ray.corpus.ingest import IngestError
+from cpr_ray.config import load_config
+from cpr_ray.errors import UserError
 from cpr_ray.pipeline import STAGES, run_build
 from cpr_ray.stage import manifest_uri
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.profile, args.config, args.overrides)
         stages = [s.strip() for s in args.stages.split(",")] if args.stages else None
         manifests = run_build(cfg, stages, force=args.force)
-    except (ConfigError, StorageError, IngestError, ValueError) as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     storage = Storage(cfg.storage)

@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cpr_ray.config import load_config, sample_dir
-from cpr_ray.corpus.ingest import IngestError, ingest
+from cpr_ray.corpus.ingest import ingest
+from cpr_ray.errors import InputError
 from cpr_ray.storage import Storage
 
 from .conftest import upload_tree
@@ -109,11 +110,11 @@ def test_missing_required_input_is_named(tmp_path):
     cfg = _cfg(
         str(tmp_path / "b"), **{"input.s2": str(empty / "s2"), "input.openalex": str(empty / "oa")}
     )
-    with pytest.raises(IngestError, match=r"no shards .* for required input 'papers'"):
+    with pytest.raises(InputError, match=r"no shards .* for required input 'papers'"):
         ingest(cfg, Storage(cfg.storage))
     (empty / "s2" / "papers" / "p.jsonl.gz").write_bytes(b"")
     with pytest.raises(
-        IngestError, match=r"required input 'citations' not found at .*/s2/citations"
+        InputError, match=r"required input 'citations' not found at .*/s2/citations"
     ):
         ingest(cfg, Storage(cfg.storage))
 
@@ -133,5 +134,5 @@ def test_wrong_dataset_fails_on_reject_rate(tmp_path):
             "ingest.max_reject_rate": "0.2",
         },
     )
-    with pytest.raises(IngestError, match=r"10 of 11 lines of 'papers' were rejected .*/rejects"):
+    with pytest.raises(InputError, match=r"10 of 11 lines of 'papers' were rejected .*/rejects"):
         ingest(cfg, Storage(cfg.storage))

@@ -10,8 +10,8 @@ import pytest
 
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus.ingest import ingest
-from cpr_ray.corpus.synthetic import generate
 from cpr_ray.mining.stages import mine, venues
+from cpr_ray.sample.synthetic import generate
 from cpr_ray.storage import Storage, StorageError
 
 from .conftest import upload_tree

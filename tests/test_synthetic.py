@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cpr_ray.corpus.synthetic import (
+from cpr_ray.corpus.taxonomy import DOMAINS, FIELDS
+from cpr_ray.sample.synthetic import (
     OA_ONLY_WORK_BASE,
     WORK_ID_OFFSET,
     SyntheticStats,
     generate,
     main,
 )
-from cpr_ray.corpus.taxonomy import DOMAINS, FIELDS
 
 N_PAPERS, N_CITATIONS, SEED, SHARDS, MALFORMED_RATE = 4000, 30000, 11, 4, 0.02
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")

@@ -28,15 +28,12 @@ from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
 from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
+from cpr_ray.errors import InputError
 from cpr_ray.stage import StageOutput, StageRun, console, run_stage
 from cpr_ray.storage import Storage, StorageError, join
 
 STAGE = "ingest"
 TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
-
-
-class IngestError(RuntimeError):
-    """Input that cannot make a corpus (missing dataset, mostly unparseable shards)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ def discover_inputs(cfg: Config, storage: Storage) -> dict[str, InputSet]:
     for item in _input_sets(cfg):
         if not storage.exists(item.uri):
             if item.required:
-                raise IngestError(
+                raise InputError(
                     f"required input {item.name!r} not found at {item.uri} "
                     f"(check input.s2 / input.openalex)"
                 )
@@ -78,7 +75,7 @@ def discover_inputs(cfg: Config, storage: Storage) -> dict[str, InputSet]:
             continue
         infos = storage.list_files(item.uri, TEXT_SUFFIXES)
         if not infos and item.required:
-            raise IngestError(
+            raise InputError(
                 f"no shards (*{', *'.join(TEXT_SUFFIXES)}) under {item.uri} for required input "
                 f"{item.name!r}"
             )
@@ -222,7 +219,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     # 4. venues: small tables, joined once -----------------------------------------------------
     venues_uri = join(run.out, "venues.parquet")
     venues = _build_venues(storage, papers_uri, stage_uri, empty_schema, lance_opts)
-    _write_table(storage, venues, venues_uri)
+    storage.write_parquet(venues, venues_uri)
 
     papers_tbl = lance.dataset(papers_uri, storage_options=lance_opts)
     n_papers = papers_tbl.count_rows()
@@ -363,14 +360,6 @@ def _read_small(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
     return read_bucket(storage, uri, 0, _rows_schema(schema))
 
 
-def _write_table(storage: Storage, table: pa.Table, uri: str) -> None:
-    import pyarrow.parquet as pq
-
-    loc = storage.resolve(uri)
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(table, loc.path, filesystem=loc.fs)
-
-
 def _collect_rejects(storage: Storage, staging: str, inputs: dict[str, InputSet], out: str) -> str:
     """Quarantined lines of every input, in one table with their dataset, file and reason."""
     parts = []
@@ -407,7 +396,7 @@ def _check_reject_rates(cfg: Config, counts: dict[str, dict[str, int]], rejects_
     for name, c in counts.items():
         total = c["kept"] + c["rejected"] + c["skipped"]
         if total and c["rejected"] / total > limit:
-            raise IngestError(
+            raise InputError(
                 f"{c['rejected']:,} of {total:,} lines of {name!r} were rejected "
                 f"({c['rejected'] / total:.1%} > ingest.max_reject_rate={limit:.1%}); is the input "
                 f"the right dataset and format? The rejected lines and reasons are in {rejects_uri}"
@@ -437,7 +426,7 @@ def ingest(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
     try:
         storage.check(storage.root)
     except StorageError as exc:
-        raise IngestError(f"storage.root is not usable: {exc}") from None
+        raise InputError(f"storage.root is not usable: {exc}") from None
     inputs = discover_inputs(cfg, storage)
     fingerprints = {name: item.fingerprint for name, item in inputs.items()}
     return run_stage(
@@ -451,4 +440,4 @@ def ingest(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
     )
 
 
-__all__: Sequence[str] = ("ingest", "IngestError", "discover_inputs", "ParseRecords", "ParseWorks")
+__all__: Sequence[str] = ("ingest", "InputError", "discover_inputs", "ParseRecords", "ParseWorks")

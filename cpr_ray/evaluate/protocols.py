@@ -19,6 +19,8 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from cpr_ray.errors import UserError
+
 
 @runtime_checkable
 class Reranker(Protocol):
@@ -75,7 +77,7 @@ LLM_HOOKS = {
 }
 
 
-class LLMLayerMissing(RuntimeError):
+class LLMLayerMissing(UserError):
     """The LLM layer (cpr_ray.llm) does not provide what an evaluation option needs yet."""
 
 

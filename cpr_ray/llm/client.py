@@ -27,15 +27,12 @@ import openai
 from pydantic import BaseModel, ValidationError
 
 from cpr_ray.config import LLMConfig
+from cpr_ray.errors import LLMConfigError
 
 M = TypeVar("M", bound=BaseModel)
 Status = Literal["ok", "invalid", "failed"]
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER_S = 300.0
-
-
-class LLMConfigError(RuntimeError):
-    """The endpoint refuses every request (key, model name, URL): fix config, not the data."""
 
 
 class LLMRequestError(RuntimeError):

@@ -21,15 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from cpr_ray.errors import LocalServerError
 from cpr_ray.stage import console
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("CPR_CACHE", Path.home() / ".cache" / "cpr-ray"))
 MODEL_ALIAS = "gemma-3-270m"
-
-
-class LocalServerError(RuntimeError):
-    """The local judge could not be built or started; the message says what is missing."""
 
 
 def server_binary() -> Path:

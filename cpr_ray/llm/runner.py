@@ -29,11 +29,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-import pyarrow.parquet as pq
 import ray
 
 from cpr_ray import duck
 from cpr_ray.config import Config, LLMConfig
+from cpr_ray.errors import LLMStageError
 from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage
 from cpr_ray.llm.prompts import Prompt
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
@@ -75,10 +75,6 @@ ANSWER_COLUMNS = (
 def without_answer_columns(table: pa.Table) -> pa.Table:
     """A stage's output ready to be the next stage's input (its own answer columns dropped)."""
     return table.drop_columns([c for c in ANSWER_COLUMNS if c in table.column_names])
-
-
-class LLMStageError(RuntimeError):
-    """A stage stopped because too many of its calls failed."""
 
 
 class LLMTask(ABC):
@@ -177,12 +173,6 @@ def _read_cache(storage: Storage, uri: str, keys: pa.Array, schema: pa.Schema) -
     return ds.to_table(filter=pc.field(KEY).isin(keys))
 
 
-def _write_part(storage: Storage, table: pa.Table, uri: str) -> None:
-    loc = storage.resolve(uri)
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(table, loc.path, filesystem=loc.fs)
-
-
 def cache_uri(storage: Storage, stage: str) -> str:
     return join(storage.root, "_llm", "cache", stage)
 
@@ -263,9 +253,9 @@ def run_llm_task(
         tag = f"{run.run_id}-{call_id}-{start // chunk:05d}"
         keep = out.filter(pc.is_in(out["status"], pa.array(["ok", "invalid"])))
         if keep.num_rows:
-            _write_part(storage, keep, join(cache, f"{tag}.parquet"))
+            storage.write_parquet(keep, join(cache, f"{tag}.parquet"))
         ledger = out.select(LEDGER.names)
-        _write_part(storage, ledger, join(ledger_uri(storage, task.stage), f"{tag}.parquet"))
+        storage.write_parquet(ledger, join(ledger_uri(storage, task.stage), f"{tag}.parquet"))
         ledgers.append(ledger)
         answered.append(keep)
         failed_parts.append(out.filter(pc.equal(out["status"], "failed")))
@@ -367,7 +357,7 @@ def ledger_summary(storage: Storage, cfg: LLMConfig | None = None) -> list[dict[
 def write_failures(storage: Storage, table: pa.Table, uri: str) -> int:
     failures = table.filter(pc.not_equal(table["status"], "ok"))
     if failures.num_rows:
-        _write_part(storage, failures, uri)
+        storage.write_parquet(failures, uri)
     return failures.num_rows
 
 

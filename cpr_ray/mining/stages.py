@@ -42,23 +42,9 @@ SNAPSHOT_CITATIONS = pa.schema(
 )
 
 
-def _read_parquet(storage: Storage, uri: str) -> pa.Table:
-    loc = storage.resolve(uri)
-    return pq.read_table(loc.path, filesystem=loc.fs)
-
-
-def _write_parquet(storage: Storage, table: pa.Table, uri: str) -> None:
-    loc = storage.resolve(uri)
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(table, loc.path, filesystem=loc.fs)
-
-
-# -- venues ----------------------------------------------------------------------------------
-
-
 def _run_venues(run: StageRun, venues_uri: str) -> StageOutput:
     m = run.cfg.mining
-    venues = _read_parquet(run.storage, venues_uri)
+    venues = run.storage.read_parquet(venues_uri)
     top = rules.top_venues(
         venues,
         top_share=m.top_share,
@@ -66,7 +52,7 @@ def _run_venues(run: StageRun, venues_uri: str) -> StageOutput:
         conference_policy=m.conference_policy,
     )
     uri = join(run.out, "top_venues.parquet")
-    _write_parquet(run.storage, top, uri)
+    run.storage.write_parquet(top, uri)
     per_field = duck.query(
         "SELECT field, count(*) AS venues, sum(n_papers) AS papers FROM top "
         "GROUP BY field ORDER BY field",
@@ -322,7 +308,7 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
         opts = storage.lance_options()
         papers_uri = ingest_m["tables"]["papers"]["uri"]
         citations_uri = ingest_m["tables"]["citations"]["uri"]
-        top = _read_parquet(storage, venues_m["tables"]["top_venues"]["uri"])
+        top = storage.read_parquet(venues_m["tables"]["top_venues"]["uri"])
         # ids of top-venue papers: pushed down to Lance; broadcast to the citation scan
         top_papers = (
             lance.dataset(papers_uri, storage_options=opts)
@@ -404,7 +390,7 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
             else pairs_all.filter(pairs_all["has_context"])
         )
         pairs_uri = join(run.out, "pairs.parquet")
-        _write_parquet(storage, pairs, pairs_uri)
+        storage.write_parquet(pairs, pairs_uri)
 
     with phase("universe"):
         # pooling universe: top-venue papers and the papers they cite, with abstract and date
@@ -428,7 +414,7 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
         )
 
     base_uri = join(run.out, "base_papers.parquet")
-    _write_parquet(storage, base, base_uri)
+    storage.write_parquet(base, base_uri)
     storage.delete_dir(snap)
 
     stats = pair_statistics(pairs)

@@ -27,7 +27,6 @@ import io
 import numpy as np
 
 from cpr_ray.evaluate.benchmark import Benchmark, pad_pools
-from cpr_ray.evaluate.loaders.io import read_text
 from cpr_ray.storage import Storage, join
 
 SUBSETS = ("t2", "t2-stories-10", "t2-stories-30", "t1", "t1-stories-10", "t1-stories-30")
@@ -35,7 +34,7 @@ T1_OPTIONS = 4
 
 
 def _csv(storage: Storage, uri: str, delimiter: str = ",") -> list[dict[str, str]]:
-    return list(csv.DictReader(io.StringIO(read_text(storage, uri)), delimiter=delimiter))
+    return list(csv.DictReader(io.StringIO(storage.read_text(uri)), delimiter=delimiter))
 
 
 def _ints(text: str, what: str, index: str) -> list[int]:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position
-from cpr_ray.evaluate.loaders.io import is_file, read_jsonl, read_text
+from cpr_ray.evaluate.loaders.io import read_jsonl
 from cpr_ray.storage import Storage, StorageError, join
 
 CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
@@ -23,7 +23,7 @@ QUERIES = pa.schema([("_id", pa.string()), ("text", pa.string())])
 
 def _first(storage: Storage, root: str, names: tuple[str, ...]) -> str:
     for name in names:
-        if is_file(storage, join(root, name)):
+        if storage.is_file(join(root, name)):
             return join(root, name)
     raise StorageError(f"{root} is not a BEIR folder: none of {', '.join(names)} found")
 
@@ -54,9 +54,9 @@ def load_beir(
         storage, _first(storage, root, ("queries.jsonl", "queries.jsonl.gz")), QUERIES
     )
     qrels_uri = join(root, "qrels", f"{split}.tsv")
-    if not is_file(storage, qrels_uri):
+    if not storage.is_file(qrels_uri):
         raise StorageError(f"{qrels_uri} not found (BEIR qrels for split {split!r})")
-    qrels = read_qrels(read_text(storage, qrels_uri), qrels_uri)
+    qrels = read_qrels(storage.read_text(qrels_uri), qrels_uri)
 
     doc_ids = corpus.column("_id").to_pylist()
     title = pc.fill_null(corpus.column("title"), "")
@@ -78,8 +78,8 @@ def load_beir(
 
     train_pairs: list[tuple[str, str]] = []
     train_uri = join(root, "qrels", "train.tsv")
-    if split != "train" and max_train_pairs > 0 and is_file(storage, train_uri):
-        for qid, rel in read_qrels(read_text(storage, train_uri), train_uri).items():
+    if split != "train" and max_train_pairs > 0 and storage.is_file(train_uri):
+        for qid, rel in read_qrels(storage.read_text(train_uri), train_uri).items():
             best = [d for d, g in sorted(rel.items(), key=lambda x: -x[1]) if g > 0 and d in index]
             if qid in qtext and best:
                 train_pairs.append((qtext[qid], texts[index[best[0]]]))

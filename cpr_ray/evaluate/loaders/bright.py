@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from cpr_ray.evaluate.benchmark import Benchmark, positions
-from cpr_ray.evaluate.loaders.io import files_under, read_jsonl, read_parquet
+from cpr_ray.evaluate.loaders.io import files_under, read_jsonl
 from cpr_ray.storage import Storage, StorageError, join
 
 STACKEXCHANGE = (
@@ -43,7 +43,7 @@ def _read(storage: Storage, root: str, folder: str, subset: str, schema: pa.Sche
     parts = []
     for uri in uris:
         if uri.endswith(".parquet"):
-            t = read_parquet(storage, uri)
+            t = storage.read_parquet(uri)
             cols = [c for c in schema.names if c in t.column_names]
             parts.append(t.select(cols).cast(pa.schema([schema.field(c) for c in cols])))
         else:

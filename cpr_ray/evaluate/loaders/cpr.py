@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.evaluate.benchmark import PAD, Benchmark
-from cpr_ray.evaluate.loaders.io import find_table, read_parquet
+from cpr_ray.evaluate.loaders.io import find_table
 from cpr_ray.storage import Storage, StorageError
 
 GROUPS = ("positive", "shares_query_topic", "shares_positive_topic", "other")
@@ -56,11 +56,11 @@ def load_cpr(
             f"{root} is not a CPR export: no {' or '.join(missing)} table "
             "(expected NAME.parquet or a NAME/ folder of Parquet files)"
         )
-    table = read_parquet(storage, eval_uri)
+    table = storage.read_parquet(eval_uri)
     absent = [c for c in EVAL_COLUMNS if c not in table.column_names]
     if absent:
         raise ValueError(f"{eval_uri}: missing column(s) {', '.join(absent)}")
-    corpus = read_parquet(storage, corpus_uri, ["corpus_id", "title", "abstract"])
+    corpus = storage.read_parquet(corpus_uri, ["corpus_id", "title", "abstract"])
     corpus_ids, corpus_texts = doc_texts(corpus)
 
     n = table.num_rows
@@ -143,7 +143,7 @@ def _train_pairs(
     uri = find_table(storage, root, "cpr-train")
     if uri is None or limit <= 0:
         return []
-    train = read_parquet(storage, uri, ["query", "positive_id"]).slice(0, limit)
+    train = storage.read_parquet(uri, ["query", "positive_id"]).slice(0, limit)
     pos = train.column("positive_id").to_numpy().astype(np.int64)
     at = np.searchsorted(corpus_ids, pos).clip(max=max(len(corpus_ids) - 1, 0))
     ok = corpus_ids[at] == pos if len(corpus_ids) else np.zeros(len(pos), bool)

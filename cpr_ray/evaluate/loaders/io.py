@@ -1,8 +1,8 @@
-"""Reading benchmark files through :class:`cpr_ray.storage.Storage`, so s3:// works everywhere."""
+"""Benchmark file formats over :class:`cpr_ray.storage.Storage` (which does the reading), so
+s3:// works everywhere."""
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import posixpath
@@ -10,39 +10,10 @@ import posixpath
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage import Storage, join
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json")
-
-
-def read_bytes(storage: Storage, uri: str) -> bytes:
-    loc = storage.check(uri, must_exist=True)
-    try:
-        with loc.fs.open_input_stream(loc.path) as f:
-            data = f.read()
-    except OSError as exc:
-        raise StorageError(f"cannot read {loc.uri}: {exc}") from None
-    return gzip.decompress(data) if uri.endswith(".gz") else data
-
-
-def read_text(storage: Storage, uri: str) -> str:
-    return read_bytes(storage, uri).decode("utf-8")
-
-
-def is_file(storage: Storage, uri: str) -> bool:
-    loc = storage.resolve(uri)
-    return loc.fs.get_file_info(loc.path).type == pafs.FileType.File
-
-
-def read_parquet(storage: Storage, uri: str, columns: list[str] | None = None) -> pa.Table:
-    """A Parquet file or a folder of Parquet files."""
-    loc = storage.check(uri, must_exist=True)
-    try:
-        return pq.read_table(loc.path, filesystem=loc.fs, columns=columns)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
 
 
 def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
@@ -51,7 +22,7 @@ def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
     Arrow's reader is tried first; files whose ids are sometimes numbers fall back to a
     line-by-line parse that converts them.
     """
-    data = read_bytes(storage, uri)
+    data = storage.read_bytes(uri)
     try:
         return pajson.read_json(
             io.BytesIO(data),
@@ -81,7 +52,7 @@ def find_table(storage: Storage, root: str, name: str) -> str | None:
     """`root/name.parquet`, `root/name.jsonl[.gz]` or a folder `root/name/`; None if absent."""
     for suffix in TABLE_SUFFIXES:
         uri = join(root, name + suffix)
-        if is_file(storage, uri):
+        if storage.is_file(uri):
             return uri
     folder = join(root, name)
     loc = storage.resolve(folder)

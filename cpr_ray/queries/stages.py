@@ -11,7 +11,6 @@ from typing import Any
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from cpr_ray import duck
 from cpr_ray.config import Config
@@ -30,19 +29,6 @@ from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_
 from cpr_ray.storage import Storage, join
 
 KEEP_USEFULNESS = 2
-
-
-def _read(storage: Storage, uri: str) -> pa.Table:
-    loc = storage.resolve(uri)
-    if not storage.exists(uri):
-        raise FileNotFoundError(uri)
-    return pq.read_table(loc.path, filesystem=loc.fs)
-
-
-def _write(storage: Storage, table: pa.Table, uri: str) -> None:
-    loc = storage.resolve(uri)
-    loc.fs.create_dir(loc.path.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(table, loc.path, filesystem=loc.fs)
 
 
 def paper_texts(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
@@ -94,9 +80,9 @@ def _publish(
 ) -> StageOutput:
     rows_uri = join(run.out, f"{name}.parquet")
     kept = result.table.filter(keep)
-    _write(run.storage, kept, rows_uri)
+    run.storage.write_parquet(kept, rows_uri)
     all_uri = join(run.out, "judged.parquet")
-    _write(run.storage, result.table, all_uri)
+    run.storage.write_parquet(result.table, all_uri)
     n_failures = write_failures(run.storage, result.table, join(run.out, "failures.parquet"))
     stats = {
         **result.stats,
@@ -128,7 +114,7 @@ def _ok(table: pa.Table, column: str) -> pa.Array:
 
 
 def _judge_analogy(run: StageRun, pairs_uri: str, papers_uri: str) -> StageOutput:
-    pairs = _cap(run.cfg, _read(run.storage, pairs_uri))
+    pairs = _cap(run.cfg, run.storage.read_parquet(pairs_uri))
     rows = _with_texts(
         run.storage,
         papers_uri,
@@ -156,13 +142,13 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers_uri: str) -> StageOutpu
 
 
 def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
-    rows = without_answer_columns(_read(run.storage, analogies_uri))
+    rows = without_answer_columns(run.storage.read_parquet(analogies_uri))
     result = run_llm_task(run, TransferVerifier(), rows, base_url=endpoint_url(run.cfg))
     return _publish(run, result, _ok(result.table, "verified"), "transfers", {})
 
 
 def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
-    rows = without_answer_columns(_read(run.storage, transfers_uri))
+    rows = without_answer_columns(run.storage.read_parquet(transfers_uri))
     d_fields = [
         ", ".join(x for x in (f, t) if x)
         for f, t in zip(rows["d_field"].to_pylist(), rows["d_topic"].to_pylist(), strict=True)
@@ -186,7 +172,7 @@ def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
 
 
 def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
-    queries = without_answer_columns(_read(run.storage, queries_uri))
+    queries = without_answer_columns(run.storage.read_parquet(queries_uri))
     pairs = query_pairs(queries)
     result = run_llm_task(run, SameProblemJudge(), pairs, base_url=endpoint_url(run.cfg))
     same = result.table.filter(_ok(result.table, "same_problem"))
@@ -201,9 +187,9 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
     deduped = keep_strongest(queries, links)
     rows_uri = join(run.out, "queries.parquet")
     kept = deduped.filter(deduped["kept"])
-    _write(run.storage, kept, rows_uri)
+    run.storage.write_parquet(kept, rows_uri)
     pairs_uri = join(run.out, "comparisons.parquet")
-    _write(run.storage, result.table, pairs_uri)
+    run.storage.write_parquet(result.table, pairs_uri)
     n_failures = write_failures(run.storage, result.table, join(run.out, "failures.parquet"))
     stats = {
         **result.stats,
@@ -228,7 +214,7 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
 
 
 def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
-    rows = without_answer_columns(_read(run.storage, queries_uri))
+    rows = without_answer_columns(run.storage.read_parquet(queries_uri))
     passages = [
         make_passage(t, a)
         for t, a in zip(rows["d_title"].to_pylist(), rows["d_abstract"].to_pylist(), strict=True)

@@ -1185,7 +1185,7 @@ def generate(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m cpr_ray.corpus.synthetic",
+        prog="python -m cpr_ray.sample.synthetic",
         description="Write a synthetic S2 + OpenAlex raw corpus.",
     )
     parser.add_argument("out", help="output directory")
