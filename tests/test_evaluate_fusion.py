@@ -9,8 +9,8 @@ import pytest
 
 from cpr_ray.evaluate.benchmark import Benchmark, pad_pools
 from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
-from cpr_ray.evaluate.retrievers.bm25 import BM25Retriever
 from cpr_ray.evaluate.runner import rank
+from cpr_ray.retrieval.bm25 import BM25Retriever
 
 
 def test_rrf_by_hand():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PAD = -1
+from cpr_ray.retrieval.base import PAD
 
 
 @dataclass

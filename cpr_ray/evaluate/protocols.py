@@ -9,17 +9,16 @@ The runner never talks to an LLM itself. It calls:
   (HyDE, Query2doc), a returned list is searched query by query and the rankings are fused with
   reciprocal rank fusion (RAG-Fusion).
 
-The LLM layer provides them through the hooks named in ``LLM_HOOKS``; until it does, asking for
-``--rerank llm`` or ``--rewrite …`` fails with :class:`LLMLayerMissing`, naming the hook.
+The LLM layer (``cpr_ray.llm.evaluate``) provides them; it is imported only when a run asks
+for ``--rerank llm`` or ``--rewrite …``, so a retrieval-only run pays nothing for it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from cpr_ray.errors import UserError
+from cpr_ray.config import Config
 
 
 @runtime_checkable
@@ -70,54 +69,25 @@ class BatchTournamentJudge(Protocol):
 
 REWRITE_KINDS = ("hyde", "query2doc", "rag-fusion")
 
-# hook -> (module, factory) that the LLM layer provides
-LLM_HOOKS = {
-    "rerank": ("cpr_ray.llm.evaluate", "tournament_judge"),
-    "rewrite": ("cpr_ray.llm.evaluate", "query_rewriter"),
-}
-
-
-class LLMLayerMissing(UserError):
-    """The LLM layer (cpr_ray.llm) does not provide what an evaluation option needs yet."""
-
-
-def require_hook(kind: str) -> None:
-    """Fail now, before any loading or encoding, when the LLM layer lacks hook `kind`."""
-    _hook(kind)
-
-
-def _hook(kind: str) -> Any:
-    module_name, attr = LLM_HOOKS[kind]
-    what = "--rerank llm" if kind == "rerank" else "--rewrite"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise
-        raise LLMLayerMissing(
-            f"{what} needs the LLM layer: module {module_name} (with {attr}()) is not part of "
-            "this installation yet"
-        ) from None
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise LLMLayerMissing(f"{what} needs {module_name}.{attr}(), which does not exist yet")
-    return factory
-
 
 def llm_tournament_judge(
-    llm_cfg: Any, doc_texts: Mapping[str, str]
+    cfg: Config, doc_texts: Mapping[str, str]
 ) -> TournamentJudge | BatchTournamentJudge:
-    """`cpr_ray.llm.evaluate.tournament_judge(llm_cfg, doc_texts)` from the LLM layer."""
-    return _hook("rerank")(llm_cfg, doc_texts)
+    """`cpr_ray.llm.evaluate.tournament_judge(cfg, doc_texts)` from the LLM layer."""
+    from cpr_ray.llm.evaluate import tournament_judge
+
+    return tournament_judge(cfg, doc_texts)
 
 
 def llm_query_rewriter(
-    kind: str, llm_cfg: Any, train_pairs: Sequence[tuple[str, str]]
+    kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]
 ) -> QueryRewriter:
-    """`cpr_ray.llm.evaluate.query_rewriter(kind, llm_cfg, train_pairs)` from the LLM layer.
+    """`cpr_ray.llm.evaluate.query_rewriter(kind, cfg, train_pairs)` from the LLM layer.
 
     `train_pairs` are (query, passage) examples of the benchmark's train split, for Query2doc.
     """
     if kind not in REWRITE_KINDS:
         raise ValueError(f"unknown rewrite {kind!r}; known: {', '.join(REWRITE_KINDS)}")
-    return _hook("rewrite")(kind, llm_cfg, train_pairs)
+    from cpr_ray.llm.evaluate import query_rewriter
+
+    return query_rewriter(kind, cfg, train_pairs)

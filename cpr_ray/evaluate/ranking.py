@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cpr_ray.evaluate.benchmark import PAD
+from cpr_ray.retrieval.base import PAD
 
 
 def rank_pools(scores: np.ndarray, pools: np.ndarray, seed: int = 0) -> list[np.ndarray]:
@@ -26,19 +26,6 @@ def rank_pools(scores: np.ndarray, pools: np.ndarray, seed: int = 0) -> list[np.
     ranked = np.take_along_axis(pools, order, axis=1)
     sizes = (~pad).sum(axis=1)
     return [ranked[i, : sizes[i]] for i in range(len(pools))]
-
-
-def top_k_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Column indices and scores of the k best per row (best first) of a dense score matrix."""
-    k = min(k, scores.shape[1])
-    if k == 0:
-        empty = np.zeros((scores.shape[0], 0))
-        return empty.astype(np.int64), empty
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (n_q, k) unordered
-    part_scores = np.take_along_axis(scores, part, axis=1)
-    order = np.lexsort((part, -part_scores), axis=-1)  # score desc, then lower index
-    idx = np.take_along_axis(part, order, axis=1)
-    return idx.astype(np.int64), np.take_along_axis(scores, idx, axis=1)
 
 
 def drop_excluded(

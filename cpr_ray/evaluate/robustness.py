@@ -16,7 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cpr_ray.evaluate.benchmark import PAD, Benchmark
+from cpr_ray.evaluate.benchmark import Benchmark
+from cpr_ray.retrieval.base import PAD
 
 SAME_TOPIC = ("shares_query_topic",)
 

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from cpr_ray.evaluate.retrievers.encoders import DenseEncoder, EncoderSpec, SpladeEncoder
+from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
+from cpr_ray.retrieval.spec import EncoderSpec
 
 Kind = Literal["dense", "splade"]
 

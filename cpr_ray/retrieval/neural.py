@@ -1,7 +1,9 @@
-"""Dense and SPLADE retrievers over the encoders: exact inner-product search (NumPy or faiss).
+"""Dense and SPLADE retrievers over the encoders: inner-product search in NumPy (exact) or faiss.
 
 Documents are encoded in-process, or on a Ray Data actor pool when Ray is up and the collection
-has at least ``ray_min_docs`` documents. Queries are encoded in-process.
+has at least ``ray_min_docs`` documents. Queries are encoded in-process. With the faiss backend
+the documents go into a :class:`~cpr_ray.retrieval.index.VectorIndex` whose ids are their
+positions.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from cpr_ray.evaluate.benchmark import PAD
-from cpr_ray.evaluate.ranking import top_k_rows
-from cpr_ray.evaluate.retrievers.base import RetrieverOptions
-from cpr_ray.evaluate.retrievers.encoders import DenseEncoder, EncoderSpec, SpladeEncoder
-from cpr_ray.evaluate.retrievers.ray_encode import RayEncodeOptions, encode_with_ray
+from cpr_ray.retrieval.base import PAD, top_k_rows
+from cpr_ray.retrieval.encoder import DenseEncoder, ModelError, SpladeEncoder
+from cpr_ray.retrieval.index import VectorIndex
+from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
+from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions
 
 QUERY_CHUNK = 256
 SPARSE_QUERY_CHUNK = 32  # SPLADE scores a dense (chunk x corpus) block at a time
@@ -46,7 +48,7 @@ class _Neural:
                 self._encoder = cls(self.spec)
             except OSError as exc:  # a wrong path, or a hub name with no hub in reach
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ValueError(
+                raise ModelError(
                     f"cannot load {self.kind} model {self.spec.model!r} ({first}); give a local "
                     "model folder with --model, or a hub name where the hub can be reached"
                 ) from None
@@ -61,6 +63,7 @@ class _Neural:
             opts = RayEncodeOptions(
                 max_actors=self.options.ray_max_actors,
                 batch_size=self.options.ray_batch_size,
+                num_cpus=self.options.ray_num_cpus,
                 num_gpus=self.options.ray_num_gpus,
             )
             vocab = self.encoder.dim if self.kind == "splade" else None
@@ -81,15 +84,8 @@ class DenseRetriever(_Neural):
         self._texts = texts
         self._faiss = None
         if self.options.search_backend == "faiss":
-            import faiss
-
-            index = faiss.index_factory(
-                self.docs.shape[1], self.options.faiss_index, faiss.METRIC_INNER_PRODUCT
-            )
-            if not index.is_trained:
-                index.train(self.docs)
-            index.add(self.docs)
-            self._faiss = index
+            ids = np.arange(len(self.docs), dtype=np.int64)
+            self._faiss = VectorIndex(ids, self.docs, self.options.faiss_index)
 
     def _queries(self, queries: Sequence[str]) -> np.ndarray:
         wanted = set(queries) if self._same_side else set()
@@ -117,8 +113,7 @@ class DenseRetriever(_Neural):
         q = np.ascontiguousarray(self._queries(queries), dtype=np.float32)
         k = min(k, len(self.docs))
         if self._faiss is not None:
-            scores, idx = self._faiss.search(q, k)
-            return idx.astype(np.int64), scores
+            return self._faiss.search(q, k)
         parts = [
             top_k_rows(q[s : s + QUERY_CHUNK] @ self.docs.T, k)
             for s in range(0, len(q), QUERY_CHUNK)

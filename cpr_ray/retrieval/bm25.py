@@ -12,7 +12,7 @@ import bm25s
 import numpy as np
 import Stemmer
 
-from cpr_ray.evaluate.benchmark import PAD
+from cpr_ray.retrieval.base import PAD, top_k_rows
 
 
 class BM25Retriever:
@@ -58,8 +58,6 @@ class BM25Retriever:
         return out
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        from cpr_ray.evaluate.ranking import top_k_rows
-
         k = min(k, self._n_docs)
         idx = np.zeros((len(queries), k), dtype=np.int64)
         val = np.zeros((len(queries), k), dtype=np.float32)

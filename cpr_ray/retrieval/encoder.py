@@ -1,0 +1,310 @@
+"""The encoder: a transformer and its token pooling as one torch module, and text encoders over it.
+
+:class:`Encoder` is the one model every stage encodes with. ``Encoder.build`` gives a trainable
+module (train mode, gradients on) for fine-tuning; ``Encoder.load`` the same module for inference
+(eval mode, no gradients). Both pool in ``forward``, so training, evaluation, candidate pooling
+and search cannot pool one model differently.
+
+Pooling ``auto`` resolves to an explicit mode when the model loads: the model's
+sentence-transformers config (``modules.json`` and its Pooling module's ``config.json``) names
+it; a model without one takes the preset its name matches (``spec.PRESETS``: a Qwen3-Embedding
+checkpoint saved by plain transformers still pools its last token), else mean pooling, which is
+what sentence-transformers itself does with a plain transformers checkpoint. That config's
+``max_seq_length`` (the length the model was trained at) caps ``max_length`` too. ``splade``
+loads the masked-LM head instead and pools it into a vocabulary-sized vector. Models load with
+``from_pretrained``: a local folder, or a hub name where the hub can be reached.
+
+:class:`DenseEncoder` and :class:`SpladeEncoder` encode lists of texts in batches with the query
+and document instructions of an :class:`~cpr_ray.retrieval.spec.EncoderSpec`. The spec is what
+travels to Ray actors; the model loads where the text encoder is built (on the actor).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from cpr_ray.errors import UserError
+from cpr_ray.retrieval.spec import POOLINGS, EncoderSpec, preset
+from cpr_ray.retrieval.token_pooling import pool, splade_pool
+
+ENCODER_POOLINGS = (*POOLINGS, "splade")
+
+# sentence-transformers pooling mode -> ours; its older configs name the mode by boolean flags
+ST_POOLINGS = {"mean": "mean", "cls": "cls", "lasttoken": "last_token"}
+ST_POOLING_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# what Encoder reproduces of a sentence-transformers pipeline (normalising is EncoderSpec's)
+ST_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+class ModelError(UserError, ValueError):
+    """A model that cannot be loaded, or not encoded the way its own config says."""
+
+
+@dataclass(frozen=True)
+class SentenceTransformersConfig:
+    """What a sentence-transformers checkpoint says about its pooling (None: it says nothing)."""
+
+    pooling: str | None = None  # one of POOLINGS
+    max_seq_length: int | None = None
+
+
+def _model_json(model: str, filename: str) -> Any | None:
+    """A JSON file of a local model folder or hub repository; None when it has no such file."""
+    folder = Path(model)
+    if folder.is_dir():
+        path = folder / filename
+        return json.loads(path.read_text()) if path.is_file() else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return json.loads(Path(hf_hub_download(model, filename)).read_text())
+    except LocalEntryNotFoundError:  # offline and never fetched: unknown, not absent
+        raise
+    except EntryNotFoundError:
+        return None
+
+
+def _st_pooling(model: str, config: Mapping[str, Any]) -> str:
+    mode = config.get("pooling_mode")
+    if mode is None:
+        mode = [name for flag, name in ST_POOLING_FLAGS.items() if config.get(flag)]
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else "+".join(mode)
+    if mode not in ST_POOLINGS:
+        raise ModelError(
+            f"unknown pooling {mode!r} in the sentence-transformers config of {model}; "
+            f"known: {', '.join(ST_POOLINGS)}"
+        )
+    return ST_POOLINGS[mode]
+
+
+def read_sentence_transformers_config(model: str) -> SentenceTransformersConfig:
+    """The pooling and maximum length a sentence-transformers checkpoint declares.
+
+    A module this encoder would not reproduce (a Dense projection, say) raises, since the
+    embeddings would silently differ from the model's.
+    """
+    modules = _model_json(model, "modules.json")
+    if modules is None:
+        return SentenceTransformersConfig()
+    pooling = None
+    for module in modules:
+        kind = module["type"].rsplit(".", 1)[-1]
+        if kind not in ST_MODULES or (kind == "Transformer" and module.get("path")):
+            raise ModelError(
+                f"{model}: sentence-transformers module {module['type']} at "
+                f"{module.get('path')!r} is not supported; supported: {', '.join(ST_MODULES)} "
+                "(the transformer at the model's root)"
+            )
+        if kind == "Pooling":
+            pooling = _st_pooling(model, _model_json(model, f"{module['path']}/config.json") or {})
+    bert = _model_json(model, "sentence_bert_config.json") or {}
+    return SentenceTransformersConfig(pooling=pooling, max_seq_length=bert.get("max_seq_length"))
+
+
+class Encoder(nn.Module):
+    """Tokenised texts -> one vector per text: dense (b, hidden), L2-normalised when `normalize`,
+    or SPLADE (b, vocabulary)."""
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tokenizer: Any,
+        pooling: str,
+        *,
+        normalize: bool = True,
+        max_length: int = 512,
+    ) -> None:
+        super().__init__()
+        if pooling not in ENCODER_POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; known: {', '.join(ENCODER_POOLINGS)}")
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize and pooling != "splade"
+        self.max_length = max_length
+
+    @classmethod
+    def build(
+        cls,
+        model_name_or_path: str,
+        pooling: str = "auto",
+        *,
+        normalize: bool = True,
+        max_length: int = 512,
+        dtype: str = "float32",
+    ) -> Encoder:
+        """A trainable encoder: train mode, gradients on every parameter."""
+        enc = cls._from_pretrained(model_name_or_path, pooling, normalize, max_length, dtype)
+        return enc.train()
+
+    @classmethod
+    def load(
+        cls, model_name_or_path: str, pooling: str = "auto", *, device: str = "cpu", **options: Any
+    ) -> Encoder:
+        """An encoder for inference: eval mode, no gradients, on `device` (auto: CUDA where
+        there is a GPU, else CPU); `options` as for `build`."""
+        enc = cls.build(model_name_or_path, pooling, **options)
+        enc.requires_grad_(False)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return enc.to(device).eval()
+
+    @classmethod
+    def _from_pretrained(
+        cls, model: str, pooling: str, normalize: bool, max_length: int, dtype: str
+    ) -> Encoder:
+        from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+        if pooling not in ("auto", *ENCODER_POOLINGS):
+            raise ValueError(
+                f"unknown pooling {pooling!r}; known: auto, {', '.join(ENCODER_POOLINGS)}"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model)  # a bad path fails here, as OSError
+        if pooling == "splade":
+            backbone = AutoModelForMaskedLM.from_pretrained(model, dtype=dtype)
+        else:
+            st = read_sentence_transformers_config(model)
+            if pooling == "auto":
+                named = preset(model)
+                pooling = st.pooling or (named[0] if named else "mean")
+            max_length = min(max_length, st.max_seq_length or max_length)
+            backbone = AutoModel.from_pretrained(model, dtype=dtype)
+        return cls(backbone, tokenizer, pooling, normalize=normalize, max_length=max_length)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        config = self.backbone.config
+        return int(config.vocab_size if self.pooling == "splade" else config.hidden_size)
+
+    def tokenize(self, texts: Sequence[str]) -> Any:
+        """A padded, truncated batch (a transformers BatchEncoding of (b, L) tensors)."""
+        return self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
+
+    def forward(self, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        out = self.backbone(**tokenized)
+        mask = tokenized["attention_mask"]  # (b, L)
+        if self.pooling == "splade":
+            return splade_pool(out.logits, mask).float()  # (b, V)
+        vec = pool(self.pooling, out.last_hidden_state, mask).float()  # (b, d)
+        return nn.functional.normalize(vec, dim=-1) if self.normalize else vec
+
+
+class _TextEncoder:
+    """Lists of texts -> embeddings, batch by batch, with the spec's query/document prefixes.
+
+    Texts are batched longest first (less padding, as sentence-transformers does) and returned
+    in input order.
+    """
+
+    def __init__(self, spec: EncoderSpec, model: Encoder) -> None:
+        self.spec = spec
+        self.model = model
+
+    @property
+    def dim(self) -> int:
+        return self.model.dim
+
+    def _embed(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
+        """Per batch, its embeddings; and the order the texts were encoded in."""
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        step = self.spec.batch_size
+        parts = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), step):
+                batch = [texts[i] for i in order[start : start + step]]
+                tokenized = self.model.tokenize(batch).to(self.model.device)
+                parts.append(self.model(tokenized).cpu().numpy())
+        return parts, order
+
+
+def _torch_threads(spec: EncoderSpec) -> None:
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+
+
+class DenseEncoder(_TextEncoder):
+    """Texts -> float32 embeddings (n, d), L2-normalised when `spec.normalize`.
+
+    ``spec.pooling`` is the explicit mode the model was loaded with.
+    """
+
+    def __init__(self, spec: EncoderSpec) -> None:
+        _torch_threads(spec)
+        model = Encoder.load(
+            spec.model,
+            spec.pooling,
+            normalize=spec.normalize,
+            max_length=spec.max_length,
+            dtype=spec.dtype,
+            device=spec.device,
+        )
+        super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode([self.spec.query_prefix + t for t in texts])
+
+    def encode_docs(self, texts: Sequence[str]) -> np.ndarray:
+        return self._encode([self.spec.doc_prefix + t for t in texts])
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        parts, order = self._embed(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        out[order] = np.concatenate(parts)
+        return out
+
+
+class SpladeEncoder(_TextEncoder):
+    """Texts -> sparse vocabulary-sized vectors (scipy CSR, float32)."""
+
+    def __init__(self, spec: EncoderSpec) -> None:
+        spec = replace(spec, query_prefix=spec.query_prefix or "", doc_prefix=spec.doc_prefix or "")
+        _torch_threads(spec)
+        model = Encoder.load(
+            spec.model, "splade", max_length=spec.max_length, dtype=spec.dtype, device=spec.device
+        )
+        super().__init__(spec, model)
+
+    def encode_queries(self, texts: Sequence[str]) -> sp.csr_matrix:
+        return self._encode([self.spec.query_prefix + t for t in texts])
+
+    def encode_docs(self, texts: Sequence[str]) -> sp.csr_matrix:
+        return self._encode([self.spec.doc_prefix + t for t in texts])
+
+    def _encode(self, texts: list[str]) -> sp.csr_matrix:
+        parts, order = self._embed(texts)
+        encoded = sp.vstack(
+            [sp.csr_matrix((0, self.dim), dtype=np.float32)]
+            + [sp.csr_matrix(p, dtype=np.float32) for p in parts],
+            format="csr",
+        )
+        return encoded[np.argsort(order)]  # rows back in input order

@@ -1,0 +1,123 @@
+"""The plain dataclasses every encoder and retriever is configured by.
+
+They are the interface between the config tree and this package: the config maps onto them, and
+they are what travels to Ray actors, so they hold only plain values and import nothing heavy.
+
+Instructions are plain prefixes. Unset ones come from ``PRESETS`` by model name (E5's
+``query: ``/``passage: ``, Qwen3-Embedding's ``Instruct: …\\nQuery: ``, BGE's search prompt), so a
+hub name gets the prompt it was trained with; an empty string means "no prefix".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+POOLINGS = ("mean", "cls", "last_token")
+DTYPES = ("float32", "float16", "bfloat16")
+
+QWEN3_TASK = "Given a research problem, retrieve papers whose ideas could help solve it"
+
+# lower-case name fragment -> (pooling, query prefix, document prefix)
+PRESETS: dict[str, tuple[str, str, str]] = {
+    "qwen3-embedding": ("last_token", f"Instruct: {QWEN3_TASK}\nQuery: ", ""),
+    "e5": ("mean", "query: ", "passage: "),
+    "bge-m3": ("cls", "", ""),
+    "bge-": ("cls", "Represent this sentence for searching relevant passages: ", ""),
+    "specter": ("cls", "", ""),
+    "scincl": ("cls", "", ""),
+}
+
+
+def preset(model: str) -> tuple[str, str, str] | None:
+    """(pooling, query prefix, document prefix) of the preset the model's name matches."""
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower()  # hub repo or folder name
+    for fragment, values in PRESETS.items():
+        if name.startswith(fragment) or f"-{fragment}" in name:
+            return values
+    return None
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    model: str  # local path or hub name
+    pooling: str = "auto"  # auto | mean | cls | last_token (ignored by SPLADE)
+    query_prefix: str | None = None  # None: from PRESETS, else none
+    doc_prefix: str | None = None
+    max_length: int = 512
+    normalize: bool = True
+    batch_size: int = 32
+    device: str = "cpu"  # auto: CUDA where the process has a GPU, else CPU
+    dtype: str = "float32"  # the weights' dtype; half precision only pays on a GPU
+    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        if self.pooling not in ("auto", *POOLINGS):
+            raise ValueError(
+                f"unknown pooling {self.pooling!r}; known: auto, {', '.join(POOLINGS)}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
+        if self.max_length < 8 or self.batch_size < 1:
+            raise ValueError("max_length must be >= 8 and batch_size >= 1")
+
+    def resolved(self) -> EncoderSpec:
+        """Fill unset pooling/prefixes from the preset matching the model name, if any.
+
+        Only the name is read here (no file or hub access). The pooling a model loads with is
+        the encoder's to decide (``Encoder.load``): the model's own config comes before its name.
+        """
+        named = preset(self.model)
+        if named is None:
+            return replace(
+                self, query_prefix=self.query_prefix or "", doc_prefix=self.doc_prefix or ""
+            )
+        pooling, qp, dp = named
+        return replace(
+            self,
+            pooling=pooling if self.pooling == "auto" else self.pooling,
+            query_prefix=qp if self.query_prefix is None else self.query_prefix,
+            doc_prefix=dp if self.doc_prefix is None else self.doc_prefix,
+        )
+
+
+@dataclass(frozen=True)
+class RetrieverOptions:
+    """Every knob of every retriever; each retriever reads the ones it has."""
+
+    # bm25 (Lucene variant)
+    k1: float = 1.2
+    b: float = 0.75
+    # dense / splade
+    pooling: str = "auto"
+    query_prefix: str | None = None
+    doc_prefix: str | None = None
+    max_length: int = 512
+    batch_size: int = 32
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int | None = None
+    search_backend: str = "numpy"  # numpy (exact) | faiss
+    faiss_index: str = "Flat"  # a faiss index_factory string; Flat is exact
+    # large corpora: encoded on a Ray Data actor pool when Ray is up
+    ray_min_docs: int = 20_000
+    ray_max_actors: int = 2
+    ray_batch_size: int = 256
+    ray_num_cpus: float = 1.0
+    ray_num_gpus: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.search_backend not in ("numpy", "faiss"):
+            raise ValueError(f"unknown search_backend {self.search_backend!r}; use numpy or faiss")
+
+    def encoder_spec(self, model: str) -> EncoderSpec:
+        return EncoderSpec(
+            model=model,
+            pooling=self.pooling,
+            query_prefix=self.query_prefix,
+            doc_prefix=self.doc_prefix,
+            max_length=self.max_length,
+            batch_size=self.batch_size,
+            device=self.device,
+            dtype=self.dtype,
+            threads=self.threads,
+        )
