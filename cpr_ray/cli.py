@@ -55,7 +55,7 @@ def _llm_overrides(base_url: str | None, model: str | None) -> list[str]:
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[bold red]error:[/] {exc}")
+    console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)  # one line, however long
     raise typer.Exit(2)
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -37,7 +38,11 @@ class _Section(BaseModel):
 
 
 class StorageConfig(_Section):
-    root: str = Field(description="URI every stage writes under: a local path, file://… or s3://…")
+    root: str | None = Field(
+        None,
+        description="URI every build stage writes under: a local path, file://… or s3://…. "
+        "Required by the build; evaluation writes to eval.out instead.",
+    )
     s3_endpoint: str | None = Field(
         None,
         description="Endpoint override for S3-compatible stores (MinIO, moto, Ceph), "
@@ -107,6 +112,13 @@ class IngestConfig(_Section):
     raw_line_limit: int = Field(
         20_000, ge=100, description="Characters of a rejected line kept in the rejects table."
     )
+    on_corrupt_shard: Literal["fail", "quarantine"] = Field(
+        "fail",
+        description="A shard that cannot be read to its end (a truncated or damaged gzip): fail "
+        "the stage before anything is published, naming the shard and where it broke (fail), or "
+        "build without it, with the shard listed in the rejects table and counted in the "
+        "statistics (quarantine; costs one more pass over that input).",
+    )
 
 
 class MiningConfig(_Section):
@@ -161,16 +173,26 @@ class Price(_Section):
     output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
 
 
-LLM_STAGES = (
-    "judge_analogy",
-    "judge_transfer",
-    "write_queries",
+LLMStage = Literal[
+    "judge-analogy",
+    "judge-transfer",
+    "write-queries",
     "dedup",
-    "score_positives",
-    "rerank_choose",
-    "rerank_score",
+    "score-positives",
+    "rerank-choose",
+    "rerank-score",
     "rewrite",
-)
+]
+LLM_STAGES: tuple[str, ...] = get_args(LLMStage)
+
+
+def stage_name(name: str) -> str:
+    """The one spelling of a stage (`judge-analogy`) from either form a user may type.
+
+    Environment variables cannot hold dashes, so `CPR_LLM__STAGES__JUDGE_ANALOGY__MODEL` arrives
+    as `judge_analogy`; everything downstream (cache folders, ledger, `--stages`) sees dashes.
+    """
+    return name.replace("_", "-")
 
 
 class LLMConfig(_Section):
@@ -185,7 +207,7 @@ class LLMConfig(_Section):
     model: str = Field("gemma-3-270m", description="Model name sent to the endpoint.")
     temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature.")
     max_tokens: int = Field(1024, ge=16, description="Completion token limit per request.")
-    stages: dict[str, LLMStageConfig] = Field(
+    stages: dict[LLMStage, LLMStageConfig] = Field(
         default_factory=dict,
         description=f"Per-stage overrides, keyed by stage: {', '.join(LLM_STAGES)}. The "
         "transfer verification should use a different model from the analogy judge.",
@@ -213,29 +235,48 @@ class LLMConfig(_Section):
         None, gt=0, description="Global token rate limit shared by all actors."
     )
     max_failure_rate: float = Field(
-        0.2, ge=0, le=1, description="Stop a stage when more of its new calls fail than this."
+        0.2,
+        ge=0,
+        le=1,
+        description="Stop a stage when more of its new calls fail in transport (no answer after "
+        "retries) than this; checked at the end of every stage. A stage with any failures "
+        "publishes as incomplete, so the next run asks those rows again.",
+    )
+    max_invalid_rate: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Stop a stage when more of its new calls come back invalid (against the "
+        "answer contract after re-asks) than this.",
     )
     min_calls_for_failure_rate: int = Field(
-        20, ge=1, description="Calls needed before the failure rate can stop a stage."
+        20,
+        ge=1,
+        description="Calls after which the rates may stop a stage early, before it ends.",
     )
     max_rows_per_stage: int | None = Field(
         None, ge=1, description="Cap rows entering each LLM stage (dry runs scale down here)."
+    )
+    hold_out_flagged_inputs: bool = Field(
+        True,
+        description="Keep pairs whose texts hold instruction-like text (input_flags: e.g. "
+        "'ignore previous instructions', role tags, 'output observed_analogy') out of the "
+        "positives: a model that obeys such text can still answer a consistent acceptance.",
     )
     prices: dict[str, Price] = Field(
         default_factory=dict, description="Price table per model name, for the ledger's cost."
     )
 
-    @field_validator("stages")
+    @field_validator("stages", mode="before")
     @classmethod
-    def _known_stages(cls, value: dict[str, LLMStageConfig]) -> dict[str, LLMStageConfig]:
-        unknown = sorted(set(value) - set(LLM_STAGES))
-        if unknown:
-            raise ValueError(f"unknown stage(s) {unknown}; allowed: {', '.join(LLM_STAGES)}")
-        return value
+    def _one_spelling(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {stage_name(str(k)): v for k, v in value.items()}
 
     def for_stage(self, stage: str) -> tuple[str, float, int]:
         """(model, temperature, max_tokens) of a stage, overrides applied."""
-        o = self.stages.get(stage, LLMStageConfig())
+        o = self.stages.get(stage_name(stage), LLMStageConfig())
         return (
             o.model or self.model,
             self.temperature if o.temperature is None else o.temperature,
@@ -243,22 +284,137 @@ class LLMConfig(_Section):
         )
 
 
-class ModelsConfig(_Section):
-    encoder: str = Field(
-        "sentence-transformers/all-MiniLM-L6-v2",
-        description="Dense encoder (hub name or local path) for pooling and evaluation.",
+Pooling = Literal["auto", "mean", "cls", "last_token"]
+
+
+class EncoderConfig(_Section):
+    """One text encoder, read the same way by evaluation, candidate pooling, training and search."""
+
+    model: str | None = Field(
+        None,
+        description="Model path or hub name. Unset: the retriever's default "
+        "(sentence-transformers/all-MiniLM-L6-v2 for dense, naver/splade-v3 for splade).",
     )
+    pooling: Pooling = Field(
+        "auto",
+        description="Token pooling; auto reads the model's sentence-transformers config "
+        "(1_Pooling/config.json), so every consumer pools one model the same way.",
+    )
+    query_prefix: str | None = Field(
+        None, description="Instruction before each query; unset: by model name (e5, bge, …)."
+    )
+    doc_prefix: str | None = Field(None, description="Prefix before each document; unset: by name.")
+    max_length: int = Field(512, ge=8, description="Tokens encoded per text.")
+    batch_size: int = Field(32, ge=1, description="Texts per forward pass.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Weights' dtype; half precision only pays on a GPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA when the process has a GPU, else CPU."
+    )
+    actors: int = Field(2, ge=1, description="Encoder actors of a Ray Data actor pool, at most.")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves.")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each encoder actor reserves.")
+
+
+Benchmark = Literal["cpr", "beir", "analobench", "bright"]
+RetrieverName = Literal["bm25", "dense", "splade"]
+RewriteKind = Literal["hyde", "query2doc", "rag-fusion"]
+
+
+class EvalConfig(_Section):
+    """One evaluation run: the `cpr eval` flags are shortcuts for these keys."""
+
+    benchmark: Benchmark | None = Field(None, description="Benchmark to evaluate on (--benchmark).")
+    data: str | None = Field(None, description="URI of the benchmark's files (path or s3://…).")
+    subset: str | None = Field(
+        None,
+        description="CPR: split table (cpr-eval); BEIR: qrels split (test); AnaloBench: t2, "
+        "t2-stories-10, t2-stories-30, t1, t1-stories-10, t1-stories-30; BRIGHT: "
+        "comma-separated subsets (default: the StackExchange ones).",
+    )
+    variant: str = Field(
+        "full",
+        description="Label of the data variant (e.g. a pool rebuilt without one pooler), so "
+        "`cpr report` can compare retriever orders across variants.",
+    )
+    retriever: RetrieverName | None = Field(None, description="Retriever (--retriever).")
+    search_backend: Literal["numpy", "faiss"] = Field(
+        "numpy", description="Exact search in NumPy, or a faiss index (faiss_index)."
+    )
+    faiss_index: str = Field("Flat", description="faiss index_factory string (Flat is exact).")
+    ray_min_docs: int = Field(
+        20_000, ge=0, description="Encode on a Ray Data actor pool from this many documents."
+    )
+    top_k: int = Field(100, ge=10, description="Depth of full-corpus search.")
+    rerank: Literal["llm"] | None = Field(None, description="llm: the tournament reranker.")
+    rerank_depth: int | None = Field(
+        None, ge=2, description="Candidates reranked per query; unset: the whole pool / top_k."
+    )
+    tournament_rounds: str = Field(
+        "25:30,15:10",
+        description="Listwise rounds as group_size:survivors, comma-separated; the last "
+        "round's survivors are scored pointwise.",
+    )
+    rerank_workers: int = Field(8, ge=1, description="Queries reranked concurrently.")
+    rewrite: RewriteKind | None = Field(None, description="Query rewriter before retrieval.")
+    fusion_k: int = Field(60, ge=0, description="k of reciprocal rank fusion (RAG-Fusion).")
+    fusion_include_original: bool = Field(
+        True, description="RAG-Fusion also ranks with the original query."
+    )
+    seed: int = Field(0, description="Seeds tie-breaking, bootstrap and AnaloBench T1 items.")
+    resamples: int = Field(2000, ge=1, description="Bootstrap resamples.")
+    confidence: float = Field(0.95, gt=0, lt=1, description="Bootstrap interval coverage.")
+    gain: Literal["exponential", "linear"] = Field(
+        "exponential", description="nDCG gain: 2^rel - 1, or rel (trec_eval, BEIR tables)."
+    )
+    robustness: bool = Field(True, description="Add the same-topic-removed block (CPR-eval).")
+    out: str | None = Field(None, description="Results JSON file, or a folder to write it in.")
+    llm_root: str = Field(
+        "~/.cache/cpr-ray/eval-llm",
+        description="Where the reranker's and rewriters' LLM cache and ledger live (a path or "
+        "s3://…), so a rerun pays nothing; `cpr stats` on it shows the spend.",
+    )
+
+    @field_validator("tournament_rounds")
+    @classmethod
+    def _rounds(cls, v: str) -> str:
+        for part in v.split(","):
+            if not re.fullmatch(r"\s*\d+\s*:\s*\d+\s*", part):
+                raise ValueError(f"tournament round {part!r} must look like group_size:survivors")
+        return v
 
 
 class Config(_Section):
     profile: str = Field("custom", description="Name of the profile this config started from.")
-    storage: StorageConfig
+    storage: StorageConfig = StorageConfig()
     ray: RayConfig = RayConfig()
-    input: InputConfig
+    input: InputConfig | None = Field(None, description="The bulk inputs; required by the build.")
     ingest: IngestConfig = IngestConfig()
     mining: MiningConfig = MiningConfig()
     llm: LLMConfig = LLMConfig()
-    models: ModelsConfig = ModelsConfig()
+    encoder: EncoderConfig = EncoderConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _encoder_fits(self) -> Config:
+        if self.eval.retriever == "bm25" and self.encoder.model:
+            raise ValueError("eval.retriever bm25 takes no encoder.model")
+        return self
+
+    def require(self, *keys: str) -> None:
+        """Fail before any work when a key this command needs is unset (one line each)."""
+        missing = []
+        for dotted in keys:
+            node: Any = self
+            for part in dotted.split("."):
+                node = getattr(node, part, None)
+            if node is None:
+                missing.append(dotted)
+        if missing:
+            raise ConfigError(
+                "invalid config: " + "; ".join(f"{k}: required but not set" for k in missing)
+            )
 
     @field_validator("profile")
     @classmethod
@@ -343,8 +499,9 @@ def _expand(value: Any) -> Any:
 def format_validation_error(err: ValidationError) -> str:
     lines = []
     for item in err.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        msg = item["msg"]
+        # a None-able section reports its branch ("function-after[…]") in the path: drop it
+        key = ".".join(str(p) for p in item["loc"] if not _is_branch(p)) or "(top level)"
+        msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = "unknown key"
             parent = item["loc"][:-1]
@@ -353,20 +510,36 @@ def format_validation_error(err: ValidationError) -> str:
                 msg += f"; allowed here: {', '.join(allowed)}"
         elif item["type"] == "missing":
             msg = "required but not set"
-        lines.append(f"  {key}: {msg}")
-    return "invalid config:\n" + "\n".join(lines)
+        lines.append(f"{key}: {msg}")
+    return "invalid config: " + "; ".join(lines)  # one line, as every user error is
+
+
+def _is_branch(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in _MODEL_NAMES)
+
+
+_MODEL_NAMES = {c.__name__ for c in _Section.__subclasses__()}
 
 
 def _allowed_keys(loc: Sequence[Any]) -> list[str]:
     model: type[BaseModel] = Config
     for part in loc:
+        if _is_branch(part):
+            continue
         field = model.model_fields.get(str(part))
-        if field is None or not isinstance(field.annotation, type):
+        if field is None:
             return []
-        if not issubclass(field.annotation, BaseModel):
+        section = next(
+            (a for a in (field.annotation, *get_args(field.annotation)) if _is_section(a)), None
+        )
+        if section is None:
             return []
-        model = field.annotation
+        model = section
     return sorted(model.model_fields)
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def load_config(
@@ -374,8 +547,11 @@ def load_config(
     file: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Build the config: profile < YAML file (which may name its own `profile`) < env < --set."""
+    """Build the config: profile < YAML file (which may name its own `profile`) < env < --set <
+    flags. `flags` maps dotted keys to typed values (a command's own options, e.g. `--top-k` for
+    `eval.top_k`); None means the flag was not given."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     file_data: dict[str, Any] = {}
@@ -400,6 +576,9 @@ def load_config(
         if not sep:
             raise ConfigError(f"override {item!r} must look like key.path=value")
         _set_path(data, key.strip(), _parse_scalar(raw))
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            _set_path(data, dotted, value)
     try:
         return Config.model_validate(_expand(data))
     except ValidationError as err:

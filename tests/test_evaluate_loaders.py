@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from cpr_ray.config import StorageConfig
-from cpr_ray.evaluate.benchmark import PAD
+from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.loaders import load_benchmark
 from cpr_ray.evaluate.loaders.analobench import load_analobench
 from cpr_ray.evaluate.loaders.beir import load_beir
 from cpr_ray.evaluate.loaders.bright import load_bright
 from cpr_ray.evaluate.loaders.cpr import GROUPS, load_cpr
+from cpr_ray.retrieval.base import PAD
 from cpr_ray.storage import Storage, StorageError
 
 from .conftest import upload_tree
@@ -211,7 +212,7 @@ def test_analobench_t1_items_are_deterministic_and_well_formed(reference):
 
 
 def test_analobench_unknown_subset(reference):
-    with pytest.raises(ValueError, match="unknown AnaloBench subset"):
+    with pytest.raises(ConfigError, match="unknown AnaloBench subset"):
         load_analobench(local(), str(reference / "analobench"), subset="t3")
 
 
@@ -264,10 +265,10 @@ def test_beir_loader_errors(tmp_path):
         load_beir(local(), str(tmp_path))
     _write_beir(tmp_path / "b")
     (tmp_path / "b" / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1 d1\n")
-    with pytest.raises(ValueError, match="line 2"):
+    with pytest.raises(InputError, match="line 2"):
         load_beir(local(), str(tmp_path / "b"))
     (tmp_path / "b" / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n")
-    with pytest.raises(ValueError, match="no qrels lines"):
+    with pytest.raises(InputError, match="no qrels lines"):
         load_beir(local(), str(tmp_path / "b"))
 
 

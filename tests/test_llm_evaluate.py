@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpr_ray.config import LLMConfig
+from cpr_ray.config import Config, EvalConfig, LLMConfig
 from cpr_ray.evaluate.rerank import TournamentReranker
 from cpr_ray.evaluate.tournament import Round, TournamentSpec
 from cpr_ray.llm.evaluate import query_rewriter, tournament_judge
@@ -13,9 +13,11 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 @pytest.fixture()
-def cfg(llm, tmp_path, monkeypatch):
-    monkeypatch.setenv("CPR_EVAL_LLM_ROOT", str(tmp_path / "eval-llm"))
-    return LLMConfig(base_url=llm.base_url, model="scripted", max_in_flight=8, actors=1)
+def cfg(llm, tmp_path):
+    return Config(
+        llm=LLMConfig(base_url=llm.base_url, model="scripted", max_in_flight=8, actors=1),
+        eval=EvalConfig(llm_root=str(tmp_path / "eval-llm")),
+    )
 
 
 def test_llm_tournament_puts_useful_candidates_first_and_caches(cfg, llm):

@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from cpr_ray.config import ConfigError
+from cpr_ray.config import Config, StorageConfig, load_config
+from cpr_ray.errors import UserError
 from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.evaluate.protocols import LLMLayerMissing
-from cpr_ray.storage import StorageError
+from cpr_ray.evaluate.settings import check
 
 console = Console()
-USER_ERRORS = (ConfigError, StorageError, LLMLayerMissing, ValueError)
+
+# `cpr eval` / jobs/evaluate.py flag -> the config key it sets (flags win over --set and YAML)
+EVAL_FLAGS = {
+    "benchmark": "eval.benchmark",
+    "data": "eval.data",
+    "retriever": "eval.retriever",
+    "model": "encoder.model",
+    "subset": "eval.subset",
+    "rerank": "eval.rerank",
+    "rewrite": "eval.rewrite",
+    "out": "eval.out",
+    "variant": "eval.variant",
+    "pooling": "encoder.pooling",
+    "query_prefix": "encoder.query_prefix",
+    "max_length": "encoder.max_length",
+    "search_backend": "eval.search_backend",
+    "top_k": "eval.top_k",
+    "seed": "eval.seed",
+    "gain": "eval.gain",
+    "s3_endpoint": "storage.s3_endpoint",
+}
 
 
 def _fail(exc: Exception) -> None:
@@ -25,31 +44,18 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
-def settings_from(config: Path | None, flags: dict[str, Any]):
-    """EvalSettings from an optional YAML file, overridden by the flags that were given."""
-    from cpr_ray.evaluate.settings import EvalSettings, describe_errors
-
-    data: dict[str, Any] = {}
-    if config is not None:
-        if not config.is_file():
-            raise ConfigError(f"config file not found: {config}")
-        data = yaml.safe_load(config.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {config} must hold a mapping")
-    for key, value in flags.items():  # "ray.num_cpus" sets a key of a section
-        if value is None:
-            continue
-        *sections, leaf = key.split(".")
-        node = data
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: {section!r} is a value, not a section")
-        node[leaf] = value
-    try:
-        return EvalSettings.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(describe_errors(err)) from None
+def eval_config(
+    profile: str | None,
+    config: Path | None,
+    overrides: Sequence[str],
+    flags: Mapping[str, Any],
+) -> Config:
+    """The one config tree for an evaluation: profile < YAML < CPR_* env < --set < flags."""
+    cfg = load_config(
+        profile, config, overrides, flags={EVAL_FLAGS[k]: v for k, v in flags.items()}
+    )
+    check(cfg)
+    return cfg
 
 
 def print_results(res: dict[str, Any]) -> None:
@@ -131,7 +137,15 @@ def eval_command(
         str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
     ] = None,
     config: Annotated[
-        Path | None, typer.Option("--config", help="YAML file of eval settings.")
+        Path | None,
+        typer.Option("--config", help="YAML config (eval:, encoder:, llm:, … sections)."),
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="Named profile to start from.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override any config key, e.g. --set eval.resamples=500"),
     ] = None,
 ) -> None:
     """Evaluate a retriever (with an optional reranker or query rewriter) on a benchmark."""
@@ -139,34 +153,12 @@ def eval_command(
     from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.storage import Storage
 
-    flags = {
-        "benchmark": benchmark,
-        "data": data,
-        "retriever": retriever,
-        "model": model,
-        "subset": subset,
-        "rerank": rerank,
-        "rewrite": rewrite,
-        "out": out,
-        "variant": variant,
-        "pooling": pooling,
-        "query_prefix": query_prefix,
-        "max_length": max_length,
-        "search_backend": search_backend,
-        "top_k": top_k,
-        "seed": seed,
-        "gain": gain,
-        "s3_endpoint": s3_endpoint,
-    }
+    flags = {k: v for k, v in locals().items() if k in EVAL_FLAGS}
     try:
-        settings = settings_from(config, flags)
-        results = run_eval(settings)
-        uri = (
-            write_results(Storage(settings.storage()), settings.out, results)
-            if settings.out
-            else None
-        )
-    except USER_ERRORS as exc:
+        cfg = eval_config(profile, config, set_ or [], flags)
+        results = run_eval(cfg)
+        uri = write_results(Storage(cfg.storage), cfg.eval.out, results) if cfg.eval.out else None
+    except UserError as exc:
         _fail(exc)
     print_results(results)
     if uri:
@@ -181,7 +173,6 @@ def report_command(
     ] = None,
 ) -> None:
     """Markdown table and plots across evaluation runs."""
-    from cpr_ray.config import StorageConfig
     from cpr_ray.evaluate.report import load_results, write_report
     from cpr_ray.storage import Storage
 
@@ -189,6 +180,6 @@ def report_command(
         storage = Storage(StorageConfig(root=out, s3_endpoint=s3_endpoint))
         loaded = load_results(storage, results)
         written = write_report(storage, loaded, out)
-    except USER_ERRORS as exc:
+    except UserError as exc:
         _fail(exc)
     console.print(f"{len(loaded)} run(s) → " + ", ".join(written), soft_wrap=True)

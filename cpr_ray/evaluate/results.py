@@ -15,34 +15,36 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from cpr_ray.config import Config
+from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.evaluate.settings import EvalSettings
 from cpr_ray.storage import Storage, join
 
 SCHEMA_VERSION = 1
 BLOCK_KEYS = ("value", "ci_low", "ci_high", "random", "vs_random")
+# (section, key) recorded under "settings" by key, as results files have always named them
 RECORDED_SETTINGS = (
-    "seed",
-    "resamples",
-    "confidence",
-    "gain",
-    "top_k",
-    "pooling",
-    "query_prefix",
-    "doc_prefix",
-    "max_length",
-    "search_backend",
-    "faiss_index",
-    "rerank_depth",
-    "tournament_rounds",
-    "fusion_k",
-    "fusion_include_original",
+    ("eval", "seed"),
+    ("eval", "resamples"),
+    ("eval", "confidence"),
+    ("eval", "gain"),
+    ("eval", "top_k"),
+    ("encoder", "pooling"),
+    ("encoder", "query_prefix"),
+    ("encoder", "doc_prefix"),
+    ("encoder", "max_length"),
+    ("eval", "search_backend"),
+    ("eval", "faiss_index"),
+    ("eval", "rerank_depth"),
+    ("eval", "tournament_rounds"),
+    ("eval", "fusion_k"),
+    ("eval", "fusion_include_original"),
 )
 
 
 def build_results(
-    settings: EvalSettings,
+    cfg: Config,
     parts: Sequence[Benchmark],
     summary: dict[str, Any],
     *,
@@ -53,15 +55,16 @@ def build_results(
 ) -> dict[str, Any]:
     from cpr_ray.stage import code_version
 
+    ev = cfg.eval
     rejects = [{"part": p.name, **r} for p in parts for r in p.rejects]
     return {
         "schema_version": SCHEMA_VERSION,
-        "benchmark": settings.benchmark,
-        "subset": settings.subset or _default_subset(parts),
-        "variant": settings.variant,
-        "data": settings.data,
-        "retriever": names.get("retriever", settings.retriever),
-        "model": names.get("model", settings.model),
+        "benchmark": ev.benchmark,
+        "subset": ev.subset or _default_subset(parts),
+        "variant": ev.variant,
+        "data": ev.data,
+        "retriever": names.get("retriever", ev.retriever),
+        "model": names.get("model", cfg.encoder.model),
         "rerank": names.get("rerank"),
         "rewrite": names.get("rewrite"),
         "primary_metric": parts[0].primary_metric if parts else "recall_at_10",
@@ -69,7 +72,7 @@ def build_results(
         "robustness": robustness,
         "rerank_stats": rerank_stats,
         "input_rejects": rejects,
-        "settings": {k: getattr(settings, k) for k in RECORDED_SETTINGS},
+        "settings": {k: getattr(getattr(cfg, s), k) for s, k in RECORDED_SETTINGS},
         "timing": timing,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": code_version(),
@@ -117,8 +120,8 @@ def check_results(results: dict[str, Any], where: str = "results") -> None:
     """Fail naming the first missing key, so `cpr report` explains a foreign or broken file."""
     for key in ("benchmark", "retriever", "n_queries", "per_domain", *METRICS):
         if key not in results:
-            raise ValueError(f"{where}: not a cpr eval results file (no {key!r})")
+            raise InputError(f"{where}: not a cpr eval results file (no {key!r})")
     for m in METRICS:
         missing = [k for k in BLOCK_KEYS if k not in results[m]]
         if missing:
-            raise ValueError(f"{where}: {m} lacks {', '.join(missing)}")
+            raise InputError(f"{where}: {m} lacks {', '.join(missing)}")

@@ -3,7 +3,7 @@
 The steps are plain functions over a :class:`Benchmark`; :func:`run_eval` wires them, times each
 stage and returns the results dict (``results.py`` writes it). The retriever, reranker and
 rewriter can be passed in (tests, notebooks); otherwise they are built from the settings, the LLM
-ones through the hooks of ``protocols.py``.
+ones by the LLM layer through ``protocols.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from cpr_ray.config import Config
+from cpr_ray.evaluate import settings
 from cpr_ray.evaluate.benchmark import Benchmark, positions
 from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
 from cpr_ray.evaluate.loaders import load_benchmark
@@ -24,14 +26,12 @@ from cpr_ray.evaluate.protocols import (
     Reranker,
     llm_query_rewriter,
     llm_tournament_judge,
-    require_hook,
 )
 from cpr_ray.evaluate.ranking import drop_excluded, rank_pools
 from cpr_ray.evaluate.rerank import TournamentReranker
-from cpr_ray.evaluate.retrievers.base import Retriever, make_retriever
 from cpr_ray.evaluate.robustness import SAME_TOPIC, without_groups
-from cpr_ray.evaluate.settings import EvalSettings
 from cpr_ray.evaluate.summary import SummaryOptions, metric_blocks, query_scores, summarize
+from cpr_ray.retrieval import Retriever, make_retriever
 from cpr_ray.storage import Storage
 
 
@@ -141,20 +141,21 @@ def summarize_parts(
 
 def _run_part(
     part: Benchmark,
-    settings: EvalSettings,
+    cfg: Config,
     timer: Timer,
     retriever: Retriever | None,
     reranker: Reranker | None,
     rewriter: QueryRewriter | None,
 ) -> tuple[list[np.ndarray], dict[str, Any], Reranker | None]:
     """Rankings of one benchmark part, the names of what made them, and the reranker used."""
+    ev = cfg.eval
     t = time.perf_counter()
-    if settings.rewrite and rewriter is None:
-        rewriter = llm_query_rewriter(settings.rewrite, settings.llm, part.train_pairs)
-    if settings.rerank and reranker is None:
-        judge = llm_tournament_judge(settings.llm, dict(zip(part.doc_ids, part.doc_texts)))
+    if ev.rewrite and rewriter is None:
+        rewriter = llm_query_rewriter(ev.rewrite, cfg, part.train_pairs)
+    if ev.rerank and reranker is None:
+        judge = llm_tournament_judge(cfg, dict(zip(part.doc_ids, part.doc_texts)))
         reranker = TournamentReranker(
-            judge, settings.tournament(), max_workers=settings.rerank_workers
+            judge, settings.tournament(ev), max_workers=ev.rerank_workers
         )
     texts: list[str | list[str]] = list(part.queries)
     if rewriter is not None:
@@ -164,31 +165,31 @@ def _run_part(
                 f"rewriter {rewriter.name} returned {len(texts)} rewrites for "
                 f"{part.n_queries} queries"
             )
-        if settings.fusion_include_original:
+        if ev.fusion_include_original:
             texts = with_original(texts, part.queries)
     timer.add("rewrite_s", t)
 
     t = time.perf_counter()
     retriever = retriever or make_retriever(
-        settings.retriever, settings.model, settings.retriever_options()
+        ev.retriever, cfg.encoder.model, settings.retriever_options(cfg)
     )
     uses_ray = getattr(retriever, "uses_ray", None)  # encoders: large corpora go to actors
     if uses_ray is not None and uses_ray(len(part.doc_ids)):
         from cpr_ray.ray_runtime import ensure_ray
 
-        ensure_ray(settings.ray)
+        ensure_ray(cfg.ray)
     retriever.index(part.doc_texts)
     timer.add("index_s", t)
 
     t = time.perf_counter()
     ranked = rank(
-        part, retriever, texts, top_k=settings.top_k, seed=settings.seed, fusion_k=settings.fusion_k
+        part, retriever, texts, top_k=ev.top_k, seed=ev.seed, fusion_k=ev.fusion_k
     )
     timer.add("retrieve_s", t)
 
     if reranker is not None:
         t = time.perf_counter()
-        depth = settings.rerank_depth or (None if part.has_pools else settings.top_k)
+        depth = ev.rerank_depth or (None if part.has_pools else ev.top_k)
         ranked = rerank(part, ranked, reranker, depth)
         timer.add("rerank_s", t)
     names = {
@@ -201,7 +202,7 @@ def _run_part(
 
 
 def run_eval(
-    settings: EvalSettings,
+    cfg: Config,
     *,
     retriever: Retriever | None = None,
     reranker: Reranker | None = None,
@@ -211,31 +212,27 @@ def run_eval(
     """Evaluate one retriever (+ reranker/rewriter) on one benchmark; returns the results dict."""
     from cpr_ray.evaluate.results import build_results
 
-    if settings.rewrite and rewriter is None:
-        require_hook("rewrite")  # fail before loading or encoding anything
-    if settings.rerank and reranker is None:
-        require_hook("rerank")
+    settings.check(cfg)  # before loading or encoding anything
+    ev = cfg.eval
     timer = Timer()
     started = time.perf_counter()
-    storage = storage or Storage(settings.storage())
-    parts = load_benchmark(
-        settings.benchmark, storage, settings.data, subset=settings.subset, seed=settings.seed
-    )
+    storage = storage or Storage(cfg.storage)
+    parts = load_benchmark(ev.benchmark, storage, ev.data, subset=ev.subset, seed=ev.seed)
     timer.add("load_s", started)
     rankings: list[list[np.ndarray]] = []
     rerankers: dict[int, Reranker] = {}
     names: dict[str, Any] = {}
     for part in parts:
-        ranked, names, used = _run_part(part, settings, timer, retriever, reranker, rewriter)
+        ranked, names, used = _run_part(part, cfg, timer, retriever, reranker, rewriter)
         rankings.append(ranked)
         if used is not None:
             rerankers[id(used)] = used
 
     t = time.perf_counter()
-    opts = SummaryOptions(settings.seed, settings.resamples, settings.confidence, settings.gain)
+    opts = SummaryOptions(ev.seed, ev.resamples, ev.confidence, ev.gain)
     summary = summarize_parts(parts, rankings, opts)
     robustness: dict[str, Any] = {}
-    if settings.robustness and len(parts) == 1 and parts[0].pool_groups is not None:
+    if ev.robustness and len(parts) == 1 and parts[0].pool_groups is not None:
         reduced, reduced_ranked = without_groups(parts[0], rankings[0], SAME_TOPIC)
         robustness["without_same_topic"] = summarize(reduced, reduced_ranked, opts)
     rerank_stats: dict[str, int] = {}
@@ -246,7 +243,7 @@ def run_eval(
     timer.add("metrics_s", t)
     timer.seconds["total_s"] = round(time.perf_counter() - started, 3)
     return build_results(
-        settings,
+        cfg,
         parts,
         summary,
         names=names,

@@ -2,8 +2,9 @@
 
 Each round of the tournament (every query's groups at once) and each rewrite batch is one table
 through `run_llm_task`, so evaluation gets the same cache (a rerun pays nothing), ledger,
-retries and re-asks as the build. The cache and ledger live under `$CPR_EVAL_LLM_ROOT`
-(default ~/.cache/cpr-ray/eval-llm); `cpr stats` on that root shows the spend.
+retries and re-asks as the build. The cache and ledger live under `eval.llm_root` (default
+~/.cache/cpr-ray/eval-llm; an s3:// URI shares them across machines); `cpr stats` on that root
+shows the spend.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pydantic import Field
 
-from cpr_ray.config import LLMConfig, RayConfig, StorageConfig
+from cpr_ray.config import Config, LLMConfig
+from cpr_ray.errors import ConfigError
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
@@ -49,7 +50,7 @@ class Queries(_Answer):
 
 
 class ChooseTask(LLMTask):
-    stage = "rerank_choose"
+    stage = "rerank-choose"
     prompts = (prompts.load("rerank_choose"),)
     key_columns = ("query", "group", "k", "texts")
     output_schema = pa.schema([("chosen", pa.list_(pa.string()))])
@@ -83,7 +84,7 @@ class ChooseTask(LLMTask):
 
 
 class ScoreTask(LLMTask):
-    stage = "rerank_score"
+    stage = "rerank-score"
     prompts = (prompts.load("rerank_score"),)
     key_columns = ("query", "passage")
     output_schema = pa.schema([("score", pa.int8())])
@@ -136,14 +137,15 @@ class RewriteTask(LLMTask):
         return {"rewritten": value}, "ok", None
 
 
-def _context(llm_cfg: LLMConfig) -> LLMContext:
-    root = os.environ.get("CPR_EVAL_LLM_ROOT", str(Path.home() / ".cache" / "cpr-ray" / "eval-llm"))
-    return LLMContext(llm_cfg, Storage(StorageConfig(root=root)), f"eval-{uuid.uuid4().hex[:8]}")
+def _context(cfg: Config) -> LLMContext:
+    root = os.path.expanduser(cfg.eval.llm_root)
+    storage = Storage(cfg.storage.model_copy(update={"root": root}))
+    return LLMContext(cfg.llm, storage, f"eval-{uuid.uuid4().hex[:8]}")
 
 
 def _base_url(llm_cfg: LLMConfig) -> str:
     if not llm_cfg.base_url:
-        raise ValueError(
+        raise ConfigError(
             "the LLM reranker and rewriters need llm.base_url (an OpenAI-compatible endpoint)"
         )
     return llm_cfg.base_url
@@ -152,11 +154,11 @@ def _base_url(llm_cfg: LLMConfig) -> str:
 class LLMTournamentJudge:
     """BatchTournamentJudge: a whole round of listwise choices or pointwise scores per call."""
 
-    def __init__(self, llm_cfg: LLMConfig, doc_texts: Mapping[str, str]) -> None:
-        self.llm_cfg, self.doc_texts = llm_cfg, doc_texts
-        self.base_url = _base_url(llm_cfg)  # fail before starting anything
-        self.ctx = _context(llm_cfg)
-        ensure_ray(RayConfig())
+    def __init__(self, cfg: Config, doc_texts: Mapping[str, str]) -> None:
+        self.doc_texts = doc_texts
+        self.base_url = _base_url(cfg.llm)  # fail before starting anything
+        self.ctx = _context(cfg)
+        ensure_ray(cfg.ray)
 
     def choose_many(self, requests: list[Any]) -> list[Any]:
         rows = pa.Table.from_pylist(
@@ -192,19 +194,21 @@ class LLMTournamentJudge:
 
 class LLMQueryRewriter:
     def __init__(
-        self, kind: str, llm_cfg: LLMConfig, train_pairs: Sequence[tuple[str, str]]
+        self, kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]
     ) -> None:
-        self.name, self.llm_cfg = kind, llm_cfg
-        self.base_url = _base_url(llm_cfg)  # fail before starting anything
-        self.ctx = _context(llm_cfg)
+        self.name = kind
+        self.base_url = _base_url(cfg.llm)  # fail before starting anything
+        self.ctx = _context(cfg)
         self.examples = (
             "\n\n".join(f"Question: {q}\nPassage: {p[:600]}" for q, p in train_pairs[:FEW_SHOT])
             if kind == "query2doc"
             else ""
         )
         if kind == "query2doc" and not train_pairs:
-            raise ValueError("query2doc needs train pairs for its few-shot examples")
-        ensure_ray(RayConfig())
+            raise ConfigError(
+                "query2doc needs train pairs for its few-shot examples; this benchmark has none"
+            )
+        ensure_ray(cfg.ray)
 
     def rewrite(self, queries: Sequence[str]) -> list[str | list[str]]:
         rows = pa.table(
@@ -225,14 +229,14 @@ class LLMQueryRewriter:
         return result
 
 
-def tournament_judge(llm_cfg: LLMConfig, doc_texts: Mapping[str, str]) -> LLMTournamentJudge:
-    return LLMTournamentJudge(llm_cfg, doc_texts)
+def tournament_judge(cfg: Config, doc_texts: Mapping[str, str]) -> LLMTournamentJudge:
+    return LLMTournamentJudge(cfg, doc_texts)
 
 
 def query_rewriter(
-    kind: str, llm_cfg: LLMConfig, train_pairs: Sequence[tuple[str, str]]
+    kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]
 ) -> LLMQueryRewriter:
-    return LLMQueryRewriter(kind, llm_cfg, train_pairs)
+    return LLMQueryRewriter(kind, cfg, train_pairs)
 
 
 __all__ = ["tournament_judge", "query_rewriter"]

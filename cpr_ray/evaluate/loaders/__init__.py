@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.storage import Storage
 
@@ -34,4 +35,4 @@ def load_benchmark(
 
         names = [s.strip() for s in subset.split(",")] if subset else list(STACKEXCHANGE)
         return [load_bright(storage, uri, subset=name) for name in names]
-    raise ValueError(f"unknown benchmark {kind!r}; known: {', '.join(BENCHMARKS)}")
+    raise ConfigError(f"unknown benchmark {kind!r}; known: {', '.join(BENCHMARKS)}")

@@ -26,6 +26,7 @@ import io
 
 import numpy as np
 
+from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.benchmark import Benchmark, pad_pools
 from cpr_ray.storage import Storage, join
 
@@ -41,25 +42,25 @@ def _ints(text: str, what: str, index: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(
+        raise InputError(
             f"AnaloBench row Index={index}: {what} is not a list of integers"
         ) from None
 
 
 def load_analobench(storage: Storage, root: str, *, subset: str = "t2", seed: int = 0) -> Benchmark:
     if subset not in SUBSETS:
-        raise ValueError(f"unknown AnaloBench subset {subset!r}; known: {', '.join(SUBSETS)}")
+        raise ConfigError(f"unknown AnaloBench subset {subset!r}; known: {', '.join(SUBSETS)}")
     task, _, stories = subset.partition("-")
     rows = _csv(storage, join(root, "AnaloBench-T2-Base.csv"))
     index = [int(r["Index"]) for r in rows]
     if index != list(range(len(rows))):
-        raise ValueError("AnaloBench-T2-Base.csv: Index must run 0..n-1 in order")
+        raise InputError("AnaloBench-T2-Base.csv: Index must run 0..n-1 in order")
     sentences = [r["Sentence"] for r in rows]
     clusters_rows = _csv(storage, join(root, "clusters.tsv"), delimiter="\t")
     cluster_of = {r["sentence"]: int(r["cluster"]) for r in clusters_rows}
     missing_cluster = [i for i, s in enumerate(sentences) if s not in cluster_of]
     if missing_cluster:
-        raise ValueError(f"clusters.tsv lacks {len(missing_cluster)} sentences of T2")
+        raise InputError(f"clusters.tsv lacks {len(missing_cluster)} sentences of T2")
     clusters = np.array([cluster_of[s] for s in sentences])
 
     texts = list(sentences)
@@ -68,7 +69,7 @@ def load_analobench(storage: Storage, root: str, *, subset: str = "t2", seed: in
         story_of = {r["sentence"]: r["story"] for r in story_rows}
         lacking = [i for i, s in enumerate(sentences) if s not in story_of]
         if lacking:
-            raise ValueError(f"{stories}.csv has no story for {len(lacking)} sentences of T2")
+            raise InputError(f"{stories}.csv has no story for {len(lacking)} sentences of T2")
         texts = [story_of[s] for s in sentences]
 
     if task == "t2":
@@ -77,7 +78,7 @@ def load_analobench(storage: Storage, root: str, *, subset: str = "t2", seed: in
             options = _ints(r["Options"], "Options", r["Index"])
             answers = _ints(r["Indices"], "Indices", r["Index"])
             if any(not 1 <= a <= len(options) for a in answers):
-                raise ValueError(f"AnaloBench row Index={r['Index']}: Indices outside Options")
+                raise InputError(f"AnaloBench row Index={r['Index']}: Indices outside Options")
             pools_list.append(options)
             qrels.append({options[a - 1]: 1 for a in answers})
         primary = "ndcg_at_10"
@@ -105,7 +106,7 @@ def t1_items(clusters: np.ndarray, seed: int) -> tuple[list[list[int]], list[dic
     for q, c in enumerate(clusters):
         same = members[c][members[c] != q]
         if len(same) == 0:
-            raise ValueError(f"sentence {q} is alone in cluster {c}: no analogous option")
+            raise InputError(f"sentence {q} is alone in cluster {c}: no analogous option")
         answer = int(rng.choice(same))
         others = rng.choice([k for k in members if k != c], size=T1_OPTIONS - 1, replace=False)
         distractors = [int(rng.choice(members[k])) for k in others]

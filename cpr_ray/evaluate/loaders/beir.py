@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position
 from cpr_ray.evaluate.loaders.io import read_jsonl
 from cpr_ray.storage import Storage, StorageError, join
@@ -39,10 +40,10 @@ def read_qrels(text: str, uri: str) -> dict[str, dict[str, int]]:
         if len(parts) == 4:  # TREC style: qid 0 docid grade
             parts = [parts[0], parts[2], parts[3]]
         if len(parts) != 3 or not parts[2].strip().lstrip("-").isdigit():
-            raise ValueError(f"{uri}: line {n} is not 'query-id<TAB>corpus-id<TAB>score'")
+            raise InputError(f"{uri}: line {n} is not 'query-id<TAB>corpus-id<TAB>score'")
         out.setdefault(parts[0], {})[parts[1]] = int(parts[2])
     if not out:
-        raise ValueError(f"{uri}: no qrels lines")
+        raise InputError(f"{uri}: no qrels lines")
     return out
 
 

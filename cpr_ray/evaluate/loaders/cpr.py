@@ -17,8 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.evaluate.benchmark import PAD, Benchmark
+from cpr_ray.errors import InputError
+from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.evaluate.loaders.io import find_table
+from cpr_ray.retrieval.base import PAD
 from cpr_ray.storage import Storage, StorageError
 
 GROUPS = ("positive", "shares_query_topic", "shares_positive_topic", "other")
@@ -59,7 +61,7 @@ def load_cpr(
     table = storage.read_parquet(eval_uri)
     absent = [c for c in EVAL_COLUMNS if c not in table.column_names]
     if absent:
-        raise ValueError(f"{eval_uri}: missing column(s) {', '.join(absent)}")
+        raise InputError(f"{eval_uri}: missing column(s) {', '.join(absent)}")
     corpus = storage.read_parquet(corpus_uri, ["corpus_id", "title", "abstract"])
     corpus_ids, corpus_texts = doc_texts(corpus)
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
 
+from cpr_ray.errors import InputError
 from cpr_ray.storage import Storage, join
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json")
@@ -39,7 +40,7 @@ def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{uri}: line {n} is not valid JSON ({exc.msg})") from None
+            raise InputError(f"{uri}: line {n} is not valid JSON ({exc.msg})") from None
         for field in schema:
             value = rec.get(field.name)
             if value is not None and pa.types.is_string(field.type) and not isinstance(value, str):
