@@ -6,11 +6,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cpr_ray.config import Config
-from cpr_ray.corpus.ingest import ingest
+from cpr_ray.corpus.ingest import discover_inputs, ingest
+from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.mining.stages import mine, venues
 from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
-from cpr_ray.ray_runtime import ensure_ray
-from cpr_ray.storage import Storage
+from cpr_ray.ray_runtime import ensure_ray, user_errors_from_ray
+from cpr_ray.storage import Storage, join
 
 StageFn = Callable[..., dict[str, Any]]
 
@@ -27,15 +28,65 @@ def resolve_stages(names: Sequence[str] | None) -> list[str]:
         return list(STAGES)
     unknown = [n for n in names if n not in STAGES]
     if unknown:
-        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
+        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
     return [n for n in STAGES if n in names]
+
+
+def check_root(storage: Storage) -> None:
+    """The build root can be used: on S3 its bucket exists and answers; locally it is not a file.
+
+    One line naming the bucket, in seconds; found by the first write inside Ray it cost a
+    minute and a multipart-upload traceback.
+    """
+    root = storage.resolve(storage.root)
+    if root.is_s3:
+        bucket = root.path.split("/", 1)[0]
+        try:
+            found = storage.exists(f"s3://{bucket}")
+        except StorageError as exc:
+            raise StorageError(f"storage.root {root.uri}: {exc}") from None
+        if not found:
+            raise StorageError(
+                f"storage.root {root.uri}: bucket {bucket!r} does not exist (or these "
+                "credentials cannot see it); create it or fix storage.root"
+            )
+    elif storage.is_file(root.uri):
+        raise StorageError(f"storage.root {root.uri} is a file; give a folder")
+
+
+def preflight(cfg: Config, storage: Storage, selected: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Check what needs no Ray — the storage root, and the input shards when ingest runs — so a
+    bad path or bucket fails in seconds, not after Ray's start. Returns per-stage arguments
+    (the shards found, so ingest reads exactly what was checked)."""
+    check_root(storage)
+    if "ingest" not in selected:
+        return {}
+    return {"ingest": {"inputs": discover_inputs(cfg, storage)}}
+
+
+def _error_log_dir(storage: Storage) -> str | None:
+    """Tracebacks of errors mapped at a stage boundary: `_logs/` of a local build root; for an
+    object store, the Ray session's log folder (the default)."""
+    root = storage.resolve(storage.root)
+    return None if root.is_s3 else join(root.path, "_logs")
 
 
 def run_build(
     cfg: Config, stages: Sequence[str] | None = None, *, force: bool = False
 ) -> dict[str, dict[str, Any]]:
-    """Run the selected stages in pipeline order; returns each stage's manifest."""
+    """Run the selected stages in pipeline order; returns each stage's manifest.
+
+    A mistake a user made that surfaces inside Ray (a corrupt shard, a refusing endpoint) leaves
+    each stage as its one-line `UserError`, with the Ray traceback in a log file it names.
+    """
+    cfg.require("storage.root", "input")  # evaluation-only configs carry neither
     storage = Storage(cfg.storage)
     selected = resolve_stages(stages)
+    stage_args = preflight(cfg, storage, selected)
     ensure_ray(cfg.ray)
-    return {name: STAGES[name](cfg, storage, force=force) for name in selected}
+    log_dir = _error_log_dir(storage)
+    manifests: dict[str, dict[str, Any]] = {}
+    for name in selected:
+        with user_errors_from_ray(log_dir):
+            manifests[name] = STAGES[name](cfg, storage, force=force, **stage_args.get(name, {}))
+    return manifests

@@ -2,19 +2,57 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
+from ray.exceptions import RayTaskError
 
 from cpr_ray.config import RayConfig
+from cpr_ray.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+# Ray's own noise that a user of the CLI should not see; each still reaches Ray's log files
+QUIET_ENV = {
+    "RAY_DEDUP_LOGS": "1",  # one line for a message many workers print
+    "LANCE_LOG": "error",  # Lance's Rust "No existing dataset … will be created" warnings
+}
+
+
+def quiet_ray_console() -> None:
+    """Keep Ray's INFO chatter in its log files (session_*/logs/ray-data.log) and off the console.
+
+    Ray Data logs every execution plan and, off a terminal, a progress block every few seconds at
+    INFO on the console; our stages print one summary line each instead. On a terminal Ray
+    Data's progress bars stay (they are not log records).
+    """
+    for name, value in QUIET_ENV.items():
+        os.environ.setdefault(name, value)
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+    from ray._private.log import PlainRayHandler
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, PlainRayHandler):  # the console one; the file handlers keep INFO
+            handler.setLevel(logging.WARNING)
 
 
 def ensure_ray(cfg: RayConfig) -> None:
     """Join the configured cluster, or start a local Ray sized by config; idempotent."""
     if ray.is_initialized():
         return
+    quiet_ray_console()
+    runtime_env = {"env_vars": {k: os.environ[k] for k in QUIET_ENV}}
+    quiet = {"logging_level": logging.WARNING, "runtime_env": runtime_env}
     if cfg.address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=True)
+        ray.init(address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=True, **quiet)
         return
     kwargs: dict[str, object] = {"include_dashboard": False}
     if cfg.num_cpus:
@@ -23,7 +61,120 @@ def ensure_ray(cfg: RayConfig) -> None:
         kwargs["object_store_memory"] = cfg.object_store_memory_mb * 1024**2
     if cfg.temp_dir:
         kwargs["_temp_dir"] = os.path.abspath(cfg.temp_dir)
+    # a local Ray listens on loopback only: its token-auth notice is for clusters
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
     # the dry run has no GPU: declare none so no operator can wait forever for one
-    ray.init(num_gpus=0, **kwargs)
+    ray.init(num_gpus=0, **quiet, **kwargs)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = True
+    ctx.print_on_execution_start = False
+
+
+def user_error_in(exc: BaseException) -> UserError | None:
+    """The `UserError` a Ray task or actor raised, found through Ray's wrappers; None for a bug.
+
+    Ray re-raises a remote exception as a `RayTaskError` subclass of the original's class (so it
+    *is* a `UserError`, but its text is the worker traceback); its `.cause` is the original. Ray
+    Data wraps UDF errors again, and keeps them findable only with `raise_original_map_exception`
+    (set by `user_errors_from_ray`), since a wrapper's `__cause__` does not survive pickling.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, UserError) and not isinstance(e, RayTaskError):
+            return e
+        todo += [e.__context__, e.__cause__, getattr(e, "cause", None)]  # popped last first
+    return None
+
+
+# what Ray Data appends to an exception's message in the worker ("Failed to … after 1/1 attempts")
+_RAY_SUFFIX = re.compile(r"\nFailed to .+ after \d+/\d+ attempts")
+# kept off the console: the user sees one line, the file keeps the whole traceback
+_traceback_log = log.getChild("tracebacks")
+_traceback_log.propagate = False
+
+
+# Ray Data echoes a failed task's exception to the console before raising it — its traceback and
+# a plea to report a Ray bug (with raise_original_map_exception), or two lines of advice about
+# max_errored_blocks. At a stage boundary the exception itself is the report: one line for a
+# user's mistake, its traceback for a bug; so inside the block these echoes are dropped.
+_RAY_DATA_ECHOES = (
+    "ray.data.exceptions",
+    "ray.data._internal.execution.streaming_executor_state",
+)
+
+
+class _NoTaskErrorEcho(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+def _user_message(error: UserError) -> str:
+    """The error's own message, without what Ray Data appended to it."""
+    return _RAY_SUFFIX.split(str(error), maxsplit=1)[0].rstrip()
+
+
+def error_log_dir() -> str:
+    """Where tracebacks of mapped errors go by default: this Ray session's log folder."""
+    if ray.is_initialized():
+        ctx = ray.get_runtime_context()
+        return os.path.join(ctx.get_temp_dir(), ctx.get_session_name(), "logs")
+    return tempfile.gettempdir()
+
+
+def _log_traceback(exc: BaseException, log_dir: str) -> str:
+    """Write `exc` with its whole (remote) traceback to a fresh file under `log_dir` (or the
+    temp folder, when `log_dir` cannot be written: the user's error must not become ours)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    name = f"cpr-error-{stamp}-{os.getpid()}.log"
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        handler = logging.FileHandler(os.path.join(os.path.abspath(log_dir), name), "a", "utf-8")
+    except OSError:
+        handler = logging.FileHandler(os.path.join(tempfile.gettempdir(), name), "a", "utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    _traceback_log.addHandler(handler)
+    try:
+        _traceback_log.error("a user error raised inside Ray", exc_info=exc)
+    finally:
+        _traceback_log.removeHandler(handler)
+        handler.close()
+    return handler.baseFilename
+
+
+@contextmanager
+def user_errors_from_ray(log_dir: str | None = None) -> Iterator[None]:
+    """At a stage boundary: a user's mistake raised inside Ray reaches them as its one line.
+
+    A `UserError` raised in a Ray task or actor (a corrupt shard, a refusing endpoint) is
+    re-raised here as itself, its message ending with where the full Ray traceback was written
+    (`log_dir`, by default the Ray session's log folder). An internal bug keeps its traceback.
+    Datasets created inside the block raise UDF errors as themselves, so that their cause can
+    be found (Ray Data's wrapper loses it on the way to the driver), and Ray Data's console echo
+    of a failed task is held back (it stays in this exception); both are restored after.
+    """
+    ctx = ray.data.DataContext.get_current()
+    previous = ctx.raise_original_map_exception
+    ctx.raise_original_map_exception = True
+    echo_filter = _NoTaskErrorEcho()
+    for name in _RAY_DATA_ECHOES:
+        logging.getLogger(name).addFilter(echo_filter)
+    try:
+        yield
+    except Exception as exc:
+        user = user_error_in(exc)
+        if user is None or user is exc:  # a bug, or a UserError raised on the driver
+            raise
+        path = _log_traceback(exc, log_dir or error_log_dir())
+        user.args = (f"{_user_message(user)} (Ray traceback in {path})",)
+        raise user.with_traceback(None) from None
+    finally:
+        ctx.raise_original_map_exception = previous
+        for name in _RAY_DATA_ECHOES:
+            logging.getLogger(name).removeFilter(echo_filter)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import lance
 import pyarrow.parquet as pq
 import pytest
@@ -28,8 +30,22 @@ def _check_sample_build(manifest: dict, storage: Storage) -> None:
     stats = manifest["stats"]
     assert stats["join_by_key"] == EXPECTED_JOIN
     assert stats["papers"] == 3684 and stats["papers_with_abstract"] == 2345
-    assert stats["inputs"]["papers"] == {"kept": 3684, "rejected": 4, "skipped": 0}
-    assert stats["inputs"]["citations"] == {"kept": 7835, "rejected": 2, "skipped": 20}
+    shards = {"shards": 2, "empty_shards": 0, "quarantined_shards": 0}
+    assert stats["inputs"]["papers"] == {
+        "kept": 3684,
+        "rejected": 4,
+        "skipped": 0,
+        "duplicates": 0,
+        **shards,
+    }
+    assert stats["inputs"]["citations"] == {
+        "kept": 7835,
+        "rejected": 2,
+        "skipped": 20,
+        "duplicates": 0,
+        **shards,
+    }
+    assert stats["quarantined_shards"] == []
     assert stats["citations_with_context"] > 150  # recovered from the real S2ORC spans
     assert stats["openalex_snapshot"] == "openalex updated_date<=2026-03-01"
     opts = storage.lance_options()
@@ -112,7 +128,7 @@ def test_missing_required_input_is_named(tmp_path):
     )
     with pytest.raises(InputError, match=r"no shards .* for required input 'papers'"):
         ingest(cfg, Storage(cfg.storage))
-    (empty / "s2" / "papers" / "p.jsonl.gz").write_bytes(b"")
+    (empty / "s2" / "papers" / "p.jsonl.gz").write_bytes(gzip.compress(b'{"corpusid": 1}\n'))
     with pytest.raises(
         InputError, match=r"required input 'citations' not found at .*/s2/citations"
     ):

@@ -228,3 +228,33 @@ def test_venues_link_by_any_issn_and_take_their_main_field():
         "Physical Sciences",
     )
     assert out["v3"]["openalex_source_id"] is None and out["v3"]["n_papers"] == 0
+
+
+def test_duplicates_newest_first_then_a_stable_tie_break_whatever_the_order():
+    rows = [
+        _paper(1, doi="10.1/a", title="tie A", updated="2026-01-01"),
+        _paper(1, doi="10.1/a", title="tie B", updated="2026-01-01"),
+        _paper(1, doi="10.1/a", title="older", updated="2025-01-01"),
+        _paper(2, doi="10.1/b", title="dated", updated="2020-01-01"),
+        _paper(2, doi="10.1/b", title="undated", updated=None),  # loses to any timestamp
+    ]
+    winners = {
+        tuple(r["title"] for r in _link(order, []).values())
+        for order in (rows, rows[::-1], rows[1:] + rows[:1])
+    }
+    assert len(winners) == 1  # the same row, whatever order the shards came in
+    [(first, second)] = winners
+    assert first in ("tie A", "tie B") and second == "dated"
+    parsed = _parse(records.S2_PAPERS, rows)
+    assert linking.duplicates("papers", parsed) == 3
+
+
+def test_duplicate_works_are_counted_once_per_work_not_per_key():
+    works = [
+        _work(10, doi="10.1/a", mag="5", updated="2025-01-01"),
+        _work(10, doi="10.1/a", mag="5", updated="2026-01-01"),
+        _work(11, doi="10.1/b"),
+    ]
+    keys = linking.work_keys(_parse(records.OPENALEX_WORKS, works), N)
+    assert keys.filter(pc.greater_equal(keys["_bucket"], 0)).num_rows == 5  # doi+mag, doi+mag, doi
+    assert linking.duplicates("works", keys.filter(pc.greater_equal(keys["_bucket"], 0))) == 1

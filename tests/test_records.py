@@ -145,3 +145,94 @@ def test_bad_cited_id_is_rejected_not_skipped():
     )
     assert out["reject_reason"].to_pylist() == ["bad_citedcorpusid", None, "missing_citingcorpusid"]
     assert out["_bucket"].to_pylist() == [REJECTED, SKIPPED, REJECTED]
+
+
+STRICT_IDS = [
+    ('{"corpusid": 42}', 42, None),
+    ('{"corpusid": "42"}', 42, None),
+    ('{"corpusid": 1579548549.6}', None, "bad_corpusid"),  # never rounded to 1579548550
+    ('{"corpusid": 7.0}', None, "bad_corpusid"),  # integral, but a float: pinned as a reject
+    ('{"corpusid": "7.0"}', None, "bad_corpusid"),
+    ('{"corpusid": "1e3"}', None, "bad_corpusid"),
+    ('{"corpusid": "0x1F"}', None, "bad_corpusid"),
+    ('{"corpusid": "+12"}', None, "bad_corpusid"),
+    ('{"corpusid": 99999999999999999999}', None, "bad_corpusid"),  # beyond int64
+    ('{"corpusid": 1, "externalids": {"MAG": 3.5}}', None, "bad_mag_id"),
+    ('{"corpusid": 1, "externalids": {"PubMed": "PMC31415"}}', None, "bad_pmid"),
+    ('{"corpusid": 1, "updated": "yesterday"}', None, "bad_updated"),
+]
+
+
+@pytest.mark.parametrize(("line", "corpus_id", "reason"), STRICT_IDS)
+def test_ids_are_integers_as_written_or_a_reject(line, corpus_id, reason):
+    [row] = records.parse_lines(_lines_of(line), records.S2_PAPERS, 4).to_pylist()
+    assert row["reject_reason"] == reason
+    if reason is None:
+        assert row["corpus_id"] == corpus_id
+
+
+@pytest.mark.parametrize(
+    ("work_id", "expected"),
+    [
+        ('"https://openalex.org/W6"', 6),
+        ('"https://openalex.org/w6"', 6),
+        ("6.0", None),
+        ('"6.0"', None),  # was work 0: the digits after the dot
+        ('"https://openalex.org/W6.0"', None),
+        ('"https://openalex.org/A6"', None),  # an author id is not a work id
+        ("6", None),
+    ],
+)
+def test_openalex_work_ids_must_be_work_urls(work_id, expected):
+    [row] = records.parse_lines(
+        _lines_of(f'{{"id": {work_id}}}'), records.OPENALEX_WORKS, 4
+    ).to_pylist()
+    assert (row["work_id"], row["reject_reason"]) == (
+        (expected, None) if expected else (None, "bad_id")
+    )
+
+
+def test_list_fields_of_the_wrong_type_are_rejects():
+    cites = records.parse_lines(
+        _lines_of(
+            '{"citingcorpusid": 1, "citedcorpusid": 2, "contexts": "one sentence"}',
+            '{"citingcorpusid": 1, "citedcorpusid": 2, "contexts": ["a", 1]}',
+            '{"citingcorpusid": 1, "citedcorpusid": 2, "intents": "methodology"}',
+            '{"citingcorpusid": 1, "citedcorpusid": 2, "contexts": null, "intents": []}',
+        ),
+        records.S2_CITATIONS,
+        4,
+    )
+    assert cites["reject_reason"].to_pylist() == [
+        "bad_contexts",
+        "bad_contexts",
+        "bad_intents",
+        None,
+    ]
+    assert cites["contexts"].to_pylist()[3] is None and cites["intents"].to_pylist()[3] == []
+    works = records.parse_lines(
+        _lines_of(
+            '{"id": "https://openalex.org/W1", "topics": ["Physics", "Maths"]}',
+            '{"id": "https://openalex.org/W2", "topics": "Physics"}',
+            '{"id": "https://openalex.org/W3", "topics": [{"id": "https://openalex.org/T6.0"}]}',
+            '{"id": "https://openalex.org/W4", "topics": null}',
+            '{"id": "https://openalex.org/W5", "topics": []}',
+        ),
+        records.OPENALEX_WORKS,
+        4,
+    )
+    assert works["reject_reason"].to_pylist() == ["bad_topics"] * 3 + [None, None]
+    assert works["topics"].to_pylist()[3:] == [None, []]  # no topics, said two ways
+
+
+def test_reasons_given_by_the_shard_reader_are_kept():
+    lines = pa.table(
+        {
+            "text": ['{"corpusid": 1}', "caf\ufffd", "gzip data ends early at byte 9"],
+            "path": ["a.gz"] * 3,
+            "reject": [None, "not_utf8", "corrupt_shard"],
+        }
+    )
+    out = records.parse_lines(lines, records.S2_PAPERS, 4)
+    assert out["reject_reason"].to_pylist() == [None, "not_utf8", "corrupt_shard"]
+    assert out["raw"].to_pylist()[1:] == ["caf\ufffd", "gzip data ends early at byte 9"]

@@ -5,13 +5,19 @@ quarantined with their reason), then one Ray task per bucket links and assembles
 and the mutable corpus tables are written as Lance datasets with stable row ids so that the
 nightly refresh can upsert into them and ask what changed. Nothing is collected on the driver
 but counts and the small venue aggregates.
+
+A shard that cannot be read to its end fails the stage before anything is published, naming it
+and where it broke, or — with `ingest.on_corrupt_shard: quarantine` — is listed in the rejects
+table and left out: its dataset is parsed once more without it, so none of its lines are used
+and every intact shard's are. Empty (zero-byte) shards are skipped and counted; a required input
+with no records at all is an error that names it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -19,6 +25,9 @@ from typing import Any
 import lance
 import lance_ray
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import pyarrow.fs as pafs
 import ray
 from rich.table import Table
 
@@ -28,9 +37,10 @@ from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
 from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
+from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
 from cpr_ray.errors import InputError
 from cpr_ray.stage import StageOutput, StageRun, console, run_stage
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage import Storage, join
 
 STAGE = "ingest"
 TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
@@ -38,13 +48,15 @@ TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
 
 @dataclass(frozen=True)
 class InputSet:
-    """One bulk dataset: where it lives, its files, and whether a build can do without it."""
+    """One bulk dataset: where it lives, its shards (URIs), and whether a build can do without
+    it. Zero-byte shards are listed apart in `empty`: nothing to read, but counted."""
 
     name: str
     uri: str
     required: bool
     files: tuple[str, ...] = ()
     fingerprint: str = ""
+    empty: tuple[str, ...] = ()
 
 
 def _input_sets(cfg: Config) -> list[InputSet]:
@@ -61,7 +73,8 @@ def _input_sets(cfg: Config) -> list[InputSet]:
 
 
 def discover_inputs(cfg: Config, storage: Storage) -> dict[str, InputSet]:
-    """List every input shard once; fail early, naming the folder, when a required one is empty."""
+    """List every input shard once; fail early, naming the folder, when a required one is missing
+    or holds nothing but empty files. Needs no Ray, so a build checks its inputs in seconds."""
     found: dict[str, InputSet] = {}
     for item in _input_sets(cfg):
         if not storage.exists(item.uri):
@@ -79,17 +92,30 @@ def discover_inputs(cfg: Config, storage: Storage) -> dict[str, InputSet]:
                 f"no shards (*{', *'.join(TEXT_SUFFIXES)}) under {item.uri} for required input "
                 f"{item.name!r}"
             )
+        nonempty = [i for i in infos if i.size]
+        if infos and not nonempty and item.required:
+            raise InputError(
+                f"required input {item.name!r} is empty: its {len(infos)} shard(s) under "
+                f"{item.uri} are all zero-byte files"
+            )
         digest = hashlib.sha256()
         for info in infos:
             digest.update(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode())
+        loc = storage.resolve(item.uri)
         found[item.name] = InputSet(
             item.name,
             item.uri,
             item.required,
-            tuple(i.path for i in infos),
+            tuple(_uri(loc.is_s3, i.path) for i in nonempty),
             digest.hexdigest()[:16],
+            tuple(_uri(loc.is_s3, i.path) for i in infos if not i.size),
         )
     return found
+
+
+def _uri(is_s3: bool, path: str) -> str:
+    """A listed file's filesystem path as the URI a message (and the rejects table) shows."""
+    return f"s3://{path}" if is_s3 else path
 
 
 def snapshot_label(cfg: Config, works: InputSet) -> str:
@@ -125,13 +151,41 @@ class ParseWorks(ParseRecords):
         return linking.work_keys(super().__call__(lines), self.num_buckets, self.threads)
 
 
-def _read_lines(storage: Storage, item: InputSet) -> ray.data.Dataset:
-    fs = storage.resolve(item.uri).fs
-    return ray.data.read_text(list(item.files), filesystem=fs, include_paths=True)
+def _read_lines(run: StageRun, item: InputSet, quarantined: Mapping[str, str]) -> ray.data.Dataset:
+    """The lines of every shard of `item`, one shard per task, streamed (see `shards`)."""
+    reader = ReadShards(run.storage, run.cfg.ingest.on_corrupt_shard, dict(quarantined))
+    return ray.data.from_items(
+        [{"path": f} for f in item.files], override_num_blocks=len(item.files)
+    ).map_batches(
+        reader, batch_size=1, batch_format="pyarrow", num_cpus=run.cfg.ingest.cpus_per_task
+    )
 
 
-def _empty_lines() -> pa.Table:
-    return pa.table({"text": pa.array([], pa.string()), "path": pa.array([], pa.string())})
+def _parse_input(
+    run: StageRun, item: InputSet, step: ParseRecords, out: str, quarantined: Mapping[str, str]
+) -> None:
+    ds = _read_lines(run, item, quarantined).map_batches(
+        step,
+        batch_size=run.cfg.ingest.batch_size,
+        batch_format="pyarrow",
+        num_cpus=run.cfg.ingest.cpus_per_task,
+    )
+    write_bucketed(ds, out, run.storage, _rows_per_file(run.cfg))
+
+
+def _rows_per_file(cfg: Config) -> int:
+    return max(1000, cfg.ingest.batch_size)
+
+
+def _corrupt_shards(storage: Storage, uri: str) -> dict[str, str]:
+    """Shard URI → where it broke, for the shards a parse pass found corrupt (quarantine mode)."""
+    loc = storage.resolve(bucket_uri(uri, buckets.REJECTED))
+    if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
+        return {}
+    found = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table(
+        columns=["path", "raw"], filter=pc.field("reject_reason") == CORRUPT_SHARD
+    )
+    return dict(zip(found["path"].to_pylist(), found["raw"].to_pylist()))
 
 
 def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
@@ -140,28 +194,45 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     cpus = cfg.ingest.cpus_per_task
     threads = max(1, int(cpus))  # DuckDB inside a task uses the CPUs the task reserved
     staging = join(run.out, "_staging")
-    rows_per_file = max(1000, cfg.ingest.batch_size)
+    rows_per_file = _rows_per_file(cfg)
 
     def stage_uri(name: str) -> str:
         return join(staging, name)
 
     # 1. parse every shard into bucketed staging tables --------------------------------------
     empty_schema: dict[str, pa.Schema] = {}
+    quarantined: dict[str, dict[str, str]] = {}
     for name, item in inputs.items():
         step_cls = ParseWorks if name == "works" else ParseRecords
         step = step_cls(records.SPECS[name], n, cfg.ingest.raw_line_limit, threads)
-        empty_schema[name] = step(_empty_lines()).schema
+        empty_schema[name] = step(LINES.empty_table()).schema
         if not item.files:
             continue
         console.print(f"  parsing {name}: {len(item.files)} shard(s) from {item.uri}")
-        ds = _read_lines(storage, item).map_batches(
-            step, batch_size=cfg.ingest.batch_size, batch_format="pyarrow", num_cpus=cpus
-        )
-        write_bucketed(ds, stage_uri(name), storage, rows_per_file)
+        _parse_input(run, item, step, stage_uri(name), {})
+        if cfg.ingest.on_corrupt_shard == "fail":
+            continue  # a corrupt shard has failed the stage already
+        quarantined[name] = _corrupt_shards(storage, stage_uri(name))
+        if quarantined[name]:
+            console.print(
+                f"  [yellow]quarantined[/] {len(quarantined[name])} corrupt shard(s) of {name} "
+                "(listed in the rejects table); parsing it again without them"
+            )
+            storage.delete_dir(stage_uri(name))
+            _parse_input(run, item, step, stage_uri(name), quarantined[name])
 
     counts = {name: buckets.count_split(storage, stage_uri(name)) for name in inputs}
     rejects_uri = _collect_rejects(storage, staging, inputs, join(run.out, "rejects"))
     _check_reject_rates(cfg, counts, rejects_uri)
+    _check_not_empty(inputs, counts, rejects_uri)
+    dups = _count_duplicates(storage, stage_uri, n, cpus, threads)
+    for name, item in inputs.items():
+        counts[name] |= {
+            "duplicates": dups.get(name, 0),
+            "shards": len(item.files) + len(item.empty),
+            "empty_shards": len(item.empty),
+            "quarantined_shards": len(quarantined.get(name, {})),
+        }
 
     # 2. S2 identifiers → key buckets; then match keys bucket by bucket ----------------------
     good_paper_dirs = [
@@ -246,6 +317,12 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         "venues": venues.num_rows,
         "venues_linked_to_openalex": venues.num_rows - venues["openalex_source_id"].null_count,
         "rejects": sum(c["rejected"] for c in counts.values()),
+        "duplicates": sum(c["duplicates"] for c in counts.values()),
+        "quarantined_shards": [
+            {"input": name, "shard": uri, "detail": detail}
+            for name, shards in quarantined.items()
+            for uri, detail in shards.items()
+        ],
     }
     _print_summary(stats)
     return StageOutput(
@@ -403,13 +480,76 @@ def _check_reject_rates(cfg: Config, counts: dict[str, dict[str, int]], rejects_
             )
 
 
+def _check_not_empty(
+    inputs: dict[str, InputSet], counts: dict[str, dict[str, int]], rejects_uri: str
+) -> None:
+    """A required input without one usable record cannot make a corpus: say which, and why."""
+    for name, item in inputs.items():
+        c = counts[name]
+        if not item.required or c["kept"]:
+            continue
+        if not c["rejected"] and not c["skipped"]:
+            raise InputError(
+                f"required input {name!r} is empty: its {len(item.files) + len(item.empty)} "
+                f"shard(s) under {item.uri} hold no lines"
+            )
+        raise InputError(
+            f"required input {name!r} has no usable records: of its lines under {item.uri}, "
+            f"{c['rejected']:,} were rejected (reasons in {rejects_uri}) and {c['skipped']:,} "
+            "skipped by rule"
+        )
+
+
+def _duplicates_in_bucket(
+    k: int, *, storage: Storage, uris: dict[str, str], threads: int
+) -> pa.Table:
+    """One bucket of every staging table: how many rows the newest-first rule will drop."""
+    counts = {}
+    for name, uri in uris.items():
+        if buckets.count_rows(storage, uri, k):
+            rows = storage.read_parquet(bucket_uri(uri, k), columns=linking.dedup_columns(name))
+            counts[name] = linking.duplicates(name, rows, threads)
+        else:
+            counts[name] = 0
+    return pa.table({name: pa.array([v], pa.int64()) for name, v in counts.items()})
+
+
+def _count_duplicates(
+    storage: Storage,
+    stage_uri: Callable[[str], str],
+    num_buckets: int,
+    cpus: float,
+    threads: int,
+) -> dict[str, int]:
+    """Duplicates (same key) per input, counted from the key columns only, one task per bucket."""
+    uris = {name: stage_uri(name) for name in linking.DEDUP_KEYS}
+    fn = partial(_duplicates_in_bucket, storage=storage, uris=uris, threads=threads)
+    tables = ray.get(map_buckets(num_buckets, fn, cpus).to_arrow_refs())
+    return {name: sum(pc.sum(t[name]).as_py() or 0 for t in tables) for name in uris}
+
+
 def _print_summary(stats: dict[str, Any]) -> None:
     table = Table(title="ingest: lines by input", title_justify="left")
-    for col in ("input", "kept", "rejected", "skipped by rule"):
+    cols = ("input", "kept", "duplicates dropped", "rejected", "skipped by rule", "shards")
+    for col in cols:
         table.add_column(col, justify="right" if col != "input" else "left")
     for name, c in stats["inputs"].items():
-        table.add_row(name, f"{c['kept']:,}", f"{c['rejected']:,}", f"{c['skipped']:,}")
+        shards = f"{c['shards']:,}" + "".join(
+            f" ({c[k]:,} {label})"
+            for k, label in (("empty_shards", "empty"), ("quarantined_shards", "quarantined"))
+            if c[k]
+        )
+        table.add_row(
+            name,
+            f"{c['kept']:,}",
+            f"{c['duplicates']:,}",
+            f"{c['rejected']:,}",
+            f"{c['skipped']:,}",
+            shards,
+        )
     console.print(table)
+    for q in stats["quarantined_shards"]:
+        console.print(f"  [yellow]quarantined[/] {q['input']} shard {q['shard']}: {q['detail']}")
     keys = ", ".join(f"{k} {v:,}" for k, v in stats["join_by_key"].items())
     console.print(
         f"  papers {stats['papers']:,} (abstract {stats['papers_with_abstract']:,}, topics "
@@ -421,13 +561,20 @@ def _print_summary(stats: dict[str, Any]) -> None:
     )
 
 
-def ingest(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Run (or skip) the ingest stage and return its manifest."""
-    try:
-        storage.check(storage.root)
-    except StorageError as exc:
-        raise InputError(f"storage.root is not usable: {exc}") from None
-    inputs = discover_inputs(cfg, storage)
+def ingest(
+    cfg: Config,
+    storage: Storage,
+    *,
+    force: bool = False,
+    inputs: dict[str, InputSet] | None = None,
+) -> dict[str, Any]:
+    """Run (or skip) the ingest stage and return its manifest.
+
+    `inputs` are the shards `discover_inputs` found, when the caller checked them before
+    starting Ray (`pipeline.run_build` does, with the storage root); otherwise they are listed
+    here.
+    """
+    inputs = discover_inputs(cfg, storage) if inputs is None else inputs
     fingerprints = {name: item.fingerprint for name, item in inputs.items()}
     return run_stage(
         STAGE,

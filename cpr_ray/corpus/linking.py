@@ -11,6 +11,13 @@ is testable on a handful of rows without Ray:
    abstract are attached to the newest version of each paper.
 4. `assemble_citations`: per citing-id bucket, citations get S2ORC sentences when S2 has none.
 5. `assemble_venues`: S2 venues ↔ OpenAlex sources by ISSN, with impact and home field.
+
+Duplicates — records with the same key, as bulk exports and snapshot partitions carry them — are
+resolved by one rule everywhere (`NEWEST_FIRST`): the newest `updated` wins (a record without one
+loses to any that has one); between equal timestamps, the row with the smaller content hash, so
+the same inputs give the same row whatever order shards are read in and however they are
+bucketed. Between citations of equal timestamps, the copy with more citing sentences comes
+first. `duplicates` counts what the rule drops, for the stage summary.
 """
 
 from __future__ import annotations
@@ -23,6 +30,12 @@ from cpr_ray.corpus.taxonomy import DOMAINS, FIELDS
 
 KEY_PRIORITY = {"doi": 0, "mag": 1, "pmid": 2}
 
+# ORDER BY of the window that keeps one row per key: newest first, then a stable tie-break on the
+# row's content (`{t}` is the table), independent of read order
+NEWEST_FIRST = "updated DESC NULLS LAST, hash({t})"
+
+CITATIONS_FIRST = "updated DESC NULLS LAST, len(coalesce(contexts, [])) DESC, hash(citations)"
+
 _KEYS = " UNION ALL ".join(
     f"SELECT '{name}:' || CAST({col} AS VARCHAR) AS key, '{name}' AS key_type, {prio} AS prio, * "
     f"FROM {{src}} WHERE {col} IS NOT NULL"
@@ -33,6 +46,32 @@ _KEYS = " UNION ALL ".join(
 _LICENSE = """CASE WHEN {x} IS NULL THEN NULL
     WHEN upper(regexp_replace({x}, '[^A-Za-z0-9]', '', 'g')) IN ('PUBLICDOMAIN', 'PD') THEN 'PD'
     ELSE nullif(upper(regexp_replace({x}, '[^A-Za-z0-9]', '', 'g')), '') END"""
+
+
+# what makes two rows of each parsed input the same record (works: counted on each work's
+# primary key row only, since a work has a row per key): key columns, and a flag column or None
+DEDUP_KEYS: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "papers": (("corpus_id",), None),
+    "abstracts": (("corpus_id",), None),
+    "citations": (("citing_id", "cited_id"), None),
+    "works": (("key", "work_id"), "primary_key"),
+    "publication-venues": (("venue_id",), None),
+    "sources": (("source_id",), None),
+}
+
+
+def dedup_columns(name: str) -> list[str]:
+    """The columns `duplicates` reads for input `name`."""
+    keys, flag = DEDUP_KEYS[name]
+    return [*keys, *([flag] if flag else [])]
+
+
+def duplicates(name: str, rows: pa.Table, threads: int = 1) -> int:
+    """How many rows of one bucket of input `name` the newest-first rule drops."""
+    keys, flag = DEDUP_KEYS[name]
+    sql = f"""SELECT count(*) - count(DISTINCT row({", ".join(keys)})) AS n
+        FROM rows WHERE {flag or "true"}"""
+    return int(duck.query(sql, threads, rows=rows)["n"][0].as_py())
 
 
 def s2_keys(papers: pa.Table, num_buckets: int, threads: int = 1) -> pa.Table:
@@ -48,6 +87,7 @@ def work_keys(parsed: pa.Table, num_buckets: int, threads: int = 1) -> pa.Table:
 
     The abstract is rebuilt from OpenAlex's inverted index (word → positions) here, in SQL.
     Works with no DOI, MAG or PubMed id can never link and go to the skipped partition.
+    `primary_key` marks each work's best key row: one per work, for counting duplicate works.
     """
     sql = f"""
     WITH w AS (
@@ -61,12 +101,13 @@ def work_keys(parsed: pa.Table, num_buckets: int, threads: int = 1) -> pa.Table:
     ), abstracts AS (
         SELECT rid, string_agg(word, ' ' ORDER BY pos) AS abstract FROM words GROUP BY rid
     ), payload AS (
-        SELECT w.work_id, w.doi, w.mag_id, w.pmid, w.publication_date, w.source_id, w.license,
-               w.topics, w.updated, a.abstract
+        SELECT w.rid, w.work_id, w.doi, w.mag_id, w.pmid, w.publication_date, w.source_id,
+               w.license, w.topics, w.updated, a.abstract
         FROM w LEFT JOIN abstracts a USING (rid)
     ), keyed AS ({_KEYS.format(src="payload")})
     SELECT key, key_type, prio, work_id, publication_date, source_id, license, topics, updated,
-           abstract, CAST(hash(key) % {num_buckets} AS INTEGER) AS {BUCKET},
+           abstract, prio = min(prio) OVER (PARTITION BY rid) AS primary_key,
+           CAST(hash(key) % {num_buckets} AS INTEGER) AS {BUCKET},
            NULL::VARCHAR AS reject_reason, NULL::VARCHAR AS raw, NULL::VARCHAR AS path
     FROM keyed
     UNION ALL BY NAME
@@ -87,7 +128,8 @@ def match_keys(s2: pa.Table, works: pa.Table, num_buckets: int, threads: int = 1
     sql = f"""
     WITH o AS (
         SELECT * FROM works
-        QUALIFY row_number() OVER (PARTITION BY key, work_id ORDER BY updated DESC NULLS LAST) = 1
+        QUALIFY row_number() OVER (
+            PARTITION BY key, work_id ORDER BY {NEWEST_FIRST.format(t="works")}) = 1
     )
     SELECT s.corpus_id, s.key_type, s.prio, o.work_id, o.publication_date, o.source_id,
            o.license, o.topics, o.abstract,
@@ -104,10 +146,12 @@ def assemble_papers(
     sql = f"""
     WITH p AS (
         SELECT * FROM papers
-        QUALIFY row_number() OVER (PARTITION BY corpus_id ORDER BY updated DESC NULLS LAST) = 1
+        QUALIFY row_number() OVER (
+            PARTITION BY corpus_id ORDER BY {NEWEST_FIRST.format(t="papers")}) = 1
     ), a AS (
         SELECT * FROM abstracts
-        QUALIFY row_number() OVER (PARTITION BY corpus_id ORDER BY updated DESC NULLS LAST) = 1
+        QUALIFY row_number() OVER (
+            PARTITION BY corpus_id ORDER BY {NEWEST_FIRST.format(t="abstracts")}) = 1
     ), m AS (
         SELECT * FROM matches
         QUALIFY row_number() OVER (PARTITION BY corpus_id ORDER BY prio, work_id) = 1
@@ -139,11 +183,11 @@ def assemble_citations(citations: pa.Table, recovered: pa.Table, threads: int = 
 
     S2's own contexts win; S2ORC sentences fill in only where S2 has none.
     """
-    sql = """
+    sql = f"""
     WITH c AS (
         SELECT * FROM citations
         QUALIFY row_number() OVER (
-            PARTITION BY citing_id, cited_id ORDER BY len(coalesce(contexts, [])) DESC) = 1
+            PARTITION BY citing_id, cited_id ORDER BY {CITATIONS_FIRST}) = 1
     ), r AS (
         SELECT citing_id, cited_id, flatten(list(sentences)) AS sentences
         FROM recovered GROUP BY citing_id, cited_id
@@ -182,14 +226,17 @@ def assemble_venues(
     `field_counts` holds (venue_id, field_id, n) over the papers table; a venue's field is the
     one most of its papers belong to, and `field_share` says how clearly.
     """
-    sql = """
+    sql = f"""
     WITH v AS (
-        SELECT * FROM venues QUALIFY row_number() OVER (PARTITION BY venue_id ORDER BY name) = 1
+        SELECT * FROM venues
+        QUALIFY row_number() OVER (PARTITION BY venue_id ORDER BY hash(venues)) = 1
     ), v_issn AS (
         SELECT venue_id, unnest(list_distinct(list_filter(
             [issn] || coalesce(alternate_issns, []), lambda x: x IS NOT NULL))) AS issn FROM v
     ), s AS (
-        SELECT * FROM sources QUALIFY row_number() OVER (PARTITION BY source_id) = 1
+        SELECT * FROM sources
+        QUALIFY row_number() OVER (
+            PARTITION BY source_id ORDER BY {NEWEST_FIRST.format(t="sources")}) = 1
     ), s_issn AS (
         SELECT source_id, unnest(list_distinct(list_filter(
             [issn_l] || coalesce(issn, []), lambda x: x IS NOT NULL))) AS issn FROM s
