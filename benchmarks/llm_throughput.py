@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import start_scripted_llm  # noqa: E402  (the scripted endpoint lives with tests)
 
-from cpr_ray.config import LLMConfig  # noqa: E402
+from cpr_ray.config import LLMConfig, StorageConfig  # noqa: E402
 from cpr_ray.llm.judges import UsefulnessGrader  # noqa: E402
-from cpr_ray.llm.runner import ACTOR_CPUS, KEY, LLMActor  # noqa: E402
+from cpr_ray.llm.runner import ACTOR_CPUS, KEY, AnswerSink, LLMActor  # noqa: E402
 
 
 def rows(n: int) -> pa.Table:
@@ -42,6 +43,9 @@ def rows(n: int) -> pa.Table:
 
 def ours(base_url: str, table: pa.Table, actors: int, in_flight: int) -> float:
     cfg = LLMConfig(model="scripted", max_in_flight=in_flight, actors=actors, max_retries=3)
+    root = tempfile.mkdtemp(prefix="cpr-bench-llm-")
+    # answers are made durable as they arrive, as in a stage: that work is part of the figure
+    sink = AnswerSink(StorageConfig(root=root), f"{root}/cache", f"{root}/ledger", "bench")
     started = time.perf_counter()
     ds = ray.data.from_arrow(table).map_batches(
         LLMActor,
@@ -50,6 +54,7 @@ def ours(base_url: str, table: pa.Table, actors: int, in_flight: int) -> float:
             "llm": cfg,
             "base_url": base_url,
             "limiter": None,
+            "sink": sink,
         },
         compute=ray.data.ActorPoolStrategy(size=actors),
         batch_size=in_flight * 2,

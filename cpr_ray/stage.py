@@ -35,6 +35,9 @@ class StageOutput:
 
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    # False when some rows are missing for a reason a rerun may fix (an LLM call that failed in
+    # transport): published so the build can go on, but never skipped as final by a rerun
+    complete: bool = True
 
 
 class Phases:
@@ -118,7 +121,12 @@ def run_stage(
     """
     config_hash = cfg.section_hash(*config_sections)
     previous = read_manifest(storage, name)
-    if (
+    if previous is not None and not previous.get("complete", True) and not force:
+        console.print(
+            f"[bold]{name}[/]: run {previous['run_id']} was incomplete; running again (answers "
+            "already paid for are reused)"
+        )
+    elif (
         previous is not None
         and not force
         and previous.get("inputs") == inputs
@@ -144,6 +152,7 @@ def run_stage(
         "output": out,
         "tables": result.tables,
         "stats": result.stats,
+        "complete": result.complete,
         "inputs": inputs,
         "config_hash": config_hash,
         "code_version": code_version(),

@@ -49,6 +49,8 @@ class Storage:
 
     @property
     def root(self) -> str:
+        if self.cfg.root is None:
+            raise StorageError("storage.root is not set: give the URI the build writes under")
         return self.resolve(self.cfg.root).uri
 
     def _s3_fs(self) -> pafs.S3FileSystem:
@@ -179,11 +181,22 @@ class Storage:
             raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
 
     def write_parquet(self, table: pa.Table, uri: str) -> None:
-        """Write one Parquet file, creating its folder (a no-op on object stores)."""
+        """Write one Parquet file atomically: readers see the whole file or none of it.
+
+        An object store's PUT is atomic already; on a local disk the file is written under a
+        `_`-prefixed name (which every dataset reader skips) and renamed, so a process killed
+        mid-write never leaves a truncated file where a reader, or a resumed run, will look.
+        """
         loc = self.resolve(uri)
         try:
             loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
-            pq.write_table(table, loc.path, filesystem=loc.fs)
+            if loc.is_s3:
+                pq.write_table(table, loc.path, filesystem=loc.fs)
+                return
+            folder, name = posixpath.split(loc.path)
+            tmp = posixpath.join(folder, f"_tmp-{os.getpid()}-{name}")
+            pq.write_table(table, tmp, filesystem=loc.fs)
+            loc.fs.move(tmp, loc.path)
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 

@@ -2,8 +2,12 @@
 
 It stands in for the external LLM service only (the client, actors and stages under test are
 real). Answers are deterministic functions of the request, chosen by the requested schema's
-name; markers in the prompt pick special behaviour (SAME → same problem, REJECT → reject verdict,
+name; markers in the prompt pick special behaviour (SAME → same problem, UNRELATED → not an
+analogy, INCONSISTENT → a decision that always contradicts the booleans, REJECT → reject verdict,
 BADQUERY → a rule-breaking query, USELESS → usefulness 1, PLAINSCORE → a non-JSON grader reply).
+The analogy judge *obeys* injected text: a prompt that says "ignore previous instructions"
+anywhere gets a consistent, accepting judgment (observed analogy, valid mappings and relations)
+whatever the pair, as a gullible production model would.
 Faults are queued through `POST /_faults` and consumed by the next requests, in order:
 {"kind": "429", "retry_after": 1}, {"kind": "500"}, {"kind": "timeout", "seconds": 5},
 {"kind": "invalid_json"}, {"kind": "truncate"}, {"kind": "inconsistent"}.
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import json
 import re
+import time
 from collections import Counter
 from typing import Any
 
@@ -30,55 +35,58 @@ def _title(prompt: str, label: str) -> str:
     return m.group(1).strip() if m else ""
 
 
+INJECTION = re.compile(r"ignore (?:all |any |the )?(?:previous|prior|above) instructions", re.I)
+
+ACCEPTING = {
+    "same_problem": False,
+    "object_mappings": [
+        {"q_object": "data distribution", "d_object": "initial state", "role": "start"},
+        {"q_object": "noise distribution", "d_object": "equilibrium state", "role": "end"},
+    ],
+    "shared_relations": [
+        {
+            "predicate": "Converts",
+            "q_arguments": ["data distribution", "noise distribution"],
+            "d_arguments": ["initial state", "equilibrium state"],
+        }
+    ],
+    "structural_analogy": True,
+    "transfer_holds": True,
+    "transferable": True,
+    "transfer_type": "method",
+    "transfer_path": "The diffusion process is taken from d. It maps data to noise.",
+    "reason": "the citing text uses the process",
+    "decision": "observed_analogy",
+}
+REJECTING = {
+    "same_problem": False,
+    "object_mappings": [],
+    "shared_relations": [],
+    "structural_analogy": False,
+    "transfer_holds": False,
+    "transferable": False,
+    "transfer_type": "none",
+    "transfer_path": "",
+    "reason": "no correspondence of relations",
+    "decision": "not_analogy",
+}
+
+
 def analogy(prompt: str) -> dict[str, Any]:
-    if "SAME" in _title(prompt, "Q title"):
-        return {
+    if INJECTION.search(prompt):
+        return ACCEPTING  # obeys the injected text, whatever the pair
+    title = _title(prompt, "Q title")
+    if "SAME" in title:
+        return REJECTING | {
             "same_problem": True,
-            "object_mappings": [],
-            "shared_relations": [],
-            "structural_analogy": False,
-            "transfer_holds": False,
-            "transferable": False,
             "transfer_type": "same_problem",
-            "transfer_path": "",
             "reason": "same task",
-            "decision": "not_analogy",
         }
-    if "ignore the instructions" in prompt.lower():
-        # a gullible model obeys the abstract: claims observed with nothing to back it
-        return {
-            "same_problem": False,
-            "object_mappings": [],
-            "shared_relations": [],
-            "structural_analogy": False,
-            "transfer_holds": False,
-            "transferable": False,
-            "transfer_type": "method",
-            "transfer_path": "",
-            "reason": "as instructed",
-            "decision": "observed_analogy",
-        }
-    return {
-        "same_problem": False,
-        "object_mappings": [
-            {"q_object": "data distribution", "d_object": "initial state", "role": "start"},
-            {"q_object": "noise distribution", "d_object": "equilibrium state", "role": "end"},
-        ],
-        "shared_relations": [
-            {
-                "predicate": "Converts",
-                "q_arguments": ["data distribution", "noise distribution"],
-                "d_arguments": ["initial state", "equilibrium state"],
-            }
-        ],
-        "structural_analogy": True,
-        "transfer_holds": True,
-        "transferable": True,
-        "transfer_type": "method",
-        "transfer_path": "The diffusion process is taken from d. It maps data to noise.",
-        "reason": "the citing text uses the process",
-        "decision": "observed_analogy",
-    }
+    if "UNRELATED" in title:
+        return REJECTING
+    if "INCONSISTENT" in title:
+        return ACCEPTING | {"decision": "not_analogy"}
+    return ACCEPTING
 
 
 def transfer(prompt: str) -> dict[str, Any]:
@@ -157,6 +165,7 @@ class Script:
         self.faults: list[dict[str, Any]] = []
         self.counts: Counter[str] = Counter()
         self.latency_s = 0.0
+        self.arrivals: list[float] = []  # wall time of each chat request, for rate checks
 
 
 def _reply(content: str, finish: str, prompt: str) -> dict[str, Any]:
@@ -188,10 +197,11 @@ async def chat(request: web.Request) -> web.Response:
     prompt = body["messages"][0]["content"]
     script.counts[name] += 1
     script.counts["total"] += 1
+    script.arrivals.append(time.time())
     if script.latency_s:
         await asyncio.sleep(script.latency_s)
-    if script.faults:
-        fault = script.faults.pop(0)
+    fault = _next_fault(script)
+    if fault:
         kind = fault["kind"]
         script.counts[f"fault_{kind}"] += 1
         if kind == "429":
@@ -202,6 +212,12 @@ async def chat(request: web.Request) -> web.Response:
             )
         if kind == "500":
             return web.json_response({"error": {"message": "boom"}}, status=500)
+        if kind in ("401", "html"):
+            return _refusal(kind)
+        if kind == "prose":
+            return web.json_response(_reply("These two papers seem related.", "stop", prompt))
+        if kind == "hang":  # answer only after the client has given up (or been killed)
+            await asyncio.sleep(fault.get("seconds", 600))
         if kind == "timeout":
             await asyncio.sleep(fault.get("seconds", 5))
         if kind == "invalid_json":
@@ -216,13 +232,40 @@ async def chat(request: web.Request) -> web.Response:
     return web.json_response(_reply(content, "stop", prompt))
 
 
+def _next_fault(script: Script) -> dict[str, Any] | None:
+    """The next queued fault, one per request; a fault marked `always` stays for every request.
+
+    Kind `pass` answers normally, so a queue can script exactly which requests misbehave."""
+    if not script.faults:
+        return None
+    fault = script.faults[0] if script.faults[0].get("always") else script.faults.pop(0)
+    return None if fault["kind"] == "pass" else fault
+
+
+def _refusal(kind: str) -> web.Response:
+    if kind == "401":
+        return web.json_response({"error": {"message": "invalid api key"}}, status=401)
+    page = "<html><body>Welcome to nginx!</body></html>"
+    return web.Response(text=page, content_type="text/html")
+
+
+async def models(request: web.Request) -> web.Response:
+    script: Script = request.app["script"]
+    script.counts["models"] += 1
+    fault = script.faults[0] if script.faults and script.faults[0].get("always") else None
+    if fault and fault["kind"] in ("401", "html"):
+        return _refusal(fault["kind"])
+    return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+
 async def faults(request: web.Request) -> web.Response:
     request.app["script"].faults.extend(await request.json())
     return web.json_response({"queued": len(request.app["script"].faults)})
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(dict(request.app["script"].counts))
+    script = request.app["script"]
+    return web.json_response({**script.counts, "arrivals": script.arrivals})
 
 
 async def reset(request: web.Request) -> web.Response:
@@ -239,6 +282,7 @@ def app() -> web.Application:
     application = web.Application()
     application["script"] = Script()
     application.router.add_post("/v1/chat/completions", chat)
+    application.router.add_get("/v1/models", models)
     application.router.add_post("/_faults", faults)
     application.router.add_get("/_stats", stats)
     application.router.add_post("/_reset", reset)
@@ -251,4 +295,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    web.run_app(app(), host="127.0.0.1", port=args.port, print=None, backlog=1024)
+    # hanging requests (fault `hang`) must not hold a test session's teardown
+    web.run_app(
+        app(), host="127.0.0.1", port=args.port, print=None, backlog=1024, shutdown_timeout=1
+    )

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from cpr_ray.cli import app
 from cpr_ray.config import load_config
+from cpr_ray.errors import ConfigError
 from cpr_ray.pipeline import run_build
 from cpr_ray.storage import Storage
 
@@ -33,6 +34,9 @@ def test_sample_build_through_every_llm_stage_then_zero_calls(tmp_path, llm):
     stats = {name: manifests[name]["stats"] for name in LLM_STAGES}
     assert stats["judge-analogy"]["rows_in"] == 12
     assert stats["judge-analogy"]["decisions"]["observed_analogy"] == 12
+    # real abstracts hold no instruction-like text: nothing is flagged, nothing held out
+    judge = stats["judge-analogy"]
+    assert (judge["flagged_inputs"], judge["held_out_flagged"]) == (0, 0)
     assert stats["judge-transfer"]["rows_out"] == 12
     assert stats["write-queries"]["rows_out"] == 12 and stats["write-queries"]["mean_query_words"]
     # the scripted model calls queries of one base paper the same problem: one kept per base
@@ -49,6 +53,7 @@ def test_sample_build_through_every_llm_stage_then_zero_calls(tmp_path, llm):
     assert positives.num_rows == bases and set(positives["usefulness"].to_pylist()) == {3}
     row = positives.to_pylist()[0]
     assert row["query"].startswith("How to ") and row["decision"] == "observed_analogy"
+    assert row["model_decision"] == "observed_analogy" and row["input_flags"] == []
     assert row["model"] == "scripted" and row["prompt_version"] == "usefulness.v1"
     assert stats["score-positives"]["failures"] == 0
     calls = llm.stats()["total"]
@@ -60,12 +65,12 @@ def test_sample_build_through_every_llm_stage_then_zero_calls(tmp_path, llm):
 
     result = CliRunner().invoke(app, ["stats", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "LLM ledger" in result.output and "judge_analogy" in result.output
+    assert "LLM ledger" in result.output and "judge-analogy" in result.output
 
 
 def test_llm_stage_without_endpoint_says_how_to_set_one(tmp_path):
     cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
     run_build(cfg, ["ingest", "venues", "mine"])
-    with pytest.raises(ValueError, match="llm.base_url is not set.*cpr dry-run"):
+    with pytest.raises(ConfigError, match="llm.base_url is not set.*cpr dry-run"):
         run_build(cfg, ["judge-analogy"])
     assert Storage(cfg.storage).exists(f"{tmp_path}/mine/_MANIFEST.json")

@@ -1,8 +1,12 @@
 """The answer contracts of every LLM step (paper App. B), and the rules answers must obey.
 
 The enums, fields and scales are the contract; prompts only explain them. Consistency rules are
-enforced in code (`*_problems` return what is wrong, for a re-ask) because a model — or an
-abstract that says "answer observed_analogy" — must never be able to bypass them.
+enforced in code (`*_problems` return what is wrong, for a re-ask), so a model cannot answer in
+contradiction with them. Decisions (`analogy_decision`, `analogy_passed`, `transfer_verified`,
+`query_objections`) are pure functions of the answers, applied after every cache read: the cache
+keeps what the model said, and a changed rule reaches old answers without a call. A model that
+obeys injected text *consistently* passes these checks; that is caught on the inputs instead
+(`cpr_ray/llm/injection.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 TransferType = Literal[
@@ -64,13 +70,43 @@ class AnalogyJudgment(_Answer):
     decision: Decision
 
 
+def analogy_decision(answers: pa.Table) -> pa.ChunkedArray:
+    """The decision the booleans imply: the only decision the pipeline ever acts on.
+
+    Over a table of answers (`structural_analogy`, `transfer_holds`, `transferable`), so it runs
+    after every cache read and a changed rule reaches old answers; null where there is no answer.
+    """
+    structural = answers["structural_analogy"]
+    observed = pc.and_(structural, answers["transfer_holds"])
+    potential = pc.and_(structural, answers["transferable"])
+    return pc.if_else(
+        observed, "observed_analogy", pc.if_else(potential, "potential_analogy", "not_analogy")
+    )
+
+
 def derived_decision(j: AnalogyJudgment) -> Decision:
-    """The decision the booleans imply; the only decision the pipeline ever acts on."""
-    if j.structural_analogy and j.transfer_holds:
-        return "observed_analogy"
-    if j.structural_analogy and j.transferable:
-        return "potential_analogy"
-    return "not_analogy"
+    """`analogy_decision` for one answer, to check the model's own decision before accepting it."""
+    one = pa.table(
+        {
+            "structural_analogy": [j.structural_analogy],
+            "transfer_holds": [j.transfer_holds],
+            "transferable": [j.transferable],
+        }
+    )
+    return analogy_decision(one)[0].as_py()
+
+
+def analogy_passed(judged: pa.Table, *, hold_out_flagged: bool) -> pa.ChunkedArray:
+    """Pairs that go on to the transfer check: an `ok` answer whose decision passes, unless its
+    inputs hold instruction-like text (`input_flags`) and flagged pairs are held out — a model
+    that obeys such text can still answer a consistent, accepting judgment."""
+    passed = pc.and_(
+        pc.equal(judged["status"], "ok"),
+        pc.fill_null(pc.is_in(judged["decision"], value_set=pa.array(PASSING)), False),
+    )
+    if hold_out_flagged:
+        passed = pc.and_(passed, pc.equal(pc.list_value_length(judged["input_flags"]), 0))
+    return passed
 
 
 def _norm(text: str) -> str:
@@ -117,6 +153,14 @@ class TransferVerdict(_Answer):
     verdict: Literal["transfer", "reject"]
     reject_reason: Literal["same_problem", "background_only", "unsupported_mappings"] | None
     reason: str = Field(max_length=400)
+
+
+def transfer_verified(verdicts: pa.Table) -> pa.ChunkedArray:
+    """Pairs the second judge confirmed: an `ok` answer with verdict "transfer"."""
+    return pc.and_(
+        pc.equal(verdicts["status"], "ok"),
+        pc.fill_null(pc.equal(verdicts["verdict"], "transfer"), False),
+    )
 
 
 def transfer_problems(v: TransferVerdict) -> list[str]:
@@ -183,6 +227,16 @@ def query_rule_violations(query: str) -> list[str]:
     if len(text.split()) > MAX_QUERY_WORDS:
         problems.append(f"longer than {MAX_QUERY_WORDS} words")
     return problems
+
+
+def query_objections(
+    query: str, *, problem_only: bool, grounded: bool, well_formed: bool, issue: str | None
+) -> list[str]:
+    """Why a written query is not accepted (empty: accepted): the reviewer's booleans, then the
+    mechanical rules. The writer regenerates with these; afterwards they decide the kept query."""
+    review_ok = problem_only and grounded and well_formed
+    reasons = [] if review_ok else [issue or "the reviewer rejected it"]
+    return reasons + query_rule_violations(query)
 
 
 class SameProblem(_Answer):

@@ -107,6 +107,49 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
+def probe_endpoint(cfg: LLMConfig, base_url: str) -> None:
+    """One cheap request before a stage starts its actors: an endpoint that is not listening,
+    refuses the key or is not an OpenAI-compatible API at all stops the stage in seconds, with
+    one line naming it, instead of every row failing after its retries."""
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key=os.environ.get(cfg.api_key_env) or "not-needed",
+        max_retries=1,
+        timeout=min(cfg.timeout_s, 15.0),
+    )
+    try:
+        raw = client.models.with_raw_response.list()
+    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+        cause = exc.__cause__ or exc
+        raise LLMConfigError(
+            f"cannot reach the LLM endpoint {base_url} ({type(cause).__name__}: "
+            f"{str(cause)[:200]}); is the server running? check llm.base_url"
+        ) from None
+    except openai.APIStatusError as exc:
+        if exc.status_code in (401, 403):
+            raise _refused_key(cfg, base_url, exc.status_code) from None
+        return  # many servers have no /models; the first real request will tell
+    finally:
+        client.close()
+    if "json" not in raw.headers.get("content-type", ""):
+        raise _not_openai(base_url, raw.http_response.text)
+
+
+def _refused_key(cfg: LLMConfig, base_url: str, status: int) -> LLMConfigError:
+    return LLMConfigError(
+        f"{base_url} refused the API key (HTTP {status}); set ${cfg.api_key_env} or "
+        "llm.api_key_env"
+    )
+
+
+def _not_openai(base_url: str, body: Any) -> LLMConfigError:
+    text = " ".join(str(body).split())[:120]
+    return LLMConfigError(
+        f"{base_url} answered with a body that is not OpenAI-compatible JSON ({text!r}); "
+        "check llm.base_url (an OpenAI-compatible server's URL usually ends in /v1)"
+    )
+
+
 class LLMClient:
     """Structured questions to one endpoint; safe to share by many concurrent coroutines."""
 
@@ -155,21 +198,21 @@ class LLMClient:
                 )
             usage.calls += 1
             try:
-                return await self._client.chat.completions.create(
+                reply = await self._client.chat.completions.create(
                     model=model,
                     messages=messages,
                     temperature=temperature,
                     max_tokens=max_tokens,
                     response_format=response_format(answer, self.cfg.response_format),
                 )
+                if not getattr(reply, "choices", None):  # HTML or prose with HTTP 200
+                    raise _not_openai(self.base_url, reply)
+                return reply
             except (openai.APITimeoutError, openai.APIConnectionError) as exc:
                 last, wait = exc, None
             except openai.APIStatusError as exc:
                 if exc.status_code in (401, 403):
-                    raise LLMConfigError(
-                        f"{self.base_url} refused the API key (HTTP {exc.status_code}); set "
-                        f"${self.cfg.api_key_env} or llm.api_key_env"
-                    ) from None
+                    raise _refused_key(self.cfg, self.base_url, exc.status_code) from None
                 if exc.status_code == 404:
                     raise LLMConfigError(
                         f"{self.base_url} has no model {model!r} or no chat endpoint (HTTP 404); "

@@ -8,16 +8,18 @@ import pyarrow as pa
 
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import (
-    PASSING,
     AnalogyJudgment,
     TransferVerdict,
     Usefulness,
+    analogy_decision,
+    analogy_passed,
     analogy_problems,
-    derived_decision,
     parse_usefulness_text,
     transfer_problems,
+    transfer_verified,
 )
 from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.injection import input_flags
 from cpr_ray.llm.runner import LLMTask
 
 MAPPING = pa.struct([("q_object", pa.string()), ("d_object", pa.string()), ("role", pa.string())])
@@ -29,6 +31,8 @@ RELATION = pa.struct(
     ]
 )
 PASSAGE_CHARS = 2000
+# what others wrote about a pair, where an injection would hide (topics are OpenAlex's names)
+PAIR_TEXT_COLUMNS = ("q_title", "q_abstract", "contexts", "d_title", "d_abstract")
 
 
 def format_contexts(contexts: list[str] | None) -> str:
@@ -61,9 +65,13 @@ def format_relations(relations: list[dict[str, Any]] | None) -> str:
 
 
 class AnalogyJudge(LLMTask):
-    """B.1: mappings, relations and a decision; passes on observed or potential analogy."""
+    """B.1: mappings, relations and a decision; passes on observed or potential analogy.
 
-    stage = "judge_analogy"
+    The cache keeps the model's answer (its own decision as `model_decision`); `derive` adds the
+    decision the booleans imply, the pair's `input_flags` and `passed`, on every read.
+    """
+
+    stage = "judge-analogy"
     prompts = (prompts.load("analogy"),)
     key_columns = (
         "base_id",
@@ -87,10 +95,22 @@ class AnalogyJudge(LLMTask):
             ("transfer_type", pa.string()),
             ("transfer_path", pa.string()),
             ("reason", pa.string()),
-            ("decision", pa.string()),
-            ("passed", pa.bool_()),
+            ("model_decision", pa.string()),
         ]
     )
+
+    def __init__(self, *, hold_out_flagged: bool = True) -> None:
+        self.hold_out_flagged = hold_out_flagged
+
+    def derive(self, table: pa.Table) -> pa.Table:
+        """`decision` from the booleans (never the model's word alone), `input_flags` from the
+        pair's texts, and `passed` (see `analogy_passed`)."""
+        table = table.append_column("decision", analogy_decision(table)).append_column(
+            "input_flags", input_flags(table, PAIR_TEXT_COLUMNS)
+        )
+        return table.append_column(
+            "passed", analogy_passed(table, hold_out_flagged=self.hold_out_flagged)
+        )
 
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
@@ -102,24 +122,16 @@ class AnalogyJudge(LLMTask):
             self.stage, prompt, AnalogyJudgment, usage=usage, check=analogy_problems
         )
         if out.value is None:
-            return {**self.empty_output(), "passed": False}, out.status, out.error
-        j = out.value
-        decision = derived_decision(j)  # never the model's word alone
-        return (
-            {
-                **j.model_dump(exclude={"decision"}),
-                "decision": decision,
-                "passed": decision in PASSING,
-            },
-            "ok",
-            None,
-        )
+            return self.empty_output(), out.status, out.error
+        answer = out.value.model_dump(exclude={"decision"})
+        return {**answer, "model_decision": out.value.decision}, "ok", None
 
 
 class TransferVerifier(LLMTask):
-    """B.2: a second model checks the first judgment against the texts."""
+    """B.2: a second model checks the first judgment against the texts; `derive` adds
+    `verified`."""
 
-    stage = "judge_transfer"
+    stage = "judge-transfer"
     prompts = (prompts.load("transfer"),)
     key_columns = (
         "base_id",
@@ -141,9 +153,12 @@ class TransferVerifier(LLMTask):
             ("verdict", pa.string()),
             ("reject_reason", pa.string()),
             ("verify_reason", pa.string()),
-            ("verified", pa.bool_()),
         ]
     )
+
+    def derive(self, table: pa.Table) -> pa.Table:
+        """`verified` from the cached verdict, so a changed rule needs no new call."""
+        return table.append_column("verified", transfer_verified(table))
 
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
@@ -161,15 +176,10 @@ class TransferVerifier(LLMTask):
             self.stage, prompt, TransferVerdict, usage=usage, check=transfer_problems
         )
         if out.value is None:
-            return {**self.empty_output(), "verified": False}, out.status, out.error
+            return self.empty_output(), out.status, out.error
         v = out.value
         return (
-            {
-                "verdict": v.verdict,
-                "reject_reason": v.reject_reason,
-                "verify_reason": v.reason,
-                "verified": v.verdict == "transfer",
-            },
+            {"verdict": v.verdict, "reject_reason": v.reject_reason, "verify_reason": v.reason},
             "ok",
             None,
         )
@@ -183,7 +193,7 @@ def passage(title: str | None, abstract: str | None) -> str:
 class UsefulnessGrader(LLMTask):
     """B.5 (and N2 later): could the passage be used to solve the query's problem? 0–3."""
 
-    stage = "score_positives"
+    stage = "score-positives"
     prompts = (prompts.load("usefulness"),)
     key_columns = ("query", "passage", "mappings")
     output_schema = pa.schema([("usefulness", pa.int8()), ("usefulness_reasoning", pa.string())])
@@ -191,14 +201,8 @@ class UsefulnessGrader(LLMTask):
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
-        note = (
-            "Optional reference, to use only if its left side matches the question and its right "
-            f"side the passage: {row['mappings']}"
-            if row.get("mappings")
-            else ""
-        )
         prompt = self.prompts[0].render(
-            query=row["query"], passage=row["passage"], mappings_note=note
+            query=row["query"], passage=row["passage"], mappings=row["mappings"] or "(none)"
         )
         out = await client.ask(
             self.stage, prompt, Usefulness, usage=usage, fallback=parse_usefulness_text

@@ -3,16 +3,19 @@
 A step (`LLMTask`) turns one input row into one or more structured questions and returns its
 output columns. `run_llm_task`:
 
-1. keys every row by (stage, model, prompt versions, the row's request inputs);
-2. drops rows whose key is already answered in the stage's cache (an anti-join against every
-   earlier run), so a rerun or a nightly refresh pays only for new rows;
-3. sends the rest through a pool of `LLMActor`s (async, a semaphore of requests in flight each)
-   in chunks, writing answers to the cache and every row's cost to the ledger after each chunk,
-   and stopping with a clear message once the failure rate passes the configured limit;
-4. returns every input row with its answer, status and reason.
+1. keys every row by (stage, model, prompt versions, answer schema, the row's request inputs);
+2. drops rows whose key already has a valid answer in the stage's cache (an anti-join against
+   every earlier run), so a rerun or a nightly refresh pays only for new rows;
+3. sends the rest through a pool of `LLMActor`s (async, a semaphore of requests in flight each).
+   Each actor appends its answers to the cache and every row's cost to the ledger as they
+   arrive (small atomic Parquet parts, flushed at least every `FLUSH_S`), so a killed run loses
+   at most a second of paid answers and its rerun asks only for what is missing;
+4. stops the stage with one clear line when the endpoint refuses us (key, model, URL) or when
+   more calls fail or come back invalid than the configured rates allow, and otherwise returns
+   every input row with its answer, status and reason.
 
-Transport failures are not cached: the next run retries them. Invalid answers (the model kept
-breaking the contract after re-asks) are cached: they were paid for and are final.
+Only `ok` answers are served from the cache. Invalid answers (the model kept breaking the
+contract after re-asks) and transport failures are in the ledger, and are asked again next run.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import hashlib
 import json
 import time
 import uuid
+import warnings
 from abc import ABC, abstractmethod
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,16 +37,19 @@ import pyarrow.dataset as pds
 import ray
 
 from cpr_ray import duck
-from cpr_ray.config import Config, LLMConfig
-from cpr_ray.errors import LLMStageError
-from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage
+from cpr_ray.config import Config, LLMConfig, StorageConfig
+from cpr_ray.errors import ConfigError, InputError, LLMStageError, UserError
+from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage, probe_endpoint
 from cpr_ray.llm.prompts import Prompt
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
+from cpr_ray.ray_runtime import user_errors_from_ray
 from cpr_ray.stage import StageRun, console
 from cpr_ray.storage import Storage, join
 
 KEY = "request_key"
 ACTOR_CPUS = 0.25  # the actors wait on the network; a quarter CPU each leaves room for the rest
+FLUSH_S = 0.5  # an answer reaches storage at most this long after it arrives
+FLUSH_ROWS = 256  # or as soon as this many are pending
 
 LEDGER = pa.schema(
     [
@@ -78,12 +86,26 @@ def without_answer_columns(table: pa.Table) -> pa.Table:
 
 
 class LLMTask(ABC):
-    """One LLM step: which inputs define a request, what it asks, what columns it returns."""
+    """One LLM step: which inputs define a request, what it asks, what columns it returns.
+
+    `output_schema` holds what the model answered (that is what the cache keeps); `derive` turns
+    answers into decisions after every cache read, so a changed rule applies to old answers
+    without re-asking and can never be served stale from the cache.
+    """
 
     stage: str
     prompts: tuple[Prompt, ...]
     key_columns: tuple[str, ...]
     output_schema: pa.Schema
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """Columns `run` reads from a row: checked before any call."""
+        return self.key_columns
+
+    def derive(self, table: pa.Table) -> pa.Table:
+        """Decision columns computed from the answer columns (none by default)."""
+        return table
 
     @abstractmethod
     async def run(
@@ -98,29 +120,56 @@ class LLMTask(ABC):
     def empty_output(self) -> dict[str, Any]:
         return {f.name: None for f in self.output_schema}
 
+    @property
+    def schema_version(self) -> str:
+        """A fingerprint of the answer's shape: an answer of another shape is another question."""
+        return hashlib.sha256(str(self.output_schema).encode()).hexdigest()[:12]
+
     def request_key(self, model: str, row: dict[str, Any]) -> str:
         payload = {
             "stage": self.stage,
             "model": model,
             "prompts": self.prompt_version,
+            "schema": self.schema_version,
             "inputs": {c: row.get(c) for c in self.key_columns},
         }
         blob = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class AnswerSink:
+    """Where an actor appends answers as they arrive (picklable: it travels to the actors)."""
+
+    storage: StorageConfig
+    cache: str
+    ledger: str
+    tag: str  # unique per call of run_llm_task
+
+
 class LLMActor:
     """Ray Data actor: one async client, up to `max_in_flight` requests at a time."""
 
     def __init__(
-        self, task: LLMTask, llm: LLMConfig, base_url: str, limiter: RateLimiter | None
+        self,
+        task: LLMTask,
+        llm: LLMConfig,
+        base_url: str,
+        limiter: RateLimiter | None,
+        sink: AnswerSink,
     ) -> None:
-        self.task, self.llm = task, llm
+        self.task, self.llm, self.sink = task, llm, sink
         self.client = LLMClient(llm, base_url=base_url, limiter=limiter)
         self.model = llm.for_stage(task.stage)[0]
+        self.storage = Storage(sink.storage)
+        self.schema = result_schema(task)
+        self.uid = uuid.uuid4().hex[:8]
+        self.parts = 0
+        self.pending: list[dict[str, Any]] = []
         # one semaphore per actor, made on its event loop: Ray runs several batches of an async
         # actor at once, and the in-flight limit is the actor's, not the batch's
         self._sem: asyncio.Semaphore | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     async def _one(self, sem: asyncio.Semaphore, row: dict[str, Any]) -> dict[str, Any]:
         async with sem:
@@ -128,10 +177,12 @@ class LLMActor:
             started = time.perf_counter()
             try:
                 out, status, error = await self.task.run(self.client, row, usage)
+            except UserError:
+                raise  # the endpoint refuses us as configured: stop the stage, not the row
             except Exception as exc:  # a bug or surprise in one row must not fail the batch
                 out, status = self.task.empty_output(), "failed"
                 error = f"{type(exc).__name__}: {exc}"[:500]
-            return {
+            result = {
                 **out,
                 KEY: row[KEY],
                 "status": status,
@@ -145,12 +196,51 @@ class LLMActor:
                 "completion_tokens": usage.completion_tokens,
                 "latency_s": time.perf_counter() - started,
             }
+            self.pending.append(result)
+            if len(self.pending) >= FLUSH_ROWS:
+                self.flush()
+            return result
+
+    def flush(self) -> None:
+        """Append what arrived since the last flush: valid answers to the cache, all to the
+        ledger."""
+        if not self.pending:
+            return
+        rows, self.pending = self.pending, []
+        table = pa.Table.from_pylist(rows, schema=self.schema)
+        name = f"{self.sink.tag}-{self.uid}-{self.parts:05d}.parquet"
+        self.parts += 1
+        ok = table.filter(pc.equal(table["status"], "ok"))
+        if ok.num_rows:
+            self.storage.write_parquet(ok, join(self.sink.cache, name))
+        self.storage.write_parquet(table.select(LEDGER.names), join(self.sink.ledger, name))
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            self.flush()
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.llm.max_in_flight)
-        rows = await asyncio.gather(*(self._one(self._sem, r) for r in batch.to_pylist()))
-        return pa.Table.from_pylist(rows, schema=result_schema(self.task))
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_every())
+        sem = self._sem
+        tasks = [asyncio.ensure_future(self._one(sem, r)) for r in batch.to_pylist()]
+        try:
+            rows = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:  # a refusal stops the batch's other requests too, not just one row
+                t.cancel()
+            raise
+        finally:
+            self.flush()  # what was answered is kept even when the batch stops on a refusal
+        return pa.Table.from_pylist(rows, schema=self.schema)
+
+    def __del__(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        with suppress(Exception):
+            self.flush()
 
 
 def result_schema(task: LLMTask) -> pa.Schema:
@@ -164,13 +254,19 @@ class TaskRun:
     table: pa.Table
     stats: dict[str, Any]
 
+    @property
+    def complete(self) -> bool:
+        """False when some rows failed in transport: the output must not be reused as final."""
+        return not self.stats.get("new_failed")
+
 
 def _read_cache(storage: Storage, uri: str, keys: pa.Array, schema: pa.Schema) -> pa.Table:
     loc = storage.resolve(uri)
     if not storage.exists(uri):
         return schema.empty_table()
     ds = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", schema=schema)
-    return ds.to_table(filter=pc.field(KEY).isin(keys))
+    # parts written before only valid answers were cached may hold invalid ones: never serve them
+    return ds.to_table(filter=pc.field(KEY).isin(keys) & (pc.field("status") == "ok"))
 
 
 def cache_uri(storage: Storage, stage: str) -> str:
@@ -209,6 +305,12 @@ def run_llm_task(
 ) -> TaskRun:
     """Answer `task` for every row of `inputs` (see the module docstring)."""
     cfg, storage = run.llm, run.storage
+    missing = [c for c in task.input_columns if c not in inputs.column_names]
+    if missing:
+        raise InputError(
+            f"{task.stage}: its input lacks column(s) {', '.join(missing)} "
+            f"(has: {', '.join(inputs.column_names)})"
+        )
     model = cfg.for_stage(task.stage)[0]
     keys = [task.request_key(model, r) for r in inputs.select(list(task.key_columns)).to_pylist()]
     inputs = inputs.append_column(KEY, pa.array(keys, pa.string()))
@@ -223,72 +325,42 @@ def run_llm_task(
         f"(cache), {todo.num_rows:,} to ask {model} at {base_url}"
     )
 
+    if todo.num_rows:
+        probe_endpoint(cfg, base_url)  # a dead endpoint or a refused key: one line, right now
     limiter = None
     if cfg.requests_per_second or cfg.tokens_per_minute:
         limiter = ClusterRateLimiter(cfg.requests_per_second, cfg.tokens_per_minute).start()
     chunk = max(cfg.actors * cfg.max_in_flight * 8, 64)
     call_id = uuid.uuid4().hex[:8]  # one run may call several times (tournament rounds)
+    sink = AnswerSink(
+        storage.cfg, cache, ledger_uri(storage, task.stage), f"{run.run_id}-{call_id}"
+    )
     answered: list[pa.Table] = [cached]
-    failed_parts: list[pa.Table] = []
     counts = {"ok": 0, "invalid": 0, "failed": 0}
     tokens = {"prompt": 0, "completion": 0}
     ledgers: list[pa.Table] = []
     for start in range(0, todo.num_rows, chunk):
         part = todo.slice(start, chunk)
-        ds = ray.data.from_arrow(part).map_batches(
-            LLMActor,
-            fn_constructor_kwargs={
-                "task": task,
-                "llm": cfg,
-                "base_url": base_url,
-                "limiter": limiter,
-            },
-            compute=ray.data.ActorPoolStrategy(size=max(1, min(cfg.actors, part.num_rows))),
-            batch_size=max(1, min(cfg.max_in_flight * 2, -(-part.num_rows // cfg.actors))),
-            batch_format="pyarrow",
-            num_cpus=ACTOR_CPUS,
-        )
-        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-        out = pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
-        tag = f"{run.run_id}-{call_id}-{start // chunk:05d}"
-        keep = out.filter(pc.is_in(out["status"], pa.array(["ok", "invalid"])))
-        if keep.num_rows:
-            storage.write_parquet(keep, join(cache, f"{tag}.parquet"))
-        ledger = out.select(LEDGER.names)
-        storage.write_parquet(ledger, join(ledger_uri(storage, task.stage), f"{tag}.parquet"))
-        ledgers.append(ledger)
-        answered.append(keep)
-        failed_parts.append(out.filter(pc.equal(out["status"], "failed")))
+        out = _ask(task, cfg, part, base_url=base_url, limiter=limiter, sink=sink)
+        ledgers.append(out.select(LEDGER.names))
+        answered.append(out)
         for status in counts:
             counts[status] += pc.sum(pc.equal(out["status"], status)).as_py() or 0
         tokens["prompt"] += pc.sum(out["prompt_tokens"]).as_py() or 0
         tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
         done = sum(counts.values())
-        bad = counts["invalid"] + counts["failed"]
         console.print(
             f"  {task.stage}: {done:,}/{todo.num_rows:,} asked — ok {counts['ok']:,}, invalid "
             f"{counts['invalid']:,}, failed {counts['failed']:,}; tokens {tokens['prompt']:,} in "
             f"/ {tokens['completion']:,} out"
         )
-        if done >= cfg.min_calls_for_failure_rate and bad / done > cfg.max_failure_rate:
-            sample = out.filter(pc.not_equal(out["status"], "ok")).slice(0, 3)
-            reasons = "; ".join(
-                f"{s}: {e}"
-                for s, e in zip(
-                    sample["status"].to_pylist(), sample["error"].to_pylist(), strict=True
-                )
-            )
-            raise LLMStageError(
-                f"{task.stage}: {bad:,} of {done:,} calls failed ({bad / done:.0%} > "
-                f"llm.max_failure_rate={cfg.max_failure_rate:.0%}); e.g. {reasons}. Answers so "
-                f"far are cached; the per-row reasons are in {ledger_uri(storage, task.stage)}"
-            )
+        last = start + chunk >= todo.num_rows
+        if last or done >= cfg.min_calls_for_failure_rate:  # early when many calls say so
+            _check_rates(task.stage, cfg, counts, out, base_url, ledger_uri(storage, task.stage))
 
-    results = pa.concat_tables([*answered, *failed_parts]).select(
-        [*task.output_schema.names, *ANSWER_COLUMNS]
-    )
+    results = pa.concat_tables(answered).select([*task.output_schema.names, *ANSWER_COLUMNS])
     results = _first_per_key(results)
-    table = _join_results(inputs, results)
+    table = task.derive(_join_results(inputs, results))
     ledger_all = pa.concat_tables(ledgers) if ledgers else LEDGER.empty_table()
     stats = {
         "rows": inputs.num_rows,
@@ -303,6 +375,79 @@ def run_llm_task(
         "prompt_version": task.prompt_version,
     }
     return TaskRun(table, stats)
+
+
+def _ask(
+    task: LLMTask,
+    cfg: LLMConfig,
+    part: pa.Table,
+    *,
+    base_url: str,
+    limiter: RateLimiter | None,
+    sink: AnswerSink,
+) -> pa.Table:
+    """One chunk through a pool of LLM actors; a refusal by the endpoint stops it as one line."""
+    schema = result_schema(task)
+    with user_errors_from_ray(), warnings.catch_warnings():
+        # Ray 2.60 deprecates remote args in map_batches but names no parameter for restarts
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ds = ray.data.from_arrow(part).map_batches(
+            LLMActor,
+            fn_constructor_kwargs={
+                "task": task,
+                "llm": cfg,
+                "base_url": base_url,
+                "limiter": limiter,
+                "sink": sink,
+            },
+            compute=ray.data.ActorPoolStrategy(size=max(1, min(cfg.actors, part.num_rows))),
+            batch_size=max(1, min(cfg.max_in_flight * 2, -(-part.num_rows // cfg.actors))),
+            batch_format="pyarrow",
+            num_cpus=ACTOR_CPUS,
+            ray_remote_args_fn=_no_restarts,
+        )
+        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+
+
+def _no_restarts() -> dict[str, Any]:
+    """Restarting an LLM actor would re-run its constructor from arguments Ray keeps in the
+    object store (and warns about it on every stage); a lost actor fails the chunk instead, and
+    since every answer is durable on arrival the rerun asks only for what is missing."""
+    return {"max_restarts": 0}
+
+
+def _check_rates(
+    stage: str,
+    cfg: LLMConfig,
+    counts: dict[str, int],
+    last: pa.Table,
+    base_url: str,
+    ledger: str,
+) -> None:
+    """Stop the stage when transport failures or invalid answers pass their limits.
+
+    Failures (the endpoint did not answer) and invalid answers (it answered, against the
+    contract) have separate limits, so a placeholder model may break the contract in a dry run
+    while a dead or failing endpoint still stops it.
+    """
+    done = sum(counts.values())
+    if not done:
+        return
+    for status, limit, key in (
+        ("failed", cfg.max_failure_rate, "llm.max_failure_rate"),
+        ("invalid", cfg.max_invalid_rate, "llm.max_invalid_rate"),
+    ):
+        if counts[status] / done <= limit:
+            continue
+        sample = last.filter(pc.equal(last["status"], status))["error"].to_pylist()
+        reasons = "; ".join(dict.fromkeys(e for e in sample if e))  # distinct, in order
+        raise LLMStageError(
+            f"{stage}: {counts[status]:,} of {done:,} calls to {base_url} {status} "
+            f"({counts[status] / done:.0%} > {key}={limit:.0%}): {reasons[:600]}. Nothing was "
+            f"published; valid answers are kept and a rerun asks only for the rest (per-row "
+            f"reasons in {ledger})"
+        )
 
 
 def _first_per_key(table: pa.Table) -> pa.Table:
@@ -363,7 +508,7 @@ def write_failures(storage: Storage, table: pa.Table, uri: str) -> int:
 
 def endpoint_url(cfg: Config) -> str:
     if not cfg.llm.base_url:
-        raise ValueError(
+        raise ConfigError(
             "llm.base_url is not set: point it at an OpenAI-compatible endpoint "
             "(--set llm.base_url=http://host:8000/v1, key in $OPENAI_API_KEY), or use "
             "`cpr dry-run`, which starts a local server"

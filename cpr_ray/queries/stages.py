@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from cpr_ray import duck
 from cpr_ray.config import Config
+from cpr_ray.llm.answers import analogy_passed
 from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier, UsefulnessGrader, format_mappings
 from cpr_ray.llm.judges import passage as make_passage
 from cpr_ray.llm.runner import (
@@ -103,6 +104,7 @@ def _publish(
             "judged": {"uri": all_uri, "format": "parquet", "rows": result.table.num_rows},
         },
         stats=stats,
+        complete=result.complete,
     )
 
 
@@ -132,13 +134,31 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers_uri: str) -> StageOutpu
             ]
         ),
     )
-    result = run_llm_task(run, AnalogyJudge(), rows, base_url=endpoint_url(run.cfg))
-    decisions = result.table.filter(pc.equal(result.table["status"], "ok"))["decision"]
+    hold_out = run.cfg.llm.hold_out_flagged_inputs
+    result = run_llm_task(
+        run, AnalogyJudge(hold_out_flagged=hold_out), rows, base_url=endpoint_url(run.cfg)
+    )
+    table = result.table
+    decisions = table.filter(pc.equal(table["status"], "ok"))["decision"]
     counts = {
         d: int(pc.sum(pc.equal(decisions, d)).as_py() or 0)
         for d in ("observed_analogy", "potential_analogy", "not_analogy")
     }
-    return _publish(run, result, _ok(result.table, "passed"), "analogies", {"decisions": counts})
+    flagged = pc.greater(pc.list_value_length(table["input_flags"]), 0)
+    held_out = pc.and_(analogy_passed(table, hold_out_flagged=False), pc.invert(table["passed"]))
+    injection = {
+        "flagged_inputs": int(pc.sum(flagged).as_py() or 0),
+        "held_out_flagged": int(pc.sum(held_out).as_py() or 0),
+    }
+    if injection["flagged_inputs"]:
+        console.print(
+            f"  {run.name}: {injection['flagged_inputs']:,} pairs have instruction-like text in "
+            f"their inputs (input_flags); {injection['held_out_flagged']:,} that would pass are "
+            f"held out (llm.hold_out_flagged_inputs={hold_out})"
+        )
+    return _publish(
+        run, result, _ok(table, "passed"), "analogies", {"decisions": counts, **injection}
+    )
 
 
 def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
@@ -210,6 +230,7 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
             "comparisons": {"uri": pairs_uri, "format": "parquet", "rows": pairs.num_rows},
         },
         stats=stats,
+        complete=result.complete,
     )
 
 

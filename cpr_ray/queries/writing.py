@@ -1,7 +1,9 @@
 """Writing the query of a verified pair: extract the problem → rewrite as "How to …" → review.
 
 A review failure (the reviewer's booleans or the mechanical rules) regenerates both steps with
-the objection, at most twice; then the pair is dropped with the last objection as its reason.
+the objection, at most twice. The cache keeps the last attempt as written and reviewed; which
+query is kept — or the pair dropped, with the objections as its reason — is decided after every
+read (`QueryWriter.derive`), so a changed rule applies to old answers.
 """
 
 from __future__ import annotations
@@ -12,12 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.llm import prompts
-from cpr_ray.llm.answers import (
-    ProblemStatement,
-    QueryReview,
-    WrittenQuery,
-    query_rule_violations,
-)
+from cpr_ray.llm.answers import ProblemStatement, QueryReview, WrittenQuery, query_objections
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.judges import format_contexts
 from cpr_ray.llm.runner import LLMTask
@@ -46,7 +43,7 @@ def taken_from_d(transfer_path: str | None) -> str:
 
 
 class QueryWriter(LLMTask):
-    stage = "write_queries"
+    stage = "write-queries"
     prompts = (prompts.load("extract"), prompts.load("rewrite"), prompts.load("review"))
     key_columns = (
         "base_id",
@@ -60,16 +57,47 @@ class QueryWriter(LLMTask):
     output_schema = pa.schema(
         [
             ("problem", pa.string()),
-            ("query", pa.string()),
+            ("written_query", pa.string()),
             ("query_words", pa.int32()),
             ("review_problem_only", pa.bool_()),
             ("review_grounded", pa.bool_()),
             ("review_well_formed", pa.bool_()),
             ("review_issue", pa.string()),
             ("regenerations", pa.int8()),
-            ("drop_reason", pa.string()),
         ]
     )
+
+    def derive(self, table: pa.Table) -> pa.Table:
+        """`query` (the written one, where accepted) and `drop_reason` (the objections, where
+        not), from the last attempt of every `ok` row. A loop over rows: the rules are regexes
+        over one query, and there is one row per verified pair."""
+        queries, reasons = [], []
+        for row in table.select(
+            [
+                "status",
+                "written_query",
+                "review_problem_only",
+                "review_grounded",
+                "review_well_formed",
+                "review_issue",
+            ]
+        ).to_pylist():
+            objections = (
+                query_objections(
+                    row["written_query"],
+                    problem_only=row["review_problem_only"],
+                    grounded=row["review_grounded"],
+                    well_formed=row["review_well_formed"],
+                    issue=row["review_issue"],
+                )
+                if row["status"] == "ok"
+                else None
+            )
+            queries.append(row["written_query"] if objections == [] else None)
+            reasons.append("; ".join(objections) if objections else None)
+        return table.append_column("query", pa.array(queries, pa.string())).append_column(
+            "drop_reason", pa.array(reasons, pa.string())
+        )
 
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
@@ -112,26 +140,25 @@ class QueryWriter(LLMTask):
             if r.value is None:
                 return out, r.status, f"query review: {r.error}"
             query = q.value.query.strip()
-            rules = query_rule_violations(query)
-            review_ok = r.value.problem_only and r.value.grounded and r.value.well_formed
             out = {
                 "problem": p.value.problem,
-                "query": query,
+                "written_query": query,
                 "query_words": len(query.split()),
                 "review_problem_only": r.value.problem_only,
                 "review_grounded": r.value.grounded,
                 "review_well_formed": r.value.well_formed,
                 "review_issue": r.value.issue,
                 "regenerations": attempt,
-                "drop_reason": None,
             }
-            if review_ok and not rules:
-                return out, "ok", None
-            reasons = [r.value.issue or "the reviewer rejected it"] if not review_ok else []
-            objection = (
-                "The previous question was rejected: " + "; ".join(reasons + rules) + ". Fix that."
+            objections = query_objections(
+                query,
+                problem_only=r.value.problem_only,
+                grounded=r.value.grounded,
+                well_formed=r.value.well_formed,
+                issue=r.value.issue,
             )
+            if not objections:
+                break
+            objection = f"The previous question was rejected: {'; '.join(objections)}. Fix that."
             extra = PLAIN_PROSE
-        out["drop_reason"] = objection.removeprefix("The previous question was rejected: ")
-        out["query"] = None
         return out, "ok", None
