@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import lance
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cpr_ray import duck
@@ -109,17 +108,14 @@ def duckdb_baseline(work: Path, raw: Path) -> tuple[int, int, float]:
         conference_policy=m.conference_policy,
         threads=threads,
     )
-    with_context = citations.filter(pc.is_valid(citations["context_source"]))
+    with_context = citations.filter(rules.has_citing_sentence(citations)).select(["citing_id"])
     eligible = rules.eligible_base_papers(
         papers,
         top,
-        with_context.select(["citing_id"]),
-        year_min=m.year_min,
-        year_max=m.year_max,
-        require_context=m.base_requires_context,
-        seed=m.seed,
+        with_context,
         per_field_cap=m.base_per_field,
         threads=threads,
+        **rules.eligibility(m),
     )
     base, _ = rules.sample_per_field(eligible, m.base_per_field, threads=threads)
     candidates = duck.query(

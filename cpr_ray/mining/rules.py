@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cpr_ray import duck
+from cpr_ray.config import MiningConfig
 
 ConferencePolicy = Literal["rank_separately", "pool", "exclude"]
 
@@ -60,6 +62,22 @@ def top_venues(
 def sampling_key_sql(seed: int, column: str = "corpus_id") -> str:
     """A seeded pseudo-random order that any task computes alike (no shared RNG state)."""
     return f"hash({column}, {int(seed)})"
+
+
+def has_citing_sentence(citations: pa.Table) -> pa.ChunkedArray:
+    """Whether a citation carries a citing sentence (from S2 contexts or recovered from S2ORC):
+    the one predicate the stage and its benchmark use for `base_requires_context`."""
+    return pc.is_valid(citations["context_source"])
+
+
+def eligibility(m: MiningConfig) -> dict[str, Any]:
+    """The mining keys `eligible_base_papers` takes: the stage and its benchmark pass the same."""
+    return {
+        "year_min": m.year_min,
+        "year_max": m.year_max,
+        "require_context": m.base_requires_context,
+        "seed": m.seed,
+    }
 
 
 def eligible_base_papers(

@@ -108,7 +108,7 @@ def _citation_snapshot_batch(batch: pa.Table, num_buckets: int, citing: pa.Array
         {
             "citing_id": keep["citing_id"],
             "cited_id": keep["cited_id"],
-            "has_context": pc.is_valid(keep["context_source"]),
+            "has_context": rules.has_citing_sentence(keep),
             BUCKET: bucket,
         }
     )
@@ -147,19 +147,11 @@ class _Sides:
 def _eligible_bucket(
     k: int, *, sides: _Sides, top: pa.Table, cfg: Config, cap: int | None
 ) -> pa.Table:
-    m = cfg.mining
     citations = sides.read("citations", k)
-    with_context = citations.filter(citations["has_context"])
-    return rules.eligible_base_papers(
-        sides.read("papers", k),
-        top,
-        with_context.select(["citing_id"]),
-        year_min=m.year_min,
-        year_max=m.year_max,
-        require_context=m.base_requires_context,
-        seed=m.seed,
-        per_field_cap=cap,
-    )
+    with_context = citations.filter(citations["has_context"]).select(["citing_id"])
+    papers = sides.read("papers", k)
+    options = rules.eligibility(cfg.mining)
+    return rules.eligible_base_papers(papers, top, with_context, per_field_cap=cap, **options)
 
 
 CANDIDATE_SQL = """
