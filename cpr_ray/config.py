@@ -385,31 +385,6 @@ class EvalConfig(_Section):
         return v
 
 
-class PoolingConfig(_Section):
-    """N1 candidate pooling (§3.3): the poolers and how deep each one's ranked list goes."""
-
-    top_k: int = Field(300, ge=1, description="Candidates each pooler contributes per query.")
-    top_k_short: int = Field(
-        1000, ge=1, description="Depth for queries whose groups stay short at top_k."
-    )
-
-
-class DatasetConfig(_Section):
-    """N2 negatives, the leak-free split and the export (§3.3–3.4)."""
-
-    eval_per_field: int = Field(50, ge=1, description="CPR-eval queries per field.")
-    eval_negatives_per_group: int = Field(
-        50, ge=1, description="Negatives kept per candidate group for an eval query."
-    )
-    train_negatives_per_group: int = Field(
-        3, ge=0, description="Negatives kept per candidate group for a train query."
-    )
-    max_negative_usefulness: int = Field(
-        1, ge=0, le=3, description="A candidate is a negative when it scores at most this."
-    )
-    seed: int = Field(0, description="Seed of the split.")
-
-
 class Config(_Section):
     profile: str = Field("custom", description="Name of the profile this config started from.")
     storage: StorageConfig = StorageConfig()
@@ -419,8 +394,6 @@ class Config(_Section):
     mining: MiningConfig = MiningConfig()
     llm: LLMConfig = LLMConfig()
     encoder: EncoderConfig = EncoderConfig()
-    pooling: PoolingConfig = PoolingConfig()
-    dataset: DatasetConfig = DatasetConfig()
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
