@@ -242,8 +242,9 @@ def test_the_shared_rate_limit_paces_a_whole_stage(build, llm):
     assert code == 0, out
     times = sorted(llm.stats()["arrivals"])
     assert len(times) == ROWS
-    # 8 requests at 4/s across two actors: at least (8 - 1) / 4 s from first to last
-    assert times[-1] - times[0] >= (ROWS - 1) / 4 * 0.9
+    # 8 requests at 4/s across two actors: (8 - 1) / 4 s from first to last, less the jitter of
+    # HTTP arrival (unlimited, the 8 arrive within a few tens of milliseconds)
+    assert times[-1] - times[0] >= (ROWS - 1) / 4 * 0.8
 
 
 def test_every_llm_stage_on_s3(s3_endpoint, s3_bucket, llm):

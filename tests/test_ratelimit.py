@@ -1,4 +1,6 @@
-"""The shared rate limit's reservation arithmetic (the Ray actor only holds this state)."""
+"""The shared rate limit's reservation arithmetic (the Ray actor only holds this state).
+
+A reservation is the absolute time the caller may start, so the waits are start - now."""
 
 import pytest
 
@@ -7,9 +9,9 @@ from cpr_ray.llm.ratelimit import Buckets
 
 def test_requests_per_second_spaces_reservations():
     b = Buckets(requests_per_second=4, tokens_per_minute=None)
-    waits = [b.reserve(100, now=10.0) for _ in range(5)]
-    assert waits == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
-    assert b.reserve(100, now=20.0) == 0.0  # idle time is not banked beyond now
+    starts = [b.reserve(100, now=10.0) for _ in range(5)]
+    assert starts == pytest.approx([10.0, 10.25, 10.5, 10.75, 11.0])
+    assert b.reserve(100, now=20.0) == 20.0  # idle time is not banked beyond now
 
 
 def test_tokens_per_minute_and_both_limits():
@@ -23,4 +25,4 @@ def test_tokens_per_minute_and_both_limits():
 
 def test_no_limits_never_wait():
     b = Buckets(None, None)
-    assert all(b.reserve(10**6, now=1.0) == 0.0 for _ in range(10))
+    assert all(b.reserve(10**6, now=1.0) == 1.0 for _ in range(10))

@@ -18,7 +18,11 @@ LIMITER_NAME = "cpr-llm-rate-limiter"
 
 @dataclass
 class Buckets:
-    """Reservation-based token buckets: `reserve` returns how long the caller must wait."""
+    """Reservation-based token buckets: `reserve` returns the wall-clock time the caller may start.
+
+    An absolute start time, not a delay: a delay is stale by however long the reply took to
+    travel back, and uneven reply latency would let two reservations land closer than the rate.
+    """
 
     requests_per_second: float | None
     tokens_per_minute: int | None
@@ -33,7 +37,7 @@ class Buckets:
         if self.tokens_per_minute:
             start = max(start, self._next_tokens)
             self._next_tokens = start + tokens * 60.0 / self.tokens_per_minute
-        return start - now
+        return start
 
 
 @ray.remote(num_cpus=0)
@@ -42,7 +46,7 @@ class _LimiterActor:
         self.buckets = Buckets(requests_per_second, tokens_per_minute)
 
     def reserve(self, tokens: int) -> float:
-        return self.buckets.reserve(tokens, time.monotonic())
+        return self.buckets.reserve(tokens, time.time())
 
 
 class ClusterRateLimiter:
@@ -66,7 +70,8 @@ class ClusterRateLimiter:
     async def acquire(self, tokens: int) -> None:
         if self._actor is None:
             self._actor = ray.get_actor(self.name)
-        delay = await self._actor.reserve.remote(tokens)
+        start = await self._actor.reserve.remote(tokens)
+        delay = start - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
 
