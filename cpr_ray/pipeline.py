@@ -7,8 +7,11 @@ from typing import Any
 
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import discover_inputs, ingest
+from cpr_ray.dataset.export import export
+from cpr_ray.dataset.negatives import judge_negatives
 from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.mining.stages import mine, venues
+from cpr_ray.pooling.stage import pool
 from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
 from cpr_ray.ray_runtime import ensure_ray, user_errors_from_ray
 from cpr_ray.storage import Storage, join
@@ -20,6 +23,9 @@ STAGES: dict[str, StageFn] = {
     "venues": venues,
     "mine": mine,
     **POSITIVE_STAGES,
+    "pool": pool,
+    "judge-negatives": judge_negatives,
+    "export": export,
 }
 
 

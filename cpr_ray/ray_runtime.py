@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 QUIET_ENV = {
     "RAY_DEDUP_LOGS": "1",  # one line for a message many workers print
     "LANCE_LOG": "error",  # Lance's Rust "No existing dataset … will be created" warnings
+    # each encoder actor's "Loading weights" bar (transformers reads the hub's switch)
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",  # the tokenizers fork warning in every actor
 }
 
 

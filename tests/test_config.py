@@ -44,7 +44,8 @@ def test_bad_value_names_key_and_limit():
         load_config("dry-run", overrides=["ingest.num_buckets=0"], env={})
     with pytest.raises(
         ConfigError,
-        match=r"llm.response_format: Input should be 'json_schema' or 'json_object_schema'",
+        match=r"llm.response_format: Input should be 'json_schema', 'json_schema_plain' or "
+        r"'json_object_schema'",
     ):
         load_config("dry-run", overrides=["llm.response_format=xml"], env={})
 
@@ -75,3 +76,13 @@ def test_section_hash_tracks_only_named_sections():
     c = load_config("dry-run", overrides=["ingest.num_buckets=9"], env={})
     assert a.section_hash("input", "ingest") == b.section_hash("input", "ingest")
     assert a.section_hash("input", "ingest") != c.section_hash("input", "ingest")
+
+
+def test_how_a_stage_runs_is_not_part_of_its_fingerprint():
+    """The dry run's judge listens on a new port each run, and more actors answer the same:
+    neither reruns an LLM stage; a different model or pin does."""
+    base = load_config("dry-run").section_hash("llm")
+    same = ["llm.base_url=http://127.0.0.1:41234/v1", "llm.actors=4", "llm.timeout_s=5"]
+    assert load_config("dry-run", overrides=same).section_hash("llm") == base
+    for change in ("llm.model=other", 'llm.stages.dedup.pin={"same_problem": true}'):
+        assert load_config("dry-run", overrides=[change]).section_hash("llm") != base, change

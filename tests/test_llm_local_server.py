@@ -1,22 +1,38 @@
 """The same LLM path against a real local server: llama.cpp with the Gemma 3 270M GGUF.
 
 Slow on first use on a machine: llama-server is built once from the llama-cpp-python sources
-(~6 minutes on 2 cores) and cached in ~/.cache/cpr-ray.
+(~6 minutes on 2 cores) and cached in ~/.cache/cpr-ray. The model is a base model that follows
+no instruction: what these tests show is that the constrained schemas, enforced by llama.cpp's
+grammar, keep even its answers inside the decision rules.
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import pyarrow as pa
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.llm.judges import UsefulnessGrader
+from cpr_ray.llm.answers import (
+    AnalogyJudgment,
+    WrittenQuery,
+    analogy_problems,
+    query_rule_violations,
+)
+from cpr_ray.llm.client import LLMClient, Usage
+from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier, UsefulnessGrader, pair_texts
 from cpr_ray.llm.local_server import MODEL_ALIAS, local_server
-from cpr_ray.llm.runner import run_llm_task
+from cpr_ray.llm.runner import run_llm_task, without_answer_columns
+from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.stage import StageRun
 from cpr_ray.storage import Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
+# rules about words (meta-language, method phrases) that no pattern can exclude: the writer's
+# review loop answers those, and the base model may well break them
+AFTER_ARRIVAL_ONLY = ("contains meta-language", "names a method")
 
 
 def test_schema_valid_rows_from_llama_cpp(tmp_path):
@@ -53,3 +69,106 @@ def test_schema_valid_rows_from_llama_cpp(tmp_path):
     for r in answered:
         assert r["usefulness"] in (0, 1, 2, 3) and isinstance(r["usefulness_reasoning"], str)
         assert r["model"] == MODEL_ALIAS and r["completion_tokens"] > 0
+
+
+PAIRS = pa.Table.from_pylist(
+    [
+        {
+            "base_id": 1,
+            "cited_id": 101,
+            "q_title": "Denoising diffusion models for image synthesis",
+            "q_abstract": "We generate images by learning to reverse a gradual noising process "
+            "that turns the data distribution into a simple Gaussian.",
+            "q_topic": "Generative models",
+            "contexts": ["Following [3], we destroy structure with a slow Markov chain."],
+            "d_title": "Nonequilibrium thermodynamics of driven systems",
+            "d_abstract": "A system is moved from an initial equilibrium state to a final one by a "
+            "slow protocol; we relate the work done to the free energy difference.",
+            "d_topic": "Statistical physics",
+        },
+        {
+            "base_id": 2,
+            "cited_id": 202,
+            "q_title": "Energy-aware duty cycling for sensor networks",
+            "q_abstract": "Battery-free sensor nodes must decide when to wake their radios so "
+            "that harvested energy is never exhausted.",
+            "q_topic": "Wireless sensor networks",
+            "contexts": ["Like the foraging model of [7], a node spends only what it gathers."],
+            "d_title": "Optimal foraging under uncertain food supply",
+            "d_abstract": "Animals balance the energy they gain against the energy they spend "
+            "searching; we derive when to stop foraging a patch.",
+            "d_topic": "Behavioral ecology",
+        },
+    ]
+)
+
+
+def _cfg(tmp_path, url: str, *overrides: str):
+    """The dry run's LLM settings without its pins: what the schemas alone make of the model."""
+    cfg = load_config(
+        "dry-run",
+        env={},
+        overrides=[
+            f"storage.root={tmp_path}",
+            f"llm.base_url={url}",
+            f"llm.model={MODEL_ALIAS}",
+            *overrides,
+        ],
+    )
+    return cfg.model_copy(update={"llm": cfg.llm.unpinned()})
+
+
+def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
+    """Judge-analogy answers, transfer verdicts and a written query from Gemma under the
+    constrained schemas come back `ok`: consistent with the decision rules, checked after arrival
+    as always. Prints how long a call takes (2 shared cores here: timings vary widely)."""
+    with local_server(parallel=2) as url:
+        cfg = _cfg(tmp_path, url, "llm.max_reasks=1")
+        assert cfg.llm.response_format == "json_schema"
+
+        async def one_call() -> tuple[float, str]:
+            client = LLMClient(cfg.llm, base_url=url)
+            pair = PAIRS.to_pylist()[0]
+            prompt = AnalogyJudge.prompts[0].render(
+                **pair_texts(pair), q_topic=pair["q_topic"], d_topic=pair["d_topic"]
+            )
+            start = time.perf_counter()
+            out = await client.ask(
+                "judge-analogy", prompt, AnalogyJudgment, usage=Usage(), check=analogy_problems
+            )
+            assert out.status == "ok", out.error
+            return time.perf_counter() - start, out.value.decision
+
+        seconds, decision = asyncio.run(one_call())
+        print(f"one judge-analogy call: {seconds:.1f} s ({decision})")
+
+        run = StageRun("t", "r1", str(tmp_path / "out"), cfg, Storage(cfg.storage))
+        judged = run_llm_task(run, AnalogyJudge(), PAIRS, base_url=url)
+        rows = judged.table.to_pylist()
+        assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+        for r in rows:
+            assert r["decision"] == r["model_decision"]  # the model's decision is the derived one
+        # the second judge reads the first judgment, whatever it was: verdict and reason agree
+        verified = run_llm_task(
+            run, TransferVerifier(), without_answer_columns(judged.table), base_url=url
+        )
+        verdicts = verified.table.to_pylist()
+        assert [r["status"] for r in verdicts] == ["ok", "ok"], [r["error"] for r in verdicts]
+        for r in verdicts:
+            assert (r["verdict"] == "transfer") == (r["reject_reason"] is None)
+
+        writing = PAIRS.select(["base_id", "cited_id", "q_title", "q_abstract", "contexts"])
+        writing = writing.append_column(
+            "transfer_path", pa.array(["The slow noising chain is taken from d."] * 2)
+        ).append_column("d_fields", pa.array(["Physics", "Biology"]))
+        start = time.perf_counter()
+        written = run_llm_task(run, QueryWriter(), writing.slice(0, 1), base_url=url)
+        print(f"one write-queries row (3 calls or more): {time.perf_counter() - start:.1f} s")
+    row = written.table.to_pylist()[0]
+    assert row["status"] == "ok", row["error"]
+    WrittenQuery.model_validate({"query": row["written_query"]})  # the pattern held
+    assert [
+        v
+        for v in query_rule_violations(row["written_query"])
+        if not v.startswith(AFTER_ARRIVAL_ONLY)
+    ] == []

@@ -260,14 +260,16 @@ def test_every_llm_stage_on_s3(s3_endpoint, s3_bucket, llm):
             "llm.max_in_flight=4",
         ],
     )
-    manifests = run_build(cfg)
-    for stage in ("judge-analogy", "judge-transfer", "write-queries", "dedup", "score-positives"):
+    llm_stages = ["judge-analogy", "judge-transfer", "write-queries", "dedup", "score-positives"]
+    stages = ["ingest", "venues", "mine", *llm_stages]  # pooling on S3: tests/test_pooling_stage
+    manifests = run_build(cfg, stages)
+    for stage in llm_stages:
         m = manifests[stage]
         assert m["output"].startswith(f"s3://{s3_bucket}/build/{stage}/"), m
         assert m["complete"] and m["stats"]["new_failed"] == 0, (stage, m["stats"])
     assert manifests["score-positives"]["tables"]["positives"]["rows"] > 0
     calls = llm.stats()["total"]
-    again = run_build(cfg, force=True)  # the S3 cache answers everything
+    again = run_build(cfg, stages, force=True)  # the S3 cache answers everything
     assert llm.stats()["total"] == calls
     assert again["judge-analogy"]["stats"]["asked"] == 0
 

@@ -15,6 +15,8 @@ from cpr_ray.storage import Storage
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 LLM_STAGES = ["judge-analogy", "judge-transfer", "write-queries", "dedup", "score-positives"]
+# the build up to the positives: pooling and the dataset stages have their own tests
+TO_POSITIVES = ["ingest", "venues", "mine", *LLM_STAGES]
 
 
 def test_sample_build_through_every_llm_stage_then_zero_calls(tmp_path, llm):
@@ -30,7 +32,7 @@ def test_sample_build_through_every_llm_stage_then_zero_calls(tmp_path, llm):
             "llm.max_in_flight=8",
         ],
     )
-    manifests = run_build(cfg)
+    manifests = run_build(cfg, TO_POSITIVES)
     stats = {name: manifests[name]["stats"] for name in LLM_STAGES}
     assert stats["judge-analogy"]["rows_in"] == 12
     assert stats["judge-analogy"]["decisions"]["observed_analogy"] == 12

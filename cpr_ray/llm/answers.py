@@ -2,7 +2,10 @@
 
 The enums, fields and scales are the contract; prompts only explain them. Consistency rules are
 enforced in code (`*_problems` return what is wrong, for a re-ask), so a model cannot answer in
-contradiction with them. Decisions (`analogy_decision`, `analogy_passed`, `transfer_verified`,
+contradiction with them. Where JSON Schema can say a rule, the schema sent to the endpoint says it
+too (`constrained_schema`, from each model's `branches`): a grammar-constrained model then cannot
+write most inconsistent answers, and fewer calls are re-asked; every answer is still checked after
+it arrives. Decisions (`analogy_decision`, `analogy_passed`, `transfer_verified`,
 `query_objections`) are pure functions of the answers, applied after every cache read: the cache
 keeps what the model said, and a changed rule reaches old answers without a call. A model that
 obeys injected text *consistently* passes these checks; that is caught on the inputs instead
@@ -11,8 +14,11 @@ obeys injected text *consistently* passes these checks; that is caught on the in
 
 from __future__ import annotations
 
+import copy
 import re
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,27 +39,186 @@ Decision = Literal["observed_analogy", "potential_analogy", "not_analogy"]
 PASSING: tuple[Decision, ...] = ("observed_analogy", "potential_analogy")
 
 
+@dataclass(frozen=True)
+class Items:
+    """A branch's bounds on a list field's length, inside the model's own bounds."""
+
+    min: int = 0
+    max: int | None = None
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One way an answer may be consistent: field name → the value it must have (a constant),
+    a tuple of allowed values, or `Items` bounds; fields not named keep the model's schema."""
+
+    why: str
+    fields: Mapping[str, Any]
+
+
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    # the decision rules that JSON Schema can express; an answer must fit one branch (none: the
+    # model's schema as it is). Rules that compare values (an argument is a mapped object)
+    # cannot be said in a schema and are only checked after arrival.
+    branches: ClassVar[tuple[Branch, ...]] = ()
+
+    @classmethod
+    def constrained_schema(cls, pin: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The model's JSON schema with its branches, and those of the models it nests, as
+        `anyOf` alternatives, so that grammar-constrained decoding (llama.cpp's server, vLLM's
+        xgrammar or guidance) enforces the rules token by token.
+
+        `pin` fixes top-level fields to one value (`llm.stages.STAGE.pin`), keeping only the
+        branches that allow it: the dry run's placeholder model decides nothing that means
+        anything, so its profile pins the passing answer and every later stage gets rows."""
+        schema = cls.model_json_schema()
+        defs = schema.pop("$defs", {})
+        for nested in _nested_answers(cls):
+            defs[nested.__name__] = nested._branched(defs[nested.__name__])
+        out = cls._branched(schema, pin or {})
+        return {**out, "$defs": defs} if defs else out
+
+    @classmethod
+    def _branched(
+        cls, schema: dict[str, Any], pin: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        pin = pin or {}
+        unknown = set(pin) - set(schema["properties"])
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)} to pin")
+        if not cls.branches and not pin:
+            return schema
+        alternatives = []
+        for branch in cls.branches or (Branch(cls.__name__, {}),):
+            unknown = set(branch.fields) - set(schema["properties"])
+            if unknown:
+                raise TypeError(f"{cls.__name__} branch {branch.why!r} names {sorted(unknown)}")
+            if not all(_allows(branch.fields.get(name), value) for name, value in pin.items()):
+                continue
+            rules = {**branch.fields, **pin}
+            properties = {
+                name: _narrow(prop, rules[name]) if name in rules else prop
+                for name, prop in schema["properties"].items()
+            }
+            alternatives.append({**schema, "description": branch.why, "properties": properties})
+        if not alternatives:
+            raise ValueError(f"pinning {dict(pin)} leaves no consistent {cls.__name__} answer")
+        if len(alternatives) == 1:
+            return alternatives[0]
+        # anyOf must stand alone: llama.cpp ignores the keywords beside it
+        return {"title": schema["title"], "anyOf": alternatives}
+
+
+def _allows(rule: Any, value: Any) -> bool:
+    """Whether a branch's rule for a field admits one pinned value (a list cannot be pinned)."""
+    if rule is None:
+        return True
+    if isinstance(rule, Items):
+        return False
+    return value in rule if isinstance(rule, tuple) else rule == value
+
+
+def _narrow(prop: dict[str, Any], rule: Any) -> dict[str, Any]:
+    """A property's schema under one branch's rule for it."""
+    label = {k: prop[k] for k in ("title", "description") if k in prop}
+    if isinstance(rule, Items):
+        out = copy.deepcopy(prop)
+        out["minItems"] = max(rule.min, prop.get("minItems", 0))
+        if rule.max is not None:
+            out["maxItems"] = min(rule.max, prop.get("maxItems", rule.max))
+        return out
+    if isinstance(rule, tuple):
+        return {**label, "enum": list(rule)}
+    return {**label, "const": rule}
+
+
+def _nested_answers(model: type[BaseModel]) -> Iterator[type[_Answer]]:
+    """The answer models a model holds in its fields (lists and optionals included), deep."""
+    seen: set[type] = set()
+
+    def walk(annotation: Any) -> Iterator[type[_Answer]]:
+        if isinstance(annotation, type) and issubclass(annotation, _Answer):
+            if annotation not in seen:
+                seen.add(annotation)
+                yield annotation
+                for field in annotation.model_fields.values():
+                    yield from walk(field.annotation)
+        for arg in get_args(annotation):
+            yield from walk(arg)
+
+    for field in model.model_fields.values():
+        yield from walk(field.annotation)
+
+
+def check_pin(pin: Mapping[str, Any]) -> None:
+    """A pin names fields of the answer models and leaves each model holding them an answer
+    (ValueError otherwise, for the config to report): found at load time, not in an actor."""
+    models = [m for m in _answer_models() if set(pin) & set(m.model_fields)]
+    known = set().union(*(m.model_fields for m in _answer_models()))
+    unknown = sorted(set(pin) - known)
+    if unknown:
+        raise ValueError(f"no answer has field(s) {', '.join(unknown)} to pin")
+    for model in models:
+        constrained_schema(model, pin)
+
+
+def _answer_models() -> list[type[_Answer]]:
+    found, todo = [], list(_Answer.__subclasses__())
+    while todo:
+        model = todo.pop()
+        found.append(model)
+        todo.extend(model.__subclasses__())
+    return found
+
+
+def constrained_schema(
+    model: type[BaseModel], pin: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The schema to send for any answer model: with the rules' branches where it declares them,
+    and the stage's pinned fields that this model has."""
+    if not issubclass(model, _Answer):
+        return model.model_json_schema()
+    own = {k: v for k, v in (pin or {}).items() if k in model.model_fields}
+    return model.constrained_schema(own)
+
+
+OBJECT_CHARS = 80
+
 
 class ObjectMapping(_Answer):
-    q_object: str = Field(max_length=80, description="An object of the citing paper's problem.")
+    q_object: str = Field(
+        max_length=OBJECT_CHARS, description="An object of the citing paper's problem."
+    )
     d_object: str = Field(
-        max_length=80, description="The object of the cited paper playing the same role."
+        max_length=OBJECT_CHARS, description="The object of the cited paper playing the same role."
     )
     role: str = Field(max_length=120, description="The role both objects play.")
+
+
+MAX_ARGUMENTS = 4
+# an argument is one of the mapped objects, so it is no longer than they are
+Argument = Annotated[str, Field(max_length=OBJECT_CHARS)]
 
 
 class SharedRelation(_Answer):
     predicate: str = Field(
         max_length=60, description="A relation holding on both sides, e.g. Converts."
     )
-    q_arguments: list[str] = Field(
-        max_length=4, description="Its arguments among the mapped q objects."
+    q_arguments: list[Argument] = Field(
+        max_length=MAX_ARGUMENTS, description="Its arguments among the mapped q objects."
     )
-    d_arguments: list[str] = Field(
-        max_length=4, description="The mapped d objects, in the same order."
+    d_arguments: list[Argument] = Field(
+        max_length=MAX_ARGUMENTS, description="The mapped d objects, in the same order."
+    )
+
+    branches = tuple(
+        Branch(
+            f"{n} argument(s) on each side",
+            {"q_arguments": Items(n, n), "d_arguments": Items(n, n)},
+        )
+        for n in range(1, MAX_ARGUMENTS + 1)
     )
 
 
@@ -68,6 +233,52 @@ class AnalogyJudgment(_Answer):
     transfer_path: str = Field(max_length=600)
     reason: str = Field(max_length=400)
     decision: Decision
+
+    branches = (
+        Branch(
+            "same problem or an exclusion: nothing mapped, nothing holds",
+            {
+                "object_mappings": Items(max=0),
+                "shared_relations": Items(max=0),
+                "structural_analogy": False,
+                "transfer_holds": False,
+                "transferable": False,
+                "decision": "not_analogy",
+            },
+        ),
+        *(
+            Branch(
+                "no structural analogy, whatever was mapped (transfer_holds implies transferable)",
+                {
+                    "same_problem": False,
+                    "structural_analogy": False,
+                    "transfer_holds": holds,
+                    "transferable": transferable,
+                    "decision": "not_analogy",
+                },
+            )
+            for holds, transferable in ((False, (False, True)), (True, True))
+        ),
+        *(
+            Branch(
+                f"a structural analogy (two mappings and a relation at least): {decision}",
+                {
+                    "same_problem": False,
+                    "object_mappings": Items(min=2),
+                    "shared_relations": Items(min=1),
+                    "structural_analogy": True,
+                    "transfer_holds": holds,
+                    "transferable": transferable,
+                    "decision": decision,
+                },
+            )
+            for holds, transferable, decision in (
+                (True, True, "observed_analogy"),
+                (False, True, "potential_analogy"),
+                (False, False, "not_analogy"),
+            )
+        ),
+    )
 
 
 def analogy_decision(answers: pa.Table) -> pa.ChunkedArray:
@@ -149,10 +360,21 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
     return problems
 
 
+RejectReason = Literal["same_problem", "background_only", "unsupported_mappings"]
+
+
 class TransferVerdict(_Answer):
     verdict: Literal["transfer", "reject"]
-    reject_reason: Literal["same_problem", "background_only", "unsupported_mappings"] | None
+    reject_reason: RejectReason | None
     reason: str = Field(max_length=400)
+
+    branches = (
+        Branch("a transfer has no reject reason", {"verdict": "transfer", "reject_reason": None}),
+        Branch(
+            "a reject names its reason",
+            {"verdict": "reject", "reject_reason": get_args(RejectReason)},
+        ),
+    )
 
 
 def transfer_verified(verdicts: pa.Table) -> pa.ChunkedArray:
@@ -177,14 +399,21 @@ class ProblemStatement(_Answer):
     )
 
 
+MAX_QUERY_WORDS = 45
+QUERY_CHARS = 320  # about 45 words of seven characters
+WORD_CHARS = 32  # longer than any word a query needs
+
 # The form of a query is part of the contract, so the schema itself constrains it where the
-# endpoint supports patterns (llama.cpp grammars, vLLM structured output); the rules below hold
-# either way.
-QUERY_PATTERN = r"^[Hh]ow to [a-z0-9][a-z0-9 ,;:'()/-]*\?$"
+# endpoint supports patterns (llama.cpp grammars, vLLM structured output): one lower-case "How to"
+# question of at most MAX_QUERY_WORDS single-spaced words, ending in its only "?", with no
+# brackets, capitals or full stops, so no citation marker ("[3]", "(Smith et al.") can be written.
+# Grammars enforce the pattern, not maxLength (llama.cpp ignores it beside a pattern), so the word
+# bound lives in the pattern. The rules below hold either way.
+QUERY_PATTERN = rf"^[Hh]ow to(?: [a-z0-9,;:'()/-]{{1,{WORD_CHARS}}}){{1,{MAX_QUERY_WORDS - 2}}}\?$"
 
 
 class WrittenQuery(_Answer):
-    query: str = Field(pattern=QUERY_PATTERN, max_length=320)
+    query: str = Field(pattern=QUERY_PATTERN, max_length=QUERY_CHARS)
 
 
 class QueryReview(_Answer):
@@ -203,7 +432,6 @@ METHOD_PHRASES = (
     "with the help of",
     "via ",
 )
-MAX_QUERY_WORDS = 45
 
 
 def query_rule_violations(query: str) -> list[str]:

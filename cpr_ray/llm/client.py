@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from cpr_ray.config import LLMConfig
 from cpr_ray.errors import LLMConfigError
+from cpr_ray.llm.answers import constrained_schema
 
 M = TypeVar("M", bound=BaseModel)
 Status = Literal["ok", "invalid", "failed"]
@@ -87,10 +88,18 @@ def parse_answer(text: str, answer: type[M]) -> tuple[M | None, str | None]:
 
 
 @functools.cache
-def response_format(answer: type[BaseModel], form: str) -> dict[str, Any]:
-    """The structured-output request for an answer model (built once: schema generation is
-    costly enough to bound an actor's request rate)."""
-    schema = answer.model_json_schema()
+def response_format(
+    answer: type[BaseModel], form: str, pin: tuple[tuple[str, Any], ...] = ()
+) -> dict[str, Any]:
+    """The structured-output request for an answer model in the endpoint's form (`llm.
+    response_format`), built once: schema generation is costly enough to bound an actor's request
+    rate. `json_schema` sends the constrained schema, whose branches carry the decision rules;
+    the other forms send the model's plain schema, for endpoints that refuse a root `anyOf`.
+    `pin` is the stage's pinned fields (`llm.stages.STAGE.pin`), as sorted items."""
+    if form == "json_schema":
+        schema = constrained_schema(answer, dict(pin))
+    else:
+        schema = answer.model_json_schema()
     if form == "json_object_schema":
         return {"type": "json_object", "schema": schema}
     return {"type": "json_schema", "json_schema": {"name": answer.__name__, "schema": schema}}
@@ -137,8 +146,7 @@ def probe_endpoint(cfg: LLMConfig, base_url: str) -> None:
 
 def _refused_key(cfg: LLMConfig, base_url: str, status: int) -> LLMConfigError:
     return LLMConfigError(
-        f"{base_url} refused the API key (HTTP {status}); set ${cfg.api_key_env} or "
-        "llm.api_key_env"
+        f"{base_url} refused the API key (HTTP {status}); set ${cfg.api_key_env} or llm.api_key_env"
     )
 
 
@@ -189,6 +197,7 @@ class LLMClient:
         temperature: float,
         max_tokens: int,
         usage: Usage,
+        pin: tuple[tuple[str, Any], ...] = (),
     ) -> Any:
         last: Exception | None = None
         for retry in range(self.cfg.max_retries + 1):
@@ -203,7 +212,7 @@ class LLMClient:
                     messages=messages,
                     temperature=temperature,
                     max_tokens=max_tokens,
-                    response_format=response_format(answer, self.cfg.response_format),
+                    response_format=response_format(answer, self.cfg.response_format, pin),
                 )
                 if not getattr(reply, "choices", None):  # HTML or prose with HTTP 200
                     raise _not_openai(self.base_url, reply)
@@ -246,11 +255,14 @@ class LLMClient:
     ) -> Outcome[M]:
         """One question, re-asked with the objection until the answer is valid or asks run out."""
         model, temperature, max_tokens = self.cfg.for_stage(stage)
+        pin = tuple(sorted(self.cfg.pin_for(stage).items()))
         messages = [{"role": "user", "content": prompt}]
         text = ""
         for ask in range(self.cfg.max_reasks + 1):
             try:
-                reply = await self._create(model, messages, answer, temperature, max_tokens, usage)
+                reply = await self._create(
+                    model, messages, answer, temperature, max_tokens, usage, pin
+                )
             except LLMRequestError as exc:
                 return Outcome(None, "failed", str(exc), text or None)
             if reply.usage is not None:

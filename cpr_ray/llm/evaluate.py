@@ -193,9 +193,7 @@ class LLMTournamentJudge:
 
 
 class LLMQueryRewriter:
-    def __init__(
-        self, kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]
-    ) -> None:
+    def __init__(self, kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]) -> None:
         self.name = kind
         self.base_url = _base_url(cfg.llm)  # fail before starting anything
         self.ctx = _context(cfg)

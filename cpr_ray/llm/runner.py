@@ -27,6 +27,7 @@ import time
 import uuid
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -125,7 +126,9 @@ class LLMTask(ABC):
         """A fingerprint of the answer's shape: an answer of another shape is another question."""
         return hashlib.sha256(str(self.output_schema).encode()).hexdigest()[:12]
 
-    def request_key(self, model: str, row: dict[str, Any]) -> str:
+    def request_key(
+        self, model: str, row: dict[str, Any], pin: Mapping[str, Any] | None = None
+    ) -> str:
         payload = {
             "stage": self.stage,
             "model": model,
@@ -133,6 +136,8 @@ class LLMTask(ABC):
             "schema": self.schema_version,
             "inputs": {c: row.get(c) for c in self.key_columns},
         }
+        if pin:  # a pinned answer is another question (absent otherwise: keys stay as they were)
+            payload["pin"] = dict(pin)
         blob = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -312,7 +317,10 @@ def run_llm_task(
             f"(has: {', '.join(inputs.column_names)})"
         )
     model = cfg.for_stage(task.stage)[0]
-    keys = [task.request_key(model, r) for r in inputs.select(list(task.key_columns)).to_pylist()]
+    pin = cfg.pin_for(task.stage)
+    keys = [
+        task.request_key(model, r, pin) for r in inputs.select(list(task.key_columns)).to_pylist()
+    ]
     inputs = inputs.append_column(KEY, pa.array(keys, pa.string()))
     schema = result_schema(task)
     cache = cache_uri(storage, task.stage)

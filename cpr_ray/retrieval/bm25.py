@@ -50,6 +50,14 @@ class BM25Retriever:
             return np.zeros(self._n_docs, dtype=np.float32)
         return self._bm25.get_scores_from_ids(ids)
 
+    def scores(self, queries: Sequence[str]) -> np.ndarray:
+        """(n_q, N) scores of every indexed document, for callers that mask before ranking
+        (candidate pooling filters by date inside the search, so no query runs short)."""
+        out = np.zeros((len(queries), self._n_docs), dtype=np.float32)
+        for i, tokens in enumerate(self._tokens(queries)):  # bm25s scores one query at a time
+            out[i] = self._scores(tokens)
+        return out
+
     def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
         out = np.full(pools.shape, -np.inf, dtype=np.float32)
         for i, tokens in enumerate(self._tokens(queries)):

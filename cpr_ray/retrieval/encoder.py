@@ -10,7 +10,10 @@ sentence-transformers config (``modules.json`` and its Pooling module's ``config
 it; a model without one takes the preset its name matches (``spec.PRESETS``: a Qwen3-Embedding
 checkpoint saved by plain transformers still pools its last token), else mean pooling, which is
 what sentence-transformers itself does with a plain transformers checkpoint. That config's
-``max_seq_length`` (the length the model was trained at) caps ``max_length`` too. ``splade``
+``max_seq_length`` (the length the model was trained at) caps ``max_length`` too, and its
+``config_sentence_transformers.json`` prompts are the instructions of a model no preset names
+(a model this package fine-tuned and saved with ``Encoder.save_sentence_transformers``, which
+writes that same format, so ``SentenceTransformer(path)`` loads it as it was trained). ``splade``
 loads the masked-LM head instead and pools it into a vocabulary-sized vector. Models load with
 ``from_pretrained``: a local folder, or a hub name where the hub can be reached.
 
@@ -50,6 +53,7 @@ ST_POOLING_FLAGS = {
 }
 # what Encoder reproduces of a sentence-transformers pipeline (normalising is EncoderSpec's)
 ST_MODULES = ("Transformer", "Pooling", "Normalize")
+SORT_CHUNK = 8192  # texts tokenised and length-sorted together
 
 
 class ModelError(UserError, ValueError):
@@ -62,6 +66,8 @@ class SentenceTransformersConfig:
 
     pooling: str | None = None  # one of POOLINGS
     max_seq_length: int | None = None
+    query_prompt: str | None = None  # the `query` and `document` prompts it was trained with
+    document_prompt: str | None = None
 
 
 def _model_json(model: str, filename: str) -> Any | None:
@@ -116,7 +122,13 @@ def read_sentence_transformers_config(model: str) -> SentenceTransformersConfig:
         if kind == "Pooling":
             pooling = _st_pooling(model, _model_json(model, f"{module['path']}/config.json") or {})
     bert = _model_json(model, "sentence_bert_config.json") or {}
-    return SentenceTransformersConfig(pooling=pooling, max_seq_length=bert.get("max_seq_length"))
+    prompts = (_model_json(model, "config_sentence_transformers.json") or {}).get("prompts") or {}
+    return SentenceTransformersConfig(
+        pooling=pooling,
+        max_seq_length=bert.get("max_seq_length"),
+        query_prompt=prompts.get("query"),
+        document_prompt=prompts.get("document", prompts.get("passage")),
+    )
 
 
 class Encoder(nn.Module):
@@ -131,6 +143,7 @@ class Encoder(nn.Module):
         *,
         normalize: bool = True,
         max_length: int = 512,
+        prompts: tuple[str | None, str | None] = (None, None),
     ) -> None:
         super().__init__()
         if pooling not in ENCODER_POOLINGS:
@@ -140,6 +153,8 @@ class Encoder(nn.Module):
         self.pooling = pooling
         self.normalize = normalize and pooling != "splade"
         self.max_length = max_length
+        # (query, document) prompts the model's sentence-transformers config declares, if any
+        self.prompts = prompts
 
     @classmethod
     def build(
@@ -178,6 +193,7 @@ class Encoder(nn.Module):
                 f"unknown pooling {pooling!r}; known: auto, {', '.join(ENCODER_POOLINGS)}"
             )
         tokenizer = AutoTokenizer.from_pretrained(model)  # a bad path fails here, as OSError
+        prompts: tuple[str | None, str | None] = (None, None)
         if pooling == "splade":
             backbone = AutoModelForMaskedLM.from_pretrained(model, dtype=dtype)
         else:
@@ -186,8 +202,16 @@ class Encoder(nn.Module):
                 named = preset(model)
                 pooling = st.pooling or (named[0] if named else "mean")
             max_length = min(max_length, st.max_seq_length or max_length)
+            prompts = (st.query_prompt, st.document_prompt)
             backbone = AutoModel.from_pretrained(model, dtype=dtype)
-        return cls(backbone, tokenizer, pooling, normalize=normalize, max_length=max_length)
+        return cls(
+            backbone,
+            tokenizer,
+            pooling,
+            normalize=normalize,
+            max_length=max_length,
+            prompts=prompts,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -208,6 +232,49 @@ class Encoder(nn.Module):
             return_tensors="pt",
         )
 
+    def save_sentence_transformers(
+        self, path: str | Path, *, query_prefix: str = "", doc_prefix: str = ""
+    ) -> None:
+        """Write the model as a sentence-transformers folder with this pooling and these prompts.
+
+        The classic layout (``sentence_transformers.models.*`` module types, pooling flags),
+        which sentence-transformers 6 loads as well as older releases; ``Encoder.load`` and
+        ``DenseEncoder`` read the pooling and, for a folder no preset names, the prompts back.
+        """
+        if self.pooling == "splade":
+            raise ValueError("a SPLADE encoder has no sentence-transformers dense form")
+        out = Path(path)
+        (out / "1_Pooling").mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+        modules += [("2_Normalize", "Normalize")] if self.normalize else []
+        files: dict[str, Any] = {
+            "modules.json": [
+                {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{t}"}
+                for i, (p, t) in enumerate(modules)
+            ],
+            "sentence_bert_config.json": {
+                "max_seq_length": self.max_length,
+                "do_lower_case": False,
+            },
+            "config_sentence_transformers.json": {
+                "prompts": {"query": query_prefix, "document": doc_prefix},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine" if self.normalize else "dot",
+            },
+            "1_Pooling/config.json": {
+                "word_embedding_dimension": self.dim,
+                **{
+                    flag: ST_POOLINGS.get(mode) == self.pooling
+                    for flag, mode in ST_POOLING_FLAGS.items()
+                },
+                "include_prompt": True,
+            },
+        }
+        for name, content in files.items():
+            (out / name).write_text(json.dumps(content, indent=2))
+
     def forward(self, tokenized: Mapping[str, torch.Tensor]) -> torch.Tensor:
         out = self.backbone(**tokenized)
         mask = tokenized["attention_mask"]  # (b, L)
@@ -217,11 +284,49 @@ class Encoder(nn.Module):
         return nn.functional.normalize(vec, dim=-1) if self.normalize else vec
 
 
+def batch_bounds(
+    lengths: np.ndarray, batch_size: int, token_budget: int | None
+) -> list[tuple[int, int]]:
+    """[start, stop) of each batch over token lengths sorted longest first.
+
+    A batch holds at most `batch_size` texts and, with a budget, at most `token_budget` padded
+    tokens (its first text is its longest, so it pads to that one's length); a text longer
+    than the budget goes alone.
+    """
+    bounds, start, n = [], 0, len(lengths)
+    while start < n:
+        size = batch_size
+        if token_budget is not None:
+            size = max(1, min(batch_size, token_budget // max(1, int(lengths[start]))))
+        bounds.append((start, min(n, start + size)))
+        start += size
+    return bounds
+
+
+def with_model_prompts(spec: EncoderSpec, prompts: tuple[str | None, str | None]) -> EncoderSpec:
+    """Unset instructions from the (query, document) prompts the model was saved with.
+
+    Only for a model no preset names: a preset's instruction is this task's (Qwen3-Embedding's
+    own saved prompt is for web search), while a folder this package fine-tuned carries the
+    instructions it was trained with. Set instructions always win.
+    """
+    if preset(spec.model) is not None:
+        return spec
+    query, document = prompts
+    return replace(
+        spec,
+        query_prefix=query if spec.query_prefix is None else spec.query_prefix,
+        doc_prefix=document if spec.doc_prefix is None else spec.doc_prefix,
+    )
+
+
 class _TextEncoder:
     """Lists of texts -> embeddings, batch by batch, with the spec's query/document prefixes.
 
-    Texts are batched longest first (less padding, as sentence-transformers does) and returned
-    in input order.
+    All texts are tokenised in one call; batches are taken longest first by token count (less
+    padding, as sentence-transformers does by characters), each cropped to its own longest text,
+    so a batch's tensors are exactly what tokenising it alone gives; results come back in input
+    order.
     """
 
     def __init__(self, spec: EncoderSpec, model: Encoder) -> None:
@@ -234,14 +339,29 @@ class _TextEncoder:
 
     def _embed(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         """Per batch, its embeddings; and the order the texts were encoded in."""
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        step = self.spec.batch_size
+        parts, orders = [], []
+        for offset in range(0, len(texts), SORT_CHUNK):  # bounds the tokenised tensors' memory
+            chunk_parts, order = self._embed_chunk(texts[offset : offset + SORT_CHUNK])
+            parts += chunk_parts
+            orders.append(order + offset)
+        return parts, np.concatenate(orders) if orders else np.zeros(0, np.int64)
+
+    def _embed_chunk(self, texts: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
+        tokenized = self.model.tokenize(texts)  # (n, L) padded to the longest of all
+        lengths = tokenized["attention_mask"].sum(dim=1).numpy()  # (n,)
+        order = np.argsort(-lengths, kind="stable")
+        width = tokenized["attention_mask"].shape[1]
+        left = self.model.tokenizer.padding_side == "left"
         parts = []
         with torch.inference_mode():
-            for start in range(0, len(texts), step):
-                batch = [texts[i] for i in order[start : start + step]]
-                tokenized = self.model.tokenize(batch).to(self.model.device)
-                parts.append(self.model(tokenized).cpu().numpy())
+            for start, stop in batch_bounds(
+                lengths[order], self.spec.batch_size, self.spec.token_budget
+            ):
+                rows = torch.from_numpy(order[start:stop])
+                longest = int(lengths[order[start]])
+                cols = slice(width - longest, width) if left else slice(0, longest)
+                batch = {k: v[rows][:, cols].to(self.model.device) for k, v in tokenized.items()}
+                parts.append(self.model(batch).cpu().numpy())
         return parts, order
 
 
@@ -266,6 +386,7 @@ class DenseEncoder(_TextEncoder):
             dtype=spec.dtype,
             device=spec.device,
         )
+        spec = with_model_prompts(spec, model.prompts)
         super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:

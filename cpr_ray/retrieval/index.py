@@ -8,10 +8,17 @@ Saved as the vectors themselves, readable by anything that reads Parquet: ``vect
 (``id`` int64, ``embedding`` fixed_size_list<float32>) and, written last so that it marks a
 complete save, ``index.json`` (factory string, metric, nprobe). Loading rebuilds the index from
 them; training sees the same vectors in the same order and faiss seeds its k-means, so a loaded
-index answers as the saved one did. Never pickle.
+index answers as the saved one did. Never pickle. :func:`save_vectors` writes that form without
+building an index first (a stage that assembles vectors for indexes that its search actors load).
+
+``factory_for`` picks Flat below a size and IVF above it; ``device="auto"`` copies the index to
+every GPU faiss sees (a faiss-gpu build), keeping the CPU index for the deep searches a GPU index
+cannot answer (more than ``GPU_MAX_K`` neighbours).
 """
 
 from __future__ import annotations
+
+from math import isqrt
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +28,46 @@ from cpr_ray.storage import Storage, join
 METRICS = ("inner_product", "l2")
 VECTORS, META = "vectors.parquet", "index.json"
 FORMAT = 1
+GPU_MAX_K = 2048  # faiss GPU indexes return at most this many neighbours per query
+MIN_POINTS_PER_LIST = 39  # faiss warns when k-means has fewer training points per centroid
+
+
+def factory_for(n: int, ivf_min_vectors: int, lists: int | None = None) -> str:
+    """Flat (exact) below `ivf_min_vectors` vectors, else ``IVF{lists},Flat``.
+
+    Flat search costs O(n) per query, fine up to about a million vectors on a GPU; above that an
+    inverted file searches a few lists only. `lists` defaults to 4·√n (faiss's guideline), and is
+    capped so that k-means sees enough points per list.
+    """
+    if n < ivf_min_vectors:
+        return "Flat"
+    wanted = lists or 4 * isqrt(n)
+    return f"IVF{max(1, min(wanted, n // MIN_POINTS_PER_LIST))},Flat"
+
+
+def save_vectors(
+    storage: Storage,
+    uri: str,
+    ids: np.ndarray,
+    vectors: np.ndarray,
+    factory: str = "Flat",
+    metric: str = "inner_product",
+    nprobe: int = 1,
+) -> None:
+    """Write an index's saved form (``vectors.parquet``, then ``index.json``) at `uri`."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    dim = int(vectors.shape[1])
+    table = pa.table(
+        {
+            "id": pa.array(np.asarray(ids, dtype=np.int64), type=pa.int64()),
+            "embedding": pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors.reshape(-1), type=pa.float32()), dim
+            ),
+        }
+    )
+    storage.write_parquet(table, join(uri, VECTORS))
+    meta = {"format": FORMAT, "factory": factory, "metric": metric}
+    storage.write_json(join(uri, META), {**meta, "nprobe": nprobe, "dim": dim})
 
 
 class VectorIndex:
@@ -31,6 +78,7 @@ class VectorIndex:
         factory: str = "Flat",
         metric: str = "inner_product",
         nprobe: int = 1,
+        device: str = "cpu",
     ) -> None:
         import faiss
 
@@ -51,6 +99,12 @@ class VectorIndex:
         ivf = faiss.try_extract_index_ivf(self._index)
         if ivf is not None:
             ivf.nprobe = nprobe
+        self._gpu = None
+        gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+        if device == "cuda" and gpus == 0:
+            raise ValueError("device cuda: this faiss build sees no GPU (install faiss-gpu)")
+        if device in ("auto", "cuda") and gpus > 0:
+            self._gpu = faiss.index_cpu_to_all_gpus(self._index)
 
     @property
     def dim(self) -> int:
@@ -64,23 +118,15 @@ class VectorIndex:
 
         Scores are inner products, or squared L2 distances (smallest first) for ``l2``.
         """
-        scores, ids = self._index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        index = self._gpu if self._gpu is not None and k <= GPU_MAX_K else self._index
+        scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         return ids, scores
 
     def save(self, storage: Storage, uri: str) -> None:
-        flat = pa.array(self.vectors.reshape(-1), type=pa.float32())
-        table = pa.table(
-            {
-                "id": pa.array(self.ids, type=pa.int64()),
-                "embedding": pa.FixedSizeListArray.from_arrays(flat, self.dim),
-            }
-        )
-        storage.write_parquet(table, join(uri, VECTORS))
-        meta = {"format": FORMAT, "factory": self.factory, "metric": self.metric}
-        storage.write_json(join(uri, META), {**meta, "nprobe": self.nprobe, "dim": self.dim})
+        save_vectors(storage, uri, self.ids, self.vectors, self.factory, self.metric, self.nprobe)
 
     @classmethod
-    def load(cls, storage: Storage, uri: str) -> VectorIndex:
+    def load(cls, storage: Storage, uri: str, device: str = "cpu") -> VectorIndex:
         storage.check(join(uri, META), must_exist=True)
         meta = storage.read_json(join(uri, META))
         if meta.get("format") != FORMAT:
@@ -89,4 +135,4 @@ class VectorIndex:
         values = table.column("embedding").combine_chunks().flatten()
         vectors = values.to_numpy(zero_copy_only=False).reshape(-1, meta["dim"])
         ids = table.column("id").to_numpy()
-        return cls(ids, vectors, meta["factory"], meta["metric"], meta["nprobe"])
+        return cls(ids, vectors, meta["factory"], meta["metric"], meta["nprobe"], device)

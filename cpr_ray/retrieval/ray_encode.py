@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +19,9 @@ import scipy.sparse as sp
 
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.spec import EncoderSpec
+
+if TYPE_CHECKING:
+    import ray
 
 Kind = Literal["dense", "splade"]
 
@@ -33,7 +36,10 @@ class RayEncodeOptions:
 
 
 class EncodeDocs:
-    """Callable class for map_batches: (row, text) -> (row, embedding) or sparse parts."""
+    """Callable class for map_batches: a `text` column -> `embedding` (dense, fixed-size list of
+    float32) or `indices`/`values` (SPLADE, the nonzero vocabulary entries); every other column
+    (a row position, an id, a content key) passes through, so the caller can store or reorder
+    the output without a join."""
 
     def __init__(self, spec: EncoderSpec, kind: Kind) -> None:
         self.kind = kind
@@ -41,17 +47,39 @@ class EncodeDocs:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column("text").to_pylist()
-        rows = batch.column("row")
+        rest = batch.drop_columns(["text"])
         if self.kind == "dense":
             emb = self.encoder.encode_docs(texts)  # (b, d)
             flat = pa.array(emb.reshape(-1), type=pa.float32())
-            vectors = pa.FixedSizeListArray.from_arrays(flat, emb.shape[1])
-            return pa.table({"row": rows, "embedding": vectors})
+            return rest.append_column(
+                "embedding", pa.FixedSizeListArray.from_arrays(flat, self.encoder.dim)
+            )
         mat = self.encoder.encode_docs(texts).tocsr()  # (b, V) sparse
         offsets = pa.array(mat.indptr.astype(np.int32))
         indices = pa.ListArray.from_arrays(offsets, pa.array(mat.indices.astype(np.int32)))
         values = pa.ListArray.from_arrays(offsets, pa.array(mat.data.astype(np.float32)))
-        return pa.table({"row": rows, "indices": indices, "values": values})
+        return rest.append_column("indices", indices).append_column("values", values)
+
+
+def encode_dataset(
+    ds: ray.data.Dataset,
+    spec: EncoderSpec,
+    kind: Kind = "dense",
+    options: RayEncodeOptions = RayEncodeOptions(),
+) -> ray.data.Dataset:
+    """`ds` (a `text` column and any others) encoded on an actor pool, lazily: the caller
+    streams the result to storage or gathers it."""
+    import ray
+
+    return ds.map_batches(
+        EncodeDocs,
+        fn_constructor_kwargs={"spec": spec, "kind": kind},
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=options.max_actors),
+        batch_size=options.batch_size,
+        batch_format="pyarrow",
+        num_cpus=options.num_cpus,
+        num_gpus=options.num_gpus,
+    )
 
 
 def encode_with_ray(
@@ -68,15 +96,7 @@ def encode_with_ray(
     table = pa.table({"row": pa.array(np.arange(n, dtype=np.int64)), "text": pa.array(texts)})
     per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.max_actors))))
     blocks = [table.slice(s, per_block) for s in range(0, n, per_block)] or [table]
-    ds = ray.data.from_arrow(blocks).map_batches(
-        EncodeDocs,
-        fn_constructor_kwargs={"spec": spec, "kind": kind},
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=options.max_actors),
-        batch_size=options.batch_size,
-        batch_format="pyarrow",
-        num_cpus=options.num_cpus,
-        num_gpus=options.num_gpus,
-    )
+    ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options)
     if kind == "dense":
         out: np.ndarray | None = None
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):

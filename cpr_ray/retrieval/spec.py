@@ -45,10 +45,13 @@ class EncoderSpec:
     doc_prefix: str | None = None
     max_length: int = 512
     normalize: bool = True
-    batch_size: int = 32
+    batch_size: int = 32  # texts per forward pass, at most
     device: str = "cpu"  # auto: CUDA where the process has a GPU, else CPU
     dtype: str = "float32"  # the weights' dtype; half precision only pays on a GPU
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    # padded tokens per forward pass, at most (texts sorted by token length fill batches up to
+    # it, so short texts go in big batches and long ones in small); None: batch_size alone
+    token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.pooling not in ("auto", *POOLINGS):
@@ -59,6 +62,8 @@ class EncoderSpec:
             raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
         if self.max_length < 8 or self.batch_size < 1:
             raise ValueError("max_length must be >= 8 and batch_size >= 1")
+        if self.token_budget is not None and self.token_budget < 8:
+            raise ValueError("token_budget must be >= 8 (or None)")
 
     def resolved(self) -> EncoderSpec:
         """Fill unset pooling/prefixes from the preset matching the model name, if any.

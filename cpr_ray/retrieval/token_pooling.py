@@ -43,6 +43,12 @@ def pool(mode: str, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def splade_pool(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    weights = torch.log1p(torch.relu(logits))  # (b, L, V)
-    weights = weights * mask.unsqueeze(-1).to(weights.dtype)  # (b, L, V) padding contributes 0
-    return weights.max(dim=1).values  # (b, V)
+    """max over real tokens of log(1 + relu(logit)), per vocabulary entry.
+
+    log1p and relu are monotonic, so the max is taken first: one pass over the (b, L, V) logits
+    (which dominate SPLADE's cost on a CPU) and the transform on (b, V) only. Without gradients
+    the padding is masked in place, sparing a (b, L, V) copy; `logits` is then overwritten.
+    """
+    pad = ~mask.bool().unsqueeze(-1)  # (b, L, 1)
+    fill = logits.masked_fill if logits.requires_grad else logits.masked_fill_
+    return torch.log1p(torch.relu(fill(pad, float("-inf")).amax(dim=1)))  # (b, V)

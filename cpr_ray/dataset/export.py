@@ -1,0 +1,506 @@
+"""The `export` stage (§3.4): the leak-free split written as CPR-eval, CPR-train and their corpus.
+
+The export folder is the stage's published run folder: `cpr-eval.parquet`, `cpr-train.parquet`
+and `corpus.parquet` in the format of `format.py` (loadable by the CPR loader and by
+`datasets.load_dataset("parquet", …)`), a dataset card `README.md` and `stats.json`. The split
+is recomputed with the pure function judge-negatives used (and checked to be the same settings);
+leakage is asserted on the tables before anything is written. Abstracts are carried only under
+an open licence (`dataset.open_licenses`); the rest carry ids, and `cpr hydrate` fills them from
+the user's own S2 abstracts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import posixpath
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cpr_ray import duck
+from cpr_ray.config import Config, license_code
+from cpr_ray.dataset.format import (
+    CARD,
+    CORPUS,
+    CORPUS_TABLE,
+    CPR_EVAL,
+    CPR_TRAIN,
+    EVAL_TABLE,
+    POSITIVE,
+    SCHEMAS,
+    STATS,
+    TRAIN_TABLE,
+    file_name,
+)
+from cpr_ray.dataset.negatives import GROUPS, group_rank, split_fingerprint
+from cpr_ray.dataset.negatives import STAGE as NEGATIVES_STAGE
+from cpr_ray.dataset.split import (
+    EVAL,
+    HELD_OUT,
+    TRAIN,
+    assign_split,
+    check_no_leakage,
+    eval_papers,
+)
+from cpr_ray.errors import ConfigError, InputError
+from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
+from cpr_ray.stage import (
+    StageOutput,
+    StageRun,
+    code_version,
+    console,
+    read_manifest,
+    require_manifest,
+    run_stage,
+)
+from cpr_ray.storage import Storage, StorageError, join
+
+STAGE = "export"
+# the method's shares of positives from another field / domain (§3.4), for the card
+PAPER_SHARES = {"crosses_field": 0.799, "crosses_domain": 0.453}
+BUILD_SECTIONS = ("input", "ingest", "mining", "llm", "pooling", "dataset")
+PAPER_COLUMNS = [
+    "corpus_id",
+    "title",
+    "abstract",
+    "abstract_license",
+    "year",
+    "publication_date",
+    "topics",
+    "field",
+    "domain",
+]
+
+# -- pure steps ----------------------------------------------------------------------------------
+
+
+def split_tables(
+    queries: pa.Table, split: pa.Table, negatives: pa.Table
+) -> tuple[pa.Table, pa.Table]:
+    """(CPR-eval, CPR-train) rows from pool's queries, their split and the judged negatives.
+
+    Eval: the positive, then its kept negatives in pool order (group by group, by position),
+    labels aligned. Train: the kept negatives, never an eval paper (held-out queries are gone).
+    """
+    tables = {
+        "queries": queries.select(
+            ["query_id", "query", "base_id", "positive_id", "field", "domain"]
+        ),
+        "split": split.select(["query_id", "split"]),
+        "negatives": negatives.filter(negatives["kept"]).select(
+            ["query_id", "candidate_id", "group", "position"]
+        ),
+        "withheld": pa.table({"id": eval_papers(split)}),
+    }
+    keys = "q.query_id, q.query, q.base_id, q.positive_id, q.field, q.domain"
+
+    def rows(split_name: str, columns: str) -> pa.Table:
+        return duck.query(
+            f"""WITH n AS (SELECT *, {group_rank()} AS g FROM negatives),
+                     q AS (SELECT q.* FROM queries q JOIN split s USING (query_id)
+                           WHERE s.split = '{split_name}')
+                SELECT q.query_id, q.query, q.base_id AS base_corpus_id, q.positive_id,
+                       {columns}, q.field, q.domain
+                FROM q LEFT JOIN n USING (query_id)
+                GROUP BY {keys} ORDER BY q.field, q.query_id""",
+            **tables,
+        )
+
+    def pool_order(column: str, where: str = "") -> str:
+        return (
+            f"coalesce(list(n.{column} ORDER BY n.g, n.position) "
+            f"FILTER (WHERE n.candidate_id IS NOT NULL{where}), [])"
+        )
+
+    cpr_eval = rows(
+        EVAL,
+        f"""list_prepend(q.positive_id, {pool_order("candidate_id")}) AS candidate_ids,
+            list_prepend('{POSITIVE}', {pool_order('"group"')}) AS candidate_groups""",
+    )
+    not_eval = " AND n.candidate_id NOT IN (SELECT id FROM withheld)"
+    cpr_train = rows(TRAIN, f"{pool_order('candidate_id', not_eval)} AS negative_ids")
+    return cpr_eval.cast(CPR_EVAL), cpr_train.cast(CPR_TRAIN)
+
+
+def corpus_ids(cpr_eval: pa.Table, cpr_train: pa.Table) -> pa.Array:
+    """Every paper the splits name: bases, positives, candidates and negatives."""
+    return pc.unique(
+        pa.concat_arrays(
+            [
+                cpr_eval["base_corpus_id"].combine_chunks(),
+                pc.list_flatten(cpr_eval["candidate_ids"]).combine_chunks(),
+                cpr_train["base_corpus_id"].combine_chunks(),
+                cpr_train["positive_id"].combine_chunks(),
+                pc.list_flatten(cpr_train["negative_ids"]).combine_chunks(),
+            ]
+        )
+    )
+
+
+def corpus_table(papers: pa.Table, open_licenses: Sequence[str]) -> pa.Table:
+    """Papers in the export format: the abstract only under an open licence (as ingest
+    normalised it), topics without their names' hierarchy, sorted by id."""
+    return duck.query(
+        """SELECT corpus_id, title,
+                  CASE WHEN abstract_license IN (SELECT code FROM open) THEN abstract END
+                      AS abstract,
+                  abstract_license, year, publication_date,
+                  list_transform(topics, lambda t: {'id': t.id, 'name': t.name, 'score': t.score,
+                                               'subfield_id': t.subfield_id,
+                                               'field_id': t.field_id,
+                                               'domain_id': t.domain_id}) AS topics,
+                  field, domain
+           FROM papers ORDER BY corpus_id""",
+        papers=papers.select(PAPER_COLUMNS),
+        open=pa.table({"code": pa.array([license_code(x) for x in open_licenses], pa.string())}),
+    ).cast(CORPUS)
+
+
+def _count_by(table: pa.Table, column: str) -> dict[str, int]:
+    counts = (
+        table.group_by(column)
+        .aggregate([(column, "count", pc.CountOptions(mode="all"))])  # nulls too
+        .to_pylist()
+    )
+    return {
+        str(r[column]): r[f"{column}_count"] for r in sorted(counts, key=lambda r: str(r[column]))
+    }
+
+
+def _share(queries: pa.Table, ids: pa.ChunkedArray, column: str) -> float | None:
+    picked = queries.filter(pc.is_in(queries["query_id"], value_set=ids.combine_chunks()))
+    if not picked.num_rows:
+        return None
+    return round(float(pc.mean(pc.cast(picked[column], pa.float64())).as_py()), 4)
+
+
+def export_stats(
+    queries: pa.Table,
+    split: pa.Table,
+    cpr_eval: pa.Table,
+    cpr_train: pa.Table,
+    corpus: pa.Table,
+    papers: pa.Table,
+    per_group: dict[str, int],
+) -> dict[str, Any]:
+    """Counts per split, field and domain; cross-field and cross-domain shares of positives
+    against the method's; negatives per query and short pools; abstracts carried or withheld."""
+    n_eval_neg = pc.subtract(pc.list_value_length(cpr_eval["candidate_ids"]), 1)
+    n_train_neg = pc.list_value_length(cpr_train["negative_ids"])
+    splits: dict[str, Any] = {}
+    for name, table, negs, full in (
+        (EVAL_TABLE, cpr_eval, n_eval_neg, len(GROUPS) * per_group[EVAL]),
+        (TRAIN_TABLE, cpr_train, n_train_neg, len(GROUPS) * per_group[TRAIN]),
+    ):
+        splits[name] = {
+            "queries": table.num_rows,
+            "base_papers": len(pc.unique(table["base_corpus_id"])),
+            "positives": len(pc.unique(table["positive_id"])),
+            "negatives": int(pc.sum(negs).as_py() or 0),
+            "negatives_per_query_mean": round(float(pc.mean(negs).as_py() or 0), 2),
+            "negatives_per_query_min": int(pc.min(negs).as_py() or 0) if len(negs) else 0,
+            "queries_short_of_negatives": int(pc.sum(pc.less(negs, full)).as_py() or 0),
+            "per_field": _count_by(table, "field"),
+            "per_domain": _count_by(table, "domain"),
+            **{
+                f"share_{c}": _share(queries, table["query_id"], c)
+                for c in ("crosses_field", "crosses_domain")
+            },
+        }
+    everything = pa.concat_arrays(
+        [cpr_eval["query_id"].combine_chunks(), cpr_train["query_id"].combine_chunks()]
+    )
+    with_abstract = papers.filter(pc.is_valid(papers["abstract"]))["corpus_id"]
+    without = corpus.filter(pc.is_null(corpus["abstract"]))
+    withheld = without.filter(pc.is_in(without["corpus_id"], value_set=with_abstract))
+    return {
+        "splits": splits,
+        "held_out_queries": int(pc.sum(pc.equal(split["split"], HELD_OUT)).as_py() or 0),
+        "share_crosses_field": _share(queries, pa.chunked_array([everything]), "crosses_field"),
+        "share_crosses_domain": _share(queries, pa.chunked_array([everything]), "crosses_domain"),
+        "paper_shares": PAPER_SHARES,
+        "corpus": {
+            "papers": corpus.num_rows,
+            "abstracts_included": corpus.num_rows - corpus["abstract"].null_count,
+            "abstracts_withheld": withheld.num_rows,
+            "withheld_by_license": _count_by(withheld, "abstract_license"),
+            "without_abstract": papers.num_rows - len(with_abstract),
+        },
+        "leakage_check": "passed",
+    }
+
+
+# -- provenance and the card ---------------------------------------------------------------------
+
+
+def provenance(cfg: Config, storage: Storage) -> dict[str, Any]:
+    """Where the data came from: inputs, the OpenAlex snapshot, each stage's run, model and
+    prompt version, the pooling settings, the build's config hash and the code version."""
+    ingest = read_manifest(storage, "ingest") or {}
+    stages = {}
+    for name in ("ingest", "venues", "mine", *POSITIVE_STAGES, "pool", NEGATIVES_STAGE):
+        m = read_manifest(storage, name)
+        if m is not None:
+            stages[name] = {
+                "run_id": m["run_id"],
+                "config_hash": m.get("config_hash"),
+                "model": m.get("stats", {}).get("model"),
+                "prompt_version": m.get("stats", {}).get("prompt_version"),
+            }
+    sections = [s for s in BUILD_SECTIONS if getattr(cfg, s) is not None]
+    return {
+        "s2": cfg.input.s2 if cfg.input else None,
+        "openalex": cfg.input.openalex if cfg.input else None,
+        "openalex_snapshot": ingest.get("stats", {}).get("openalex_snapshot"),
+        "input_fingerprints": ingest.get("inputs", {}),
+        "stages": stages,
+        "pooling": cfg.pooling.model_dump(mode="json"),
+        "open_licenses": list(cfg.dataset.open_licenses),
+        "config_hash": cfg.section_hash(*sections),
+        "config_sections": sections,
+        "code_version": code_version(),
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> str:
+    """The export's README.md: what it is, counts, shares against the method's, licences,
+    the leakage guarantee and provenance; its YAML header names the three tables as configs."""
+    ev, tr = stats["splits"][EVAL_TABLE], stats["splits"][TRAIN_TABLE]
+    c = stats["corpus"]
+    lines = [
+        "---",
+        "pretty_name: CPR (Cross-Pollination Retrieval)",
+        "configs:",
+        *(
+            f"  - config_name: {t}\n    data_files: {file_name(t)}"
+            for t in (EVAL_TABLE, TRAIN_TABLE, CORPUS_TABLE)
+        ),
+        "---",
+        "",
+        "# CPR: Cross-Pollination Retrieval",
+        "",
+        'Research problems, each a "How to …" query written from a base paper, paired with a '
+        "paper on other topics whose contribution carries over to solve it (the positive), and "
+        "hard negatives from the same candidate pools judged not useful for it. Each CPR-eval "
+        "query ranks its own candidates; CPR-train pairs carry negatives for contrastive "
+        "training. Texts are resolved through `corpus`.",
+        "",
+        f"Built {created} by cpr-ray {prov['code_version']}.",
+        "",
+        "## Counts",
+        "",
+        "| split | queries | base papers | positives | negatives | negatives per query "
+        "(mean, min) | queries short of negatives |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {name} | {s['queries']:,} | {s['base_papers']:,} | {s['positives']:,} | "
+            f"{s['negatives']:,} | {s['negatives_per_query_mean']}, "
+            f"{s['negatives_per_query_min']} | {s['queries_short_of_negatives']:,} |"
+            for name, s in ((EVAL_TABLE, ev), (TRAIN_TABLE, tr))
+        ),
+        "",
+        f"Queries held out of CPR-train because their base paper or positive is in CPR-eval: "
+        f"{stats['held_out_queries']:,}. Corpus: {c['papers']:,} papers.",
+        "",
+        "### Per field",
+        "",
+        f"| field | {EVAL_TABLE} | {TRAIN_TABLE} |",
+        "|---|---:|---:|",
+        *_per_key_rows(ev["per_field"], tr["per_field"]),
+        "",
+        "### Per domain",
+        "",
+        f"| domain | {EVAL_TABLE} | {TRAIN_TABLE} |",
+        "|---|---:|---:|",
+        *_per_key_rows(ev["per_domain"], tr["per_domain"]),
+        "",
+        "## Positives from another field or domain",
+        "",
+        f"| | all | {EVAL_TABLE} | {TRAIN_TABLE} | the method's dataset |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| another {what} | {_pct(stats[f'share_crosses_{what}'])} | "
+            f"{_pct(ev[f'share_crosses_{what}'])} | {_pct(tr[f'share_crosses_{what}'])} | "
+            f"{_pct(PAPER_SHARES[f'crosses_{what}'])} |"
+            for what in ("field", "domain")
+        ),
+        "",
+        "## Files",
+        "",
+        "| file | columns |",
+        "|---|---|",
+        *(
+            f"| `{file_name(t)}` | " + ", ".join(f"`{f.name}` {f.type}" for f in SCHEMAS[t]) + " |"
+            for t in (EVAL_TABLE, TRAIN_TABLE, CORPUS_TABLE)
+        ),
+        "",
+        "`candidate_ids` is the positive followed by its hard negatives in pool order "
+        "(group by group: shares_query_topic, shares_positive_topic, other; within a group, "
+        "in the order pooling ranked them); `candidate_groups` labels each (`positive` first).",
+        "",
+        "## Abstracts and licences",
+        "",
+        f"Abstracts are included only under {', '.join(prov['open_licenses'])}: "
+        f"{c['abstracts_included']:,} included, {c['abstracts_withheld']:,} withheld (their "
+        f"rows carry ids, title and licence), {c['without_abstract']:,} papers have none. Fill "
+        "the withheld ones from your own copy of the Semantic Scholar `abstracts` dataset:",
+        "",
+        "```",
+        "cpr hydrate EXPORT_DIR --s2 S2_RELEASE_URI",
+        "```",
+        "",
+        "## No leakage",
+        "",
+        "No base paper or positive of a CPR-eval query appears anywhere in CPR-train: not as a "
+        "query's base paper, a positive or a negative. This was checked on these files before "
+        "they were published.",
+        "",
+        "## Provenance",
+        "",
+        f"- Semantic Scholar input: `{prov['s2']}`",
+        f"- OpenAlex input: `{prov['openalex']}` (topics from {prov['openalex_snapshot']})",
+        f"- Input fingerprints: {_inline(prov['input_fingerprints'])}",
+        f"- Pooling: {_poolers(prov['pooling'])} (all settings in `{STATS}`)",
+        f"- Build config hash: `{prov['config_hash']}` "
+        f"(sections {', '.join(prov['config_sections'])})",
+        "",
+        "| stage | run | model | prompt version |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {s['run_id']} | {s['model'] or ''} | {s['prompt_version'] or ''} |"
+            for name, s in prov["stages"].items()
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _per_key_rows(a: dict[str, int], b: dict[str, int]) -> list[str]:
+    return [f"| {k} | {a.get(k, 0):,} | {b.get(k, 0):,} |" for k in sorted(set(a) | set(b))]
+
+
+def _poolers(pooling: dict[str, Any]) -> str:
+    """The pooling retrievers as `name (kind, model)`, and the list depth."""
+    names = [
+        f"{p.get('name')} ({p.get('kind')}"
+        + (f", {p['encoder'].get('model')})" if p.get("encoder") else ")")
+        for p in pooling.get("poolers", [])
+    ]
+    return f"{', '.join(names) or 'none recorded'}; top {pooling.get('top_k')} per group"
+
+
+def _inline(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k} `{v}`" for k, v in d.items()) or "none recorded"
+
+
+def write_text(storage: Storage, uri: str, text: str) -> None:
+    """A small text file (the card), written whole."""
+    loc = storage.resolve(uri)
+    try:
+        loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
+        with loc.fs.open_output_stream(loc.path) as f:
+            f.write(text.encode())
+    except OSError as exc:
+        raise StorageError(f"cannot write {loc.uri}: {exc}") from None
+
+
+# -- the stage -----------------------------------------------------------------------------------
+
+
+def read_papers(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
+    """The named papers from ingest's Lance table (the id list is pushed down)."""
+    ds = lance.dataset(papers_uri, storage_options=storage.lance_options())
+    return ds.to_table(columns=PAPER_COLUMNS, filter=pc.field("corpus_id").isin(ids))
+
+
+def _export(
+    run: StageRun,
+    queries_uri: str,
+    negatives_uri: str,
+    papers_uri: str,
+    fingerprint: str,
+    negatives_complete: bool,
+) -> StageOutput:
+    ds = run.cfg.dataset
+    if fingerprint != split_fingerprint(ds):
+        raise ConfigError(
+            f"export: the dataset settings differ from those judge-negatives bought negatives "
+            f"for (dataset.* other than open_licenses); rerun it first: cpr build --stages "
+            f"{NEGATIVES_STAGE},{STAGE}"
+        )
+    queries = run.storage.read_parquet(queries_uri)
+    split = assign_split(queries, eval_per_field=ds.eval_per_field, seed=ds.seed)
+    negatives = run.storage.read_parquet(negatives_uri)
+    cpr_eval, cpr_train = split_tables(queries, split, negatives)
+    check_no_leakage(cpr_eval, cpr_train)  # a violation is a bug: nothing gets published
+
+    ids = corpus_ids(cpr_eval, cpr_train)
+    papers = read_papers(run.storage, papers_uri, ids)
+    absent = pc.invert(pc.is_in(ids, value_set=papers["corpus_id"].combine_chunks()))
+    if pc.any(absent).as_py():
+        raise InputError(
+            f"export: {pc.sum(absent).as_py()} paper(s) of the splits are not in ingest's papers "
+            f"({papers_uri}), e.g. {ids.filter(absent).to_pylist()[:5]}; pool ran on another "
+            "corpus: rerun it (cpr build --stages pool,judge-negatives,export --force)"
+        )
+    corpus = corpus_table(papers, ds.open_licenses)
+
+    tables: dict[str, dict[str, Any]] = {}
+    for name, table in ((EVAL_TABLE, cpr_eval), (TRAIN_TABLE, cpr_train), (CORPUS_TABLE, corpus)):
+        uri = join(run.out, file_name(name))
+        run.storage.write_parquet(table, uri)
+        tables[name] = {"uri": uri, "format": "parquet", "rows": table.num_rows}
+    per_group = {EVAL: ds.eval_negatives_per_group, TRAIN: ds.train_negatives_per_group}
+    stats = export_stats(queries, split, cpr_eval, cpr_train, corpus, papers, per_group)
+    prov = provenance(run.cfg, run.storage)
+    created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    run.storage.write_json(join(run.out, STATS), {**stats, "provenance": prov})
+    card_uri = join(run.out, CARD)
+    write_text(run.storage, card_uri, dataset_card(stats, prov, created))
+    tables["card"] = {"uri": card_uri, "format": "markdown", "rows": 1}
+
+    ev, tr = stats["splits"][EVAL_TABLE], stats["splits"][TRAIN_TABLE]
+    console.print(
+        f"  export: {EVAL_TABLE} {ev['queries']:,} queries ({ev['negatives_per_query_mean']} "
+        f"negatives each), {TRAIN_TABLE} {tr['queries']:,} pairs, {stats['held_out_queries']:,} "
+        f"held out; corpus {corpus.num_rows:,} papers ({stats['corpus']['abstracts_included']:,}"
+        f" abstracts carried); another field {_pct(stats['share_crosses_field'])} (method "
+        f"79.9%), another domain {_pct(stats['share_crosses_domain'])} (45.3%) → {run.out}"
+    )
+    # negatives missing for a reason a rerun may fix make this export provisional too
+    return StageOutput(tables=tables, stats=stats, complete=negatives_complete)
+
+
+def export(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
+    """Run (or skip) the export over pool's queries and judge-negatives' negatives."""
+    pool = require_manifest(storage, "pool")
+    negatives = require_manifest(storage, NEGATIVES_STAGE)
+    ingest = require_manifest(storage, "ingest")
+    return run_stage(
+        STAGE,
+        cfg,
+        storage,
+        inputs={
+            "pool": pool["run_id"],
+            NEGATIVES_STAGE: negatives["run_id"],
+            "ingest": ingest["run_id"],
+        },
+        config_sections=("dataset",),
+        fn=partial(
+            _export,
+            queries_uri=pool["tables"]["queries"]["uri"],
+            negatives_uri=negatives["tables"]["negatives"]["uri"],
+            papers_uri=ingest["tables"]["papers"]["uri"],
+            fingerprint=negatives["stats"]["split_fingerprint"],
+            negatives_complete=negatives.get("complete", True),
+        ),
+        force=force,
+    )

@@ -1,0 +1,151 @@
+"""Document vectors of the candidate universe: encoded once, kept across runs, assembled per run.
+
+**The store** (``ROOT/_embeddings/{encoder key}/``) holds, per encoder (model and the settings
+that change a document's vector), Parquet parts of ``corpus_id``, ``key`` (of the exact text
+encoded: `rules.content_keys`) and the vector: ``embedding`` (dense, normalised float32) or
+``indices``/``values`` (SPLADE's nonzero vocabulary weights). A run encodes, on a Ray Data actor
+pool, only the universe papers whose key the store lacks, and appends them: a rerun, or a
+nightly refresh whose universe grew, pays GPU time for the new or changed texts only. Like the
+LLM cache, it sits outside the run folders, so publishing a run never deletes it.
+
+**The index** of a run (``RUN/index/{pooler}/``) is its universe's vectors in search order
+(`search.Universe`): for dense poolers the saved form of a
+:class:`~cpr_ray.retrieval.index.VectorIndex` (flat below ``pooling.ivf_min_docs`` documents,
+IVF above) that each search actor loads; for SPLADE ``sparse.parquet``.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+
+from cpr_ray.config import StorageConfig
+from cpr_ray.errors import StorageError
+from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
+from cpr_ray.pooling.rules import content_keys, doc_text
+from cpr_ray.pooling.search import Universe
+from cpr_ray.retrieval.index import factory_for, save_vectors
+from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
+from cpr_ray.storage import Storage, join
+
+STORE = "_embeddings"
+KEYS = pa.schema([("corpus_id", pa.int64()), ("key", pa.uint64())])
+
+
+def store_uri(storage: Storage, plan: PoolerPlan) -> str:
+    """Where the pooler's encoder keeps its document vectors, shared by every run of the build."""
+    return join(storage.root, STORE, plan.store_key)
+
+
+def doc_keys(batch: pa.Table, template: str) -> pa.Table:
+    """(corpus_id, key) of DOCS rows under a pooler's document template."""
+    text = doc_text(batch["title"], batch["abstract"], template)
+    return pa.table(
+        {"corpus_id": batch["corpus_id"], "key": content_keys(batch["corpus_id"], text)}
+    )
+
+
+def texts_to_encode(batch: pa.Table, template: str, stored: pa.Array) -> pa.Table:
+    """(corpus_id, key, text) of the DOCS rows whose key the store does not hold yet."""
+    text = doc_text(batch["title"], batch["abstract"], template)
+    keys = content_keys(batch["corpus_id"], text)
+    table = pa.table({"corpus_id": batch["corpus_id"], "key": keys, "text": text})
+    return table.filter(pc.invert(pc.is_in(keys, value_set=stored)))
+
+
+def gather(ds: ray.data.Dataset, schema: pa.Schema) -> pa.Table:
+    """A dataset's (small) output on the driver, as one table of `schema`."""
+    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+
+
+def _stored_keys(storage: Storage, uri: str) -> pa.Array:
+    if not storage.exists(uri) or not storage.list_files(uri, (".parquet",)):
+        return pa.array([], pa.uint64())
+    return storage.read_parquet(uri, ["key"])["key"].combine_chunks()
+
+
+def encode_missing(
+    storage: Storage, plan: PoolerPlan, docs_uri: str, batch_rows: int
+) -> tuple[pa.Table, int]:
+    """Encode the universe papers the pooler's store lacks; returns (this universe's keys,
+    papers encoded now)."""
+    loc = storage.resolve(docs_uri)
+    docs = ray.data.read_parquet(loc.path, filesystem=loc.fs).select_columns(
+        ["corpus_id", "title", "abstract"]
+    )
+    keys = gather(
+        docs.map_batches(
+            doc_keys, fn_kwargs={"template": plan.template}, batch_format="pyarrow", batch_size=None
+        ),
+        KEYS,
+    )
+    store = store_uri(storage, plan)
+    stored = _stored_keys(storage, store)
+    todo = int(pc.sum(pc.invert(pc.is_in(keys["key"], value_set=stored))).as_py() or 0)
+    if todo == 0:
+        return keys, 0
+    # blocks small enough that every actor gets work, at most batch_rows rows per call
+    rows = max(1, min(batch_rows, ceil(todo / (2 * plan.actors))))
+    missing = docs.map_batches(
+        texts_to_encode,
+        fn_kwargs={"template": plan.template, "stored": stored},
+        batch_format="pyarrow",
+        batch_size=None,
+    ).repartition(ceil(todo / rows))
+    options = RayEncodeOptions(
+        max_actors=plan.actors, batch_size=rows, num_cpus=plan.num_cpus, num_gpus=plan.num_gpus
+    )
+    assert plan.spec is not None and plan.kind in ("dense", "splade")
+    encoded = encode_dataset(missing, plan.spec, plan.kind, options)
+    sloc = storage.resolve(store)
+    encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)
+    return keys, todo
+
+
+def _vector_columns(kind: str) -> list[str]:
+    return ["embedding"] if kind == "dense" else ["indices", "values"]
+
+
+def assemble_index(
+    storage_cfg: StorageConfig,
+    plan: PoolerPlan,
+    docs_uri: str,
+    index_uri: str,
+    keys: pa.Table,
+    ivf_min_docs: int,
+    ivf_lists: int | None,
+    nprobe: int,
+) -> dict[str, object]:
+    """Write the pooler's index for this run: the store's vectors of exactly this universe's
+    texts (`keys`), in search order. Runs as a Ray task, off the driver."""
+    storage = Storage(storage_cfg)
+    universe = Universe(storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"]))
+    store = store_uri(storage, plan)
+    table = storage.read_parquet(store, ["corpus_id", "key", *_vector_columns(plan.kind)])
+    table = table.filter(pc.is_in(table["key"], value_set=keys["key"].combine_chunks()))
+    _, first = np.unique(table["key"].to_numpy(), return_index=True)  # one row per text
+    table = table.take(pa.array(first))
+    positions = universe.positions(table["corpus_id"].to_numpy())
+    if table.num_rows != len(universe) or (positions < 0).any():
+        raise StorageError(
+            f"embedding store {store} holds {table.num_rows:,} of this universe's "
+            f"{len(universe):,} document texts; rerun pool (cpr build --stages pool --force)"
+        )
+    table = table.take(pa.array(np.argsort(positions)))
+    if plan.kind == "dense":
+        column = table["embedding"].combine_chunks()
+        dim = column.type.list_size
+        vectors = column.flatten().to_numpy().reshape(-1, dim)
+        factory = factory_for(len(vectors), ivf_min_docs, ivf_lists)
+        save_vectors(
+            storage, index_uri, table["corpus_id"].to_numpy(), vectors, factory, nprobe=nprobe
+        )
+        return {"index": factory, "documents": len(vectors), "dim": dim}
+    storage.write_parquet(table.select(["corpus_id", "indices", "values"]), join(index_uri, SPARSE))
+    nonzeros = pc.mean(pc.list_value_length(table["indices"])).as_py() or 0.0
+    return {"index": "sparse", "documents": table.num_rows, "nonzeros_per_doc": round(nonzeros, 1)}

@@ -1,0 +1,177 @@
+"""The poolers as Ray steps: a plain plan per pooler (from `pooling.poolers`), and the search
+actor that turns batches of queries into one pooler's ranked lists.
+
+The plan is what travels to actors (plain values, an :class:`EncoderSpec`), so an actor loads its
+model and index where it runs, never on the driver. A search actor loads the universe, the
+pooler's index (dense: a faiss :class:`VectorIndex` on the GPU when it has one; SPLADE: the
+sparse matrix, transposed for query-by-corpus products; BM25: a bm25s index built over the
+document texts) and its query encoder once, then answers SEARCH_QUERIES batches with HITS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import scipy.sparse as sp
+
+from cpr_ray.config import PoolingConfig, StorageConfig
+from cpr_ray.pooling.rules import doc_text
+from cpr_ray.pooling.schemas import GROUPS, HITS
+from cpr_ray.pooling.search import Hits, QueryBatch, Universe, exact_hits, index_hits
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.storage import Storage, join
+
+BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
+SPARSE = "sparse.parquet"
+
+
+@dataclass(frozen=True)
+class PoolerPlan:
+    """One configured pooler with the resources its encoder and search actors reserve."""
+
+    name: str
+    kind: str  # dense | splade | bm25
+    template: str  # document text from {title} and {abstract}
+    spec: EncoderSpec | None  # None for bm25
+    actors: int  # encoder actors, at most
+    num_cpus: float  # per encoder or search actor
+    num_gpus: float
+
+    @property
+    def store_key(self) -> str:
+        """The embedding store's key: what changes a document's vector (the text itself is in
+        each row's key), so poolers that differ only in query settings share a store."""
+        assert self.spec is not None, f"{self.name}: bm25 keeps no vectors"
+        s = asdict(self.spec)
+        fields = ("model", "pooling", "doc_prefix", "max_length", "normalize", "dtype")
+        payload = {"kind": self.kind, **{f: s[f] for f in fields}}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
+    """The configured poolers, in round-robin order."""
+    out = []
+    for p in cfg.poolers:
+        enc = p.encoder
+        spec = None
+        if enc is not None and enc.model is not None:
+            spec = EncoderSpec(
+                model=enc.model,
+                pooling=enc.pooling,
+                query_prefix=enc.query_prefix,
+                doc_prefix=enc.doc_prefix,
+                max_length=enc.max_length,
+                batch_size=enc.batch_size,
+                device=enc.device,
+                dtype=enc.dtype,
+                threads=max(1, int(enc.cpus_per_actor)),  # one torch thread per reserved CPU
+                token_budget=cfg.token_budget,
+            )
+        out.append(
+            PoolerPlan(
+                name=p.name,
+                kind=p.kind,
+                template=p.doc_template,
+                spec=spec,
+                actors=enc.actors if enc else 1,
+                num_cpus=enc.cpus_per_actor if enc else 1.0,
+                num_gpus=enc.gpus_per_actor if enc else 0.0,
+            )
+        )
+    return out
+
+
+def sparse_rows(table: pa.Table, dim: int) -> sp.csr_matrix:
+    """CSR (rows, dim) from list columns `indices` (int32) and `values` (float32)."""
+    indices = table["indices"].combine_chunks()
+    values = table["values"].combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(indices), 0).to_numpy()
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    return sp.csr_matrix(
+        (pc.list_flatten(values).to_numpy(), pc.list_flatten(indices).to_numpy(), indptr),
+        shape=(len(lengths), dim),
+        dtype=np.float32,
+    )
+
+
+class PoolerSearch:
+    """map_batches callable (one actor per pooler): SEARCH_QUERIES -> HITS."""
+
+    def __init__(
+        self, plan: PoolerPlan, storage: StorageConfig, docs_uri: str, index_uri: str | None
+    ) -> None:
+        st = Storage(storage)
+        lexical = plan.kind == "bm25"
+        columns = ["corpus_id", "date_key", "topic_ids"] + (
+            ["title", "abstract"] if lexical else []
+        )
+        docs = st.read_parquet(docs_uri, columns)
+        self.plan = plan
+        self.universe = Universe(docs)
+        if plan.kind == "dense":
+            from cpr_ray.retrieval.encoder import DenseEncoder
+            from cpr_ray.retrieval.index import VectorIndex
+
+            self.encoder = DenseEncoder(plan.spec)
+            self.index = VectorIndex.load(st, index_uri, device="auto" if plan.num_gpus else "cpu")
+            self._check_order(index_uri, self.index.ids)
+        elif plan.kind == "splade":
+            from cpr_ray.retrieval.encoder import SpladeEncoder
+
+            self.encoder = SpladeEncoder(plan.spec)
+            table = st.read_parquet(join(index_uri, SPARSE))
+            self._check_order(index_uri, table["corpus_id"].to_numpy())
+            self._docs_t = sparse_rows(table, self.encoder.dim).T.tocsr()  # (V, N)
+        else:
+            from cpr_ray.retrieval.bm25 import BM25Retriever
+
+            ordered = docs.take(pa.array(self.universe.order))
+            self.bm25 = BM25Retriever()
+            texts = doc_text(ordered["title"], ordered["abstract"], plan.template)
+            self.bm25.index(texts.to_pylist())
+
+    def _check_order(self, uri: str | None, ids: np.ndarray) -> None:
+        if not np.array_equal(ids, self.universe.corpus_ids):
+            raise ValueError(f"{uri}: index vectors are not this universe's, in search order")
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        n = len(self.universe)
+        if n == 0 or batch.num_rows == 0:
+            return HITS.empty_table()
+        if self.plan.kind == "dense":
+            queries = self.encoder.encode_queries(batch["query"].to_pylist())  # (c, d)
+            hits = index_hits(
+                self.index, self.universe, queries, QueryBatch.build(self.universe, batch)
+            )
+            return self._table(batch, hits)
+        step = max(1, BLOCK_CELLS // n)  # exact scores: a (step, N) block at a time
+        parts = []
+        for s in range(0, batch.num_rows, step):
+            chunk = batch.slice(s, step)
+            scores = self._scores(chunk["query"].to_pylist())  # (c, N)
+            hits = exact_hits(scores, QueryBatch.build(self.universe, chunk), positive_only=True)
+            parts.append(self._table(chunk, hits))
+        return pa.concat_tables(parts)
+
+    def _scores(self, texts: list[str]) -> np.ndarray:
+        if self.plan.kind == "splade":
+            product = self.encoder.encode_queries(texts) @ self._docs_t  # (c, N) sparse
+            return np.asarray(product.todense(), dtype=np.float32)
+        return self.bm25.scores(texts)
+
+    def _table(self, batch: pa.Table, hits: Hits) -> pa.Table:
+        return pa.table(
+            {
+                "query_id": batch["query_id"].take(pa.array(hits.rows)),
+                "group": pa.array(GROUPS).take(pa.array(hits.groups)),
+                "candidate_id": self.universe.corpus_ids[hits.positions],
+                "pooler": pa.array([self.plan.name]).take(np.zeros(len(hits.rows), np.int64)),
+                "rank": hits.ranks.astype(np.int32),
+            },
+            schema=HITS,
+        )

@@ -1,0 +1,427 @@
+"""The constrained schemas sent to the endpoint say the decision rules JSON Schema can say.
+
+Checked with `jsonschema` against the same answers the rule checks judge: every answer the rules
+accept fits the schema, every answer they reject for a rule a schema can express does not, and the
+rules a schema cannot express (an argument must be a mapped object, no meta-language or method
+phrases in a query) are listed as what only the checks after arrival catch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from cpr_ray.config import LLMConfig, load_config
+from cpr_ray.errors import ConfigError
+from cpr_ray.llm import answers, evaluate
+from cpr_ray.llm.answers import (
+    AnalogyJudgment,
+    TransferVerdict,
+    Usefulness,
+    WrittenQuery,
+    analogy_problems,
+    constrained_schema,
+    query_rule_violations,
+    transfer_problems,
+)
+from cpr_ray.llm.client import response_format
+from cpr_ray.llm.judges import AnalogyJudge
+from tests import scripted_llm
+
+ANSWER_MODELS: list[type[BaseModel]] = [
+    m
+    for module in (answers, evaluate)
+    for m in vars(module).values()
+    if isinstance(m, type)
+    and issubclass(m, answers._Answer)
+    and m is not answers._Answer
+    and m.__module__ == module.__name__
+]
+
+
+def fits(model: type[BaseModel], value: dict[str, Any]) -> bool:
+    return jsonschema.Draft202012Validator(constrained_schema(model)).is_valid(value)
+
+
+def parses(model: type[BaseModel], value: dict[str, Any]) -> BaseModel | None:
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def test_every_answer_model_has_a_valid_schema_that_fits_the_scripted_answers():
+    prompt = "\n".join(  # the lines the scripted endpoint reads its answers from
+        [
+            "Q title: diffusion models",
+            "Title: Sampling images",
+            "Problem: The difficulty of recovering sparse signals from few sensors.",
+            "Question A: how to recover sparse signals?",
+            "Question B: how to recover sparse signals from noise?",
+            "Question: how to recover sparse signals?",
+            "Passage: a passage",
+            "Paper: a useful paper",
+            "pick the 2 most useful",
+            "[a] a useful one",
+            "[b] another",
+        ]
+    )
+    assert {m.__name__ for m in ANSWER_MODELS} >= set(scripted_llm.ANSWERS) - {"unknown"}
+    for model in ANSWER_MODELS:
+        schema = constrained_schema(model)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        json.dumps(schema)  # plain JSON: what goes over the wire
+        if model.__name__ in scripted_llm.ANSWERS:
+            answer = scripted_llm.ANSWERS[model.__name__](prompt)
+            assert fits(model, answer), (model.__name__, answer)
+
+
+def _schemas_of(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """The object schemas an answer of `model` (or a model it nests) may fit, one per branch."""
+    schema = constrained_schema(model)
+    out = []
+    for node in [schema, *schema.get("$defs", {}).values()]:
+        out.extend(node.get("anyOf", [node]))
+    return out
+
+
+@pytest.mark.parametrize("model", ANSWER_MODELS, ids=lambda m: m.__name__)
+def test_bounds_of_the_models_are_in_every_branch(model):
+    """maxLength, maxItems and integer bounds are the model's own: a branch may narrow a list,
+    never widen it, and where no branch narrows a field its bound is exactly the model's."""
+    by_name = {m.__name__: m for m in [model, *answers._nested_answers(model)]}
+    widest: dict[tuple[str, str], int] = {}
+    for obj in _schemas_of(model):
+        fields = by_name[obj["title"]].model_fields
+        for name, prop in obj["properties"].items():
+            if "const" in prop or "enum" in prop:
+                continue
+            bounds = {type(c).__name__: c for c in fields[name].metadata}
+            if "MaxLen" in bounds:
+                key = "maxItems" if prop.get("type") == "array" else "maxLength"
+                options = [o for o in prop.get("anyOf", [prop]) if o.get("type") != "null"]
+                assert all(o[key] <= bounds["MaxLen"].max_length for o in options), name
+                seen = widest.get((obj["title"], name), 0)
+                widest[(obj["title"], name)] = max(seen, *(o[key] for o in options))
+            if "Ge" in bounds:
+                assert prop["minimum"] == bounds["Ge"].ge and prop["type"] == "integer"
+            if "Le" in bounds:
+                assert prop["maximum"] == bounds["Le"].le
+    for (title, name), bound in widest.items():
+        meta = {type(c).__name__: c for c in by_name[title].model_fields[name].metadata}
+        assert bound == meta["MaxLen"].max_length, (title, name)
+
+
+# -- the analogy judgment ------------------------------------------------------------------------
+
+MAPPINGS = [
+    {"q_object": "data distribution", "d_object": "initial state", "role": "start"},
+    {"q_object": "noise distribution", "d_object": "equilibrium state", "role": "end"},
+    {"q_object": "sampler", "d_object": "reverse process", "role": "path"},
+]
+
+
+def _relations(n: int) -> list[dict[str, Any]]:
+    """n shared relations of arity 1, 2, …, over the first mapping (grounded when it exists)."""
+    first = MAPPINGS[0]
+    return [
+        {
+            "predicate": f"Converts{i}",
+            "q_arguments": [first["q_object"]] * (i + 1),
+            "d_arguments": [first["d_object"]] * (i + 1),
+        }
+        for i in range(n)
+    ]
+
+
+def _judgment(
+    same: bool, mappings: int, relations: int, structural: bool, holds: bool, able: bool, d: str
+) -> dict[str, Any]:
+    return {
+        "same_problem": same,
+        "object_mappings": MAPPINGS[:mappings],
+        "shared_relations": _relations(relations),
+        "structural_analogy": structural,
+        "transfer_holds": holds,
+        "transferable": able,
+        "transfer_type": "method",
+        "transfer_path": "the process comes from d",
+        "reason": "r",
+        "decision": d,
+    }
+
+
+ALL_JUDGMENTS = [  # relations need a mapping to be grounded: that rule is the schema's blind spot
+    _judgment(same, m, r, *rest)
+    for same, m, r, *rest in itertools.product(
+        (False, True),
+        (0, 1, 2, 3),
+        (0, 1, 2),
+        (False, True),
+        (False, True),
+        (False, True),
+        ("observed_analogy", "potential_analogy", "not_analogy"),
+    )
+    if m or not r
+]
+
+
+def test_the_analogy_schema_accepts_exactly_the_consistent_judgments():
+    """Every combination of booleans, decision and list sizes (with grounded relations): the
+    schema and the rule checks agree on each one."""
+    consistent = 0
+    for value in ALL_JUDGMENTS:
+        problems = analogy_problems(AnalogyJudgment.model_validate(value))
+        assert fits(AnalogyJudgment, value) == (not problems), (problems, value)
+        consistent += not problems
+    # same problem: 1; no structural analogy: 10 list sizes x 3 (holds, transferable); a
+    # structural analogy: 4 list sizes x 3 decisions
+    assert (consistent, len(ALL_JUDGMENTS)) == (43, 480)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        scripted_llm.ACCEPTING,
+        scripted_llm.REJECTING,
+        scripted_llm.analogy("Q title: SAME task"),
+        scripted_llm.ACCEPTING | {"decision": "potential_analogy", "transfer_holds": False},
+    ],
+    ids=["observed", "not-analogy", "same-problem", "potential"],
+)
+def test_the_scripted_judgments_the_rules_accept_fit(value):
+    assert analogy_problems(AnalogyJudgment.model_validate(value)) == []
+    assert fits(AnalogyJudgment, value)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (scripted_llm.ACCEPTING | {"decision": "not_analogy"}, "contradicts the booleans"),
+        (scripted_llm.ACCEPTING | {"transferable": False}, "so transferable must be true"),
+        (scripted_llm.ACCEPTING | {"same_problem": True}, "same_problem is true"),
+        (  # tests/test_llm_decisions.py: a structural analogy without mappings
+            _judgment(False, 0, 0, True, False, True, "potential_analogy"),
+            "at least two mappings",
+        ),
+        (
+            scripted_llm.ACCEPTING
+            | {
+                "shared_relations": [
+                    {
+                        "predicate": "Converts",
+                        "q_arguments": ["data distribution", "noise distribution"],
+                        "d_arguments": ["initial state"],
+                    }
+                ]
+            },
+            "same arguments on both sides",
+        ),
+        (
+            scripted_llm.ACCEPTING
+            | {"shared_relations": [{"predicate": "P", "q_arguments": [], "d_arguments": []}]},
+            "same arguments on both sides",
+        ),
+    ],
+    ids=["decision", "holds-not-transferable", "same-problem", "no-mappings", "arity", "empty"],
+)
+def test_judgments_the_rules_reject_do_not_fit(value, problem):
+    assert problem in "; ".join(analogy_problems(AnalogyJudgment.model_validate(value)))
+    assert not fits(AnalogyJudgment, value)
+
+
+def test_an_ungrounded_relation_is_only_caught_after_arrival():
+    """A schema cannot say that an argument is one of the mapped objects."""
+    value = scripted_llm.ACCEPTING | {
+        "shared_relations": [
+            {"predicate": "P", "q_arguments": ["a thing"], "d_arguments": ["another thing"]}
+        ]
+    }
+    assert fits(AnalogyJudgment, value)
+    assert "unmapped arguments" in analogy_problems(AnalogyJudgment.model_validate(value))[0]
+
+
+# -- the transfer verdict ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("verdict", ["transfer", "reject"])
+@pytest.mark.parametrize(
+    "reason", [None, "same_problem", "background_only", "unsupported_mappings"]
+)
+def test_the_transfer_schema_accepts_exactly_the_consistent_verdicts(verdict, reason):
+    value = {"verdict": verdict, "reject_reason": reason, "reason": "r"}
+    assert fits(TransferVerdict, value) == (
+        transfer_problems(TransferVerdict.model_validate(value)) == []
+    )
+    assert not fits(TransferVerdict, value | {"reject_reason": "bored"})
+
+
+# -- the written query ---------------------------------------------------------------------------
+
+ACCEPTED_QUERIES = [
+    "How to recover sparse signals from few sensors?",  # tests/test_llm_decisions.py
+    "how to keep a sensor network alive on harvested energy?",
+    "how to estimate crop yield from sparse field samples?",
+    "How to schedule radios, given a duty cycle of 10 percent?",
+    "how to " + " ".join(["word"] * 43) + "?",  # 45 words
+]
+REJECTED_QUERIES = {  # rules a pattern can say
+    "Why do sparse signals fail?": 'start with "How to"',
+    "how to recover sparse signals [3]?": "citation marker",
+    "how to recover sparse signals [CITATION] from sensors?": "citation marker",
+    "How to model queues (Smith et al. 2010)?": "citation marker",
+    "How to recover MRI signals?": "upper-case token",
+    "how to " + " ".join(["word"] * 44) + "?": "longer than 45 words",
+}
+ONLY_AFTER_ARRIVAL = {  # rules about words a pattern without look-ahead cannot exclude
+    "How to use the cited paper?": "meta-language",
+    "how to denoise images by using diffusion?": "names a method",
+}
+
+
+@pytest.mark.parametrize("query", ACCEPTED_QUERIES)
+def test_queries_the_rules_accept_fit(query):
+    assert query_rule_violations(query) == []
+    assert parses(WrittenQuery, {"query": query}) is not None
+    assert fits(WrittenQuery, {"query": query})
+
+
+@pytest.mark.parametrize(("query", "rule"), REJECTED_QUERIES.items())
+def test_queries_the_rules_reject_do_not_fit(query, rule):
+    assert rule in "; ".join(query_rule_violations(query))
+    assert not fits(WrittenQuery, {"query": query})
+    assert parses(WrittenQuery, {"query": query}) is None  # the model validates the same form
+
+
+@pytest.mark.parametrize(("query", "rule"), ONLY_AFTER_ARRIVAL.items())
+def test_meta_language_and_method_phrases_are_caught_after_arrival(query, rule):
+    assert fits(WrittenQuery, {"query": query})
+    assert rule in "; ".join(query_rule_violations(query))
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["how to go?\nhow to stop?", "how to  go?", "how to go? ", "how to go. then stop?", "how to?"],
+)
+def test_one_single_spaced_question_only(query):
+    assert not fits(WrittenQuery, {"query": query})
+    assert parses(WrittenQuery, {"query": query}) is None
+
+
+def test_the_word_bound_lives_in_the_pattern_the_grammar_enforces():
+    """llama.cpp's grammar ignores maxLength beside a pattern: the pattern bounds the words."""
+    prop = constrained_schema(WrittenQuery)["properties"]["query"]
+    assert prop["maxLength"] == answers.QUERY_CHARS
+    words = re.search(r"\{1,(\d+)\}\\\?\$$", prop["pattern"])
+    assert words and int(words.group(1)) + 2 == answers.MAX_QUERY_WORDS
+
+
+# -- scores --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("model", "low", "high"), [(Usefulness, 0, 3), (evaluate.Score, 0, 10)])
+def test_scores_are_bounded_integers(model, low, high):
+    extra = {"reasoning": "r"} if model is Usefulness else {}
+    for score in range(low - 2, high + 3):
+        value = extra | {"score": score}
+        assert fits(model, value) == (low <= score <= high) == (parses(model, value) is not None)
+    assert not fits(model, extra | {"score": "2"}) and not fits(model, extra | {"score": 1.5})
+    assert not fits(Usefulness, {"reasoning": "x" * 601, "score": 2})
+
+
+# -- the request ---------------------------------------------------------------------------------
+
+
+def test_response_format_per_endpoint_form():
+    forms = LLMConfig.model_fields["response_format"].annotation.__args__
+    assert forms == ("json_schema", "json_schema_plain", "json_object_schema")
+    assert LLMConfig().response_format == "json_schema"
+    constrained = response_format(AnalogyJudgment, "json_schema")
+    assert constrained["type"] == "json_schema"
+    assert constrained["json_schema"]["name"] == "AnalogyJudgment"
+    assert len(constrained["json_schema"]["schema"]["anyOf"]) == 6
+    plain = response_format(AnalogyJudgment, "json_schema_plain")["json_schema"]["schema"]
+    assert plain == AnalogyJudgment.model_json_schema() and "anyOf" not in plain
+    legacy = response_format(AnalogyJudgment, "json_object_schema")
+    assert legacy == {"type": "json_object", "schema": AnalogyJudgment.model_json_schema()}
+    # models without branches send their own schema either way
+    assert response_format(Usefulness, "json_schema")["json_schema"]["schema"] == (
+        Usefulness.model_json_schema()
+    )
+
+
+# -- pinned answers (the dry run's placeholder judge) --------------------------------------------
+
+
+def _fits_pinned(model: type[BaseModel], pin: dict[str, Any], value: dict[str, Any]) -> bool:
+    return jsonschema.Draft202012Validator(constrained_schema(model, pin)).is_valid(value)
+
+
+def test_a_pinned_decision_keeps_only_the_branches_that_allow_it():
+    pin = {"decision": "observed_analogy"}
+    observed = [v for v in ALL_JUDGMENTS if fits(AnalogyJudgment, v)]
+    for value in observed:  # among consistent answers, exactly the observed ones fit
+        assert _fits_pinned(AnalogyJudgment, pin, value) == (
+            value["decision"] == "observed_analogy"
+        )
+    assert any(v["decision"] == "observed_analogy" for v in observed)
+    # the rules a schema can say still hold under the pin
+    assert not _fits_pinned(AnalogyJudgment, pin, scripted_llm.ACCEPTING | {"same_problem": True})
+    assert _fits_pinned(AnalogyJudgment, pin, scripted_llm.ACCEPTING)
+
+
+def test_pins_on_models_without_branches_and_per_model():
+    assert _fits_pinned(Usefulness, {"score": 3}, {"reasoning": "r", "score": 3})
+    assert not _fits_pinned(Usefulness, {"score": 3}, {"reasoning": "r", "score": 2})
+    # a stage's pin reaches only the answer models holding the field (write-queries asks three)
+    assert constrained_schema(WrittenQuery, {"grounded": True}) == constrained_schema(WrittenQuery)
+    verdict = constrained_schema(TransferVerdict, {"verdict": "transfer"})
+    assert "anyOf" not in verdict and verdict["properties"]["reject_reason"] == {
+        "title": "Reject Reason",
+        "const": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("pin", "error"),
+    [
+        ({"decisoin": "observed_analogy"}, "no answer has field(s) decisoin to pin"),
+        (
+            {"same_problem": True, "decision": "observed_analogy"},
+            "leaves no consistent AnalogyJudgment answer",
+        ),
+        ({"verdict": "maybe"}, "leaves no consistent TransferVerdict answer"),
+    ],
+)
+def test_a_bad_pin_is_a_config_error(pin, error):
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        load_config(overrides=[f"llm.stages.judge-analogy.pin={json.dumps(pin)}"])
+
+
+def test_pins_need_the_constrained_form_and_a_real_endpoint_drops_them():
+    pin = 'llm.stages.judge-transfer.pin={"verdict": "transfer"}'
+    with pytest.raises(ConfigError, match="only the constrained schema can carry"):
+        load_config(overrides=[pin, "llm.response_format=json_schema_plain"])
+    llm = load_config("dry-run").llm
+    assert llm.pin_for("judge_transfer") == {"verdict": "transfer"}
+    assert not any(llm.unpinned().pin_for(s) for s in llm.stages)
+    assert llm.unpinned().for_stage("judge-transfer") == llm.for_stage("judge-transfer")
+
+
+def test_a_pinned_answer_is_cached_apart_and_unpinned_keys_do_not_change():
+    task = AnalogyJudge()
+    row = {c: "x" for c in task.key_columns}
+    plain = task.request_key("m", row)
+    assert task.request_key("m", row, {}) == plain
+    assert task.request_key("m", row, {"decision": "observed_analogy"}) != plain
+
+
+def test_the_pinned_schema_goes_over_the_wire():
+    pinned = response_format(Usefulness, "json_schema", (("score", 0),))["json_schema"]["schema"]
+    assert pinned["properties"]["score"]["const"] == 0

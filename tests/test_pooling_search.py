@@ -1,0 +1,184 @@
+"""One pooler's per-group ranked lists (no Ray): the date filter inside the search (old queries
+are not starved), groups as the topic rule says, faiss (flat and IVF) against exact search, and
+the encoder extensions pooling relies on (token-budget batching, last-token pooling with left
+padding on a tiny Qwen3, SPLADE's non-negative sparse weights)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from cpr_ray.pooling.rules import topic_group  # noqa: E402
+from cpr_ray.pooling.schemas import GROUPS, SEARCH_QUERIES  # noqa: E402
+from cpr_ray.pooling.search import QueryBatch, Universe, exact_hits, index_hits  # noqa: E402
+from cpr_ray.retrieval.encoder import (  # noqa: E402
+    DenseEncoder,
+    Encoder,
+    SpladeEncoder,
+    batch_bounds,
+)
+from cpr_ray.retrieval.index import VectorIndex, factory_for  # noqa: E402
+from cpr_ray.retrieval.spec import EncoderSpec  # noqa: E402
+
+from .test_retrieval import tiny_models  # noqa: E402, F401  (the tiny Qwen3 / SPLADE fixture)
+
+EPOCH = dt.date(1970, 1, 1)
+N, DIM, TOPICS = 3000, 16, 60
+
+
+def _date(days: int) -> dt.date:
+    return EPOCH + dt.timedelta(days=int(days))
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A random universe (ids, days, 0–3 topics each), unit vectors, and 40 queries."""
+    rng = np.random.default_rng(0)
+    ids = rng.choice(10**9, N, replace=False).astype(np.int64)
+    days = rng.integers(10_000, 20_000, N)
+    topics = [sorted(rng.choice(TOPICS, rng.integers(0, 4), replace=False).tolist()) for _ in ids]
+    docs = pa.table(
+        {
+            "corpus_id": ids,
+            "date_key": pa.array([_date(d) for d in days], pa.date32()),
+            "topic_ids": pa.array(topics, pa.list_(pa.int32())),
+        }
+    )
+    c = 40
+    base_days = rng.integers(10_000, 20_000, c)
+    base_days[0] = 10_150  # an old query: only ~1.5% of the universe precedes it
+    queries = pa.Table.from_pydict(
+        {
+            "query_id": [f"q{i}" for i in range(c)],
+            "query": ["q"] * c,
+            "base_id": ids[:c],
+            "base_date": [_date(d) for d in base_days],
+            "positive_id": ids[c : 2 * c],
+            "q_topics": [[int(t)] for t in rng.integers(0, TOPICS // 2, c)],
+            "p_topics": [[int(t), int(t) + 1] for t in rng.integers(TOPICS // 2, TOPICS - 1, c)],
+            "depth": [25] * c,
+        },
+        schema=SEARCH_QUERIES,
+    )
+    unit = rng.standard_normal((N + c, DIM)).astype(np.float32)
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    universe = Universe(docs)
+    vectors = unit[:N][universe.order]  # in search order
+    return {
+        "docs": docs,
+        "universe": universe,
+        "queries": queries,
+        "vectors": vectors,
+        "qvecs": unit[N:],
+        "days": days,
+        "topics": dict(zip(ids.tolist(), topics)),
+    }
+
+
+def _entries(hits) -> set[tuple[int, int, int, int]]:
+    return set(
+        zip(hits.rows.tolist(), hits.groups.tolist(), hits.positions.tolist(), hits.ranks.tolist())
+    )
+
+
+def test_lists_hold_only_eligible_papers_of_their_group_and_old_queries_are_not_starved(world):
+    u, q = world["universe"], world["queries"]
+    batch = QueryBatch.build(u, q)
+    hits = exact_hits(world["qvecs"] @ world["vectors"].T, batch, positive_only=False)
+    ids = u.corpus_ids[hits.positions]
+    base_days = [(d - EPOCH).days for d in q["base_date"].to_pylist()]
+    doc_days = dict(zip(world["docs"]["corpus_id"].to_pylist(), world["days"].tolist()))
+    rows = hits.rows.tolist()
+    assert all(doc_days[i] < base_days[r] for i, r in zip(ids.tolist(), rows))  # before q
+    assert not set(zip(rows, ids.tolist())) & set(enumerate(q["positive_id"].to_pylist()))
+    # the group of every entry is the topic rule's
+    c_topics = pa.array([world["topics"][i] for i in ids.tolist()], pa.list_(pa.int32()))
+    expected = topic_group(c_topics, q["q_topics"].take(hits.rows), q["p_topics"].take(hits.rows))
+    assert [GROUPS[g] for g in hits.groups.tolist()] == expected.to_pylist()
+    # every list is full unless the group has fewer eligible members: the old query included
+    old = hits.rows == 0
+    assert batch.cutoff[0] < 0.02 * N
+    assert (hits.groups[old] == 2).sum() == 25  # a top-25 over ~45 eligible papers, not 0
+    for g in range(2):
+        members = int((batch.members[g][0] == 0).sum())
+        assert (hits.groups[old] == g).sum() == min(25, members)
+    # ranks run 0.. per (query, group), best first
+    scores = (world["qvecs"] @ world["vectors"].T)[hits.rows, hits.positions]
+    first = (hits.rows == 3) & (hits.groups == 2)
+    assert sorted(hits.ranks[first].tolist()) == list(range(first.sum()))
+    assert np.all(np.diff(scores[first][np.argsort(hits.ranks[first])]) <= 0)
+
+
+@pytest.mark.parametrize("factory, nprobe", [("Flat", 1), ("IVF8,Flat", 8)])
+def test_faiss_index_search_agrees_with_exact_search(world, factory, nprobe):
+    u, batch = world["universe"], QueryBatch.build(world["universe"], world["queries"])
+    exact = exact_hits(world["qvecs"] @ world["vectors"].T, batch, positive_only=False)
+    index = VectorIndex(u.corpus_ids, world["vectors"], factory, nprobe=nprobe)
+    assert _entries(index_hits(index, u, world["qvecs"], batch)) == _entries(exact)
+
+
+def test_sparse_scores_retrieve_only_papers_scoring_above_zero(world):
+    batch = QueryBatch.build(world["universe"], world["queries"])
+    scores = np.maximum(world["qvecs"] @ world["vectors"].T, 0)  # about half are zero
+    hits = exact_hits(scores, batch, positive_only=True)
+    assert (scores[hits.rows, hits.positions] > 0).all()
+    assert len(hits.rows) > 0
+
+
+def test_ivf_above_the_threshold():
+    assert factory_for(999, 1000) == "Flat"
+    assert factory_for(1_000_000, 1000) == "IVF4000,Flat"  # 4·√n
+    assert factory_for(2000, 1000) == "IVF51,Flat"  # capped: >= 39 training points per list
+    assert factory_for(2000, 1000, lists=8) == "IVF8,Flat"
+
+
+# -- encoder extensions -----------------------------------------------------------------------
+def test_token_budget_batches():
+    lengths = np.array([300, 200, 100, 100, 50, 50, 50, 10])
+    assert batch_bounds(lengths, 4, None) == [(0, 4), (4, 8)]
+    # 600 padded tokens: 2 of 300, then 4 of <= 100 (cap 4), then the rest
+    assert batch_bounds(lengths, 4, 600) == [(0, 2), (2, 6), (6, 8)]
+    assert batch_bounds(np.array([900, 10]), 4, 600) == [(0, 1), (1, 2)]  # too long: alone
+
+
+def test_token_budget_batching_gives_the_same_embeddings(minilm):
+    texts = [("word " * n).strip() for n in (3, 150, 40, 7, 90, 1, 60)]
+    plain = DenseEncoder(EncoderSpec(minilm, batch_size=3)).encode_docs(texts)
+    budget = DenseEncoder(EncoderSpec(minilm, batch_size=64, token_budget=200)).encode_docs(texts)
+    np.testing.assert_allclose(plain, budget, atol=1e-5)
+
+
+def test_last_token_pooling_with_left_padding_matches_a_hand_computation(tiny_models):  # noqa: F811
+    enc = DenseEncoder(EncoderSpec(tiny_models["qwen"], batch_size=8))
+    assert enc.spec.pooling == "last_token"
+    enc.model.tokenizer.padding_side = "left"  # as Qwen3-Embedding's own tokenizer pads
+    texts = ["short", "a much longer text with quite a few more words in it", "mid length one"]
+    got = enc.encode_docs(texts)
+    backbone, tok = enc.model.backbone, enc.model.tokenizer
+    with torch.inference_mode():
+        for text, vec in zip(texts, got):
+            ids = tok(text, return_tensors="pt")  # alone: no padding at all
+            last = backbone(**ids).last_hidden_state[0, -1]  # (d,) the last real token's state
+            np.testing.assert_allclose(vec, (last / last.norm()).numpy(), atol=1e-5)
+
+
+def test_splade_weights_are_non_negative_and_sparse(tiny_models):  # noqa: F811
+    enc = SpladeEncoder(EncoderSpec(tiny_models["splade"], batch_size=2))
+    texts = ["quantum photon pairs", "cats on a mat in the sun", "x"]
+    weights = enc.encode_docs(texts)  # CSR (3, V)
+    assert weights.format == "csr" and weights.shape == (3, enc.dim)
+    assert (weights.data > 0).all()  # stored entries are the nonzeros, all positive
+    assert (weights.getnnz(axis=1) < enc.dim).all()
+    model = Encoder.load(tiny_models["splade"], "splade")
+    with torch.inference_mode():
+        for i, text in enumerate(texts):
+            logits = model.backbone(**model.tokenize([text])).logits[0]  # (L, V)
+            hand = torch.log1p(torch.relu(logits)).max(dim=0).values.numpy()
+            np.testing.assert_allclose(weights[i].toarray()[0], hand, atol=1e-5)
