@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, StorageError, UserError
 from cpr_ray.evaluate.commands import eval_command, report_command
@@ -18,18 +18,14 @@ from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.pipeline import STAGES, resolve_stages, run_build
 from cpr_ray.stage import read_manifest
 from cpr_ray.storage import Storage
+from cpr_ray.train.commands import train_command
 
 app = typer.Typer(
     help="Cross-Pollination Retrieval on Ray: build the dataset, train and evaluate retrievers.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
 
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a config key, e.g. --set ingest.num_buckets=16"),
-]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Rerun stages even if already published.")]
 LLMUrlOpt = Annotated[
     str | None,
@@ -54,11 +50,6 @@ PLACEHOLDER_NOTICE = (
 def _llm_overrides(base_url: str | None, model: str | None) -> list[str]:
     out = [f"llm.base_url={base_url}"] if base_url else []
     return out + ([f"llm.model={model}"] if model else [])
-
-
-def _fail(exc: Exception) -> None:
-    console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)  # one line, however long
-    raise typer.Exit(2)
 
 
 def minilm_path() -> str | None:
@@ -163,7 +154,7 @@ def dry_run(
                 "to evaluate"
             )
     except UserError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(
         f"dry run finished in {time.time() - started:.0f}s; inspect with: cpr stats {out}"
     )
@@ -171,10 +162,8 @@ def dry_run(
 
 @app.command()
 def build(
-    config: Annotated[Path | None, typer.Option("--config", help="YAML config file.")] = None,
-    profile: Annotated[
-        str | None, typer.Option("--profile", help="Named profile to start from.")
-    ] = None,
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
     stages: Annotated[
         str | None,
         typer.Option("--stages", help=f"Comma-separated subset of: {', '.join(STAGES)}"),
@@ -186,7 +175,7 @@ def build(
 ) -> None:
     """Run the build stages (all, or --stages) with a config file and/or profile."""
     if config is None and profile is None:
-        _fail(ConfigError("give --config FILE and/or --profile NAME"))
+        fail(ConfigError("give --config FILE and/or --profile NAME"))
     try:
         cfg = load_config(
             profile, config, [*_llm_overrides(llm_base_url, llm_model), *(set_ or [])]
@@ -194,16 +183,14 @@ def build(
         names = resolve_stages([s.strip() for s in stages.split(",")] if stages else None)
         manifests = run_build(cfg, names, force=force)
     except UserError as exc:
-        _fail(exc)
+        fail(exc)
     _print_manifests(manifests)
 
 
 @app.command()
 def stats(
     root: Annotated[str, typer.Argument(help="Build root (path or s3://…).")],
-    s3_endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
-    ] = None,
+    s3_endpoint: S3EndpointOpt = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="Config whose llm.prices give the cost.")
     ] = None,
@@ -217,9 +204,9 @@ def stats(
         manifests = {n: m for n in STAGES if (m := read_manifest(storage, n)) is not None}
         ledger = ledger_summary(storage, llm_cfg)
     except UserError as exc:
-        _fail(exc)
+        fail(exc)
     if not manifests:
-        _fail(StorageError(f"no published stage under {root}"))
+        fail(StorageError(f"no published stage under {root}"))
     _print_manifests(manifests)
     for name, m in manifests.items():
         console.print(f"[bold]{name}[/] stats:", m.get("stats", {}))
@@ -256,9 +243,7 @@ def hydrate(
     s2: Annotated[
         str, typer.Option("--s2", help="Your S2 release (or its abstracts/ folder), path or s3://…")
     ],
-    s3_endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
-    ] = None,
+    s3_endpoint: S3EndpointOpt = None,
 ) -> None:
     """Fill the abstracts an export leaves out (licence) from your own S2 abstracts shards."""
     from cpr_ray.config import StorageConfig
@@ -267,7 +252,7 @@ def hydrate(
     try:
         out = fill_abstracts(Storage(StorageConfig(s3_endpoint=s3_endpoint)), export, s2)
     except UserError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(
         f"{out['filled']:,} of {out['missing']:,} missing abstracts filled from "
         f"{out['shards']:,} shard(s); {out['still_missing']:,} still missing → {out['corpus']}",
@@ -277,6 +262,7 @@ def hydrate(
 
 app.command("eval")(eval_command)
 app.command("report")(report_command)
+app.command("train")(train_command)
 
 
 if __name__ == "__main__":

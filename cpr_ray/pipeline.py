@@ -15,6 +15,7 @@ from cpr_ray.pooling.stage import pool
 from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
 from cpr_ray.ray_runtime import ensure_ray, user_errors_from_ray
 from cpr_ray.storage import Storage, join
+from cpr_ray.train.synthesis import synthesize_queries
 
 StageFn = Callable[..., dict[str, Any]]
 
@@ -26,6 +27,7 @@ STAGES: dict[str, StageFn] = {
     "pool": pool,
     "judge-negatives": judge_negatives,
     "export": export,
+    "synthesize-queries": synthesize_queries,
 }
 
 

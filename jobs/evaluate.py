@@ -8,38 +8,20 @@ went. On a user error it prints the same one line as the CLI and exits 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
+from cpr_ray.command_line import job_parser
 from cpr_ray.errors import ConfigError, UserError
 from cpr_ray.evaluate.commands import EVAL_FLAGS, eval_config
 from cpr_ray.evaluate.results import write_results
 from cpr_ray.evaluate.runner import run_eval
 from cpr_ray.storage import Storage
 
-INT_FLAGS = {"top_k", "seed", "max_length"}
+INT_FLAGS = frozenset({"top_k", "seed", "max_length"})
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="YAML config (eval:, encoder:, … sections)")
-    parser.add_argument("--profile", help="named profile to start from")
-    for flag, key in EVAL_FLAGS.items():
-        parser.add_argument(
-            "--" + flag.replace("_", "-"),
-            dest=flag,
-            type=int if flag in INT_FLAGS else str,
-            help=f"sets {key}",
-        )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config key, e.g. eval.resamples=500",
-    )
+    parser = job_parser(__doc__, EVAL_FLAGS, "eval.resamples=500", INT_FLAGS)
     args = parser.parse_args(argv)
     try:
         cfg = eval_config(

@@ -145,7 +145,29 @@ def fusion(prompt: str) -> dict[str, Any]:
     return {"queries": [f"{q} variant {i}" for i in range(4)]}
 
 
+def diverse_queries(prompt: str) -> dict[str, Any]:
+    words = re.findall(r"[a-z]+", _title(prompt, "Title").lower())[:6] or ["papers"]
+    topic = " ".join(words)
+    return {
+        "factual": f"what does {topic} report",
+        "procedural": f"how to do {topic}",
+        "causal": f"why does {topic} work",
+        "conditional": f"what if {topic} fails",
+        "keyword": topic,
+        "comparison": f"{topic} compared with earlier methods",
+    }
+
+
+def paraphrases(prompt: str) -> dict[str, Any]:
+    q = _title(prompt, "Query").rstrip("?")
+    asked = re.search(r"in (\d+) different ways", prompt)
+    n = int(asked.group(1)) if asked else 3
+    return {"paraphrases": [f"{q}, said way {i}?" for i in range(n)]}
+
+
 ANSWERS = {
+    "DiverseQueries": diverse_queries,
+    "Paraphrases": paraphrases,
     "Chosen": chosen,
     "Score": score,
     "Passage": hyde_passage,

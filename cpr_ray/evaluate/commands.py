@@ -7,15 +7,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
 from cpr_ray.config import Config, StorageConfig, load_config
 from cpr_ray.errors import UserError
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.evaluate.settings import check
-
-console = Console()
 
 # `cpr eval` / jobs/evaluate.py flag -> the config key it sets (flags win over --set and YAML)
 EVAL_FLAGS = {
@@ -37,11 +35,6 @@ EVAL_FLAGS = {
     "gain": "eval.gain",
     "s3_endpoint": "storage.s3_endpoint",
 }
-
-
-def _fail(exc: Exception) -> None:
-    console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def eval_config(
@@ -133,20 +126,10 @@ def eval_command(
         str | None,
         typer.Option("--gain", help="nDCG gain: exponential (2^rel-1) or linear (trec_eval)."),
     ] = None,
-    s3_endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="YAML config (eval:, encoder:, llm:, … sections)."),
-    ] = None,
-    profile: Annotated[
-        str | None, typer.Option("--profile", help="Named profile to start from.")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override any config key, e.g. --set eval.resamples=500"),
-    ] = None,
+    s3_endpoint: S3EndpointOpt = None,
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Evaluate a retriever (with an optional reranker or query rewriter) on a benchmark."""
     from cpr_ray.evaluate.results import write_results
@@ -159,7 +142,7 @@ def eval_command(
         results = run_eval(cfg)
         uri = write_results(Storage(cfg.storage), cfg.eval.out, results) if cfg.eval.out else None
     except UserError as exc:
-        _fail(exc)
+        fail(exc)
     print_results(results)
     if uri:
         console.print(f"results → {uri}", soft_wrap=True)
@@ -168,9 +151,7 @@ def eval_command(
 def report_command(
     results: Annotated[list[str], typer.Argument(help="Results JSON files or folders of them.")],
     out: Annotated[str, typer.Option("--out", help="Folder for report.md and the plots.")],
-    s3_endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")
-    ] = None,
+    s3_endpoint: S3EndpointOpt = None,
 ) -> None:
     """Markdown table and plots across evaluation runs."""
     from cpr_ray.evaluate.report import load_results, write_report
@@ -181,5 +162,5 @@ def report_command(
         loaded = load_results(storage, results)
         written = write_report(storage, loaded, out)
     except UserError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"{len(loaded)} run(s) → " + ", ".join(written), soft_wrap=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -487,3 +487,39 @@ def parse_usefulness_text(text: str) -> Usefulness | None:
         tail = re.findall(r"(?<!\d)([0-3])(?!\d)", text[-40:])
         found = tail
     return Usefulness(reasoning=text.strip()[:600], score=int(found[-1])) if found else None
+
+
+# -- multi-query synthesis (complexity-aware training) -------------------------------------------
+
+QUERY_KINDS = ("factual", "procedural", "causal", "conditional", "keyword", "comparison")
+SynthQuery = Annotated[str, Field(min_length=3, max_length=QUERY_CHARS)]
+
+
+class DiverseQueries(_Answer):
+    """One query of each kind, as fields: a schema can require every kind exactly once."""
+
+    factual: SynthQuery
+    procedural: SynthQuery
+    causal: SynthQuery
+    conditional: SynthQuery
+    keyword: SynthQuery
+    comparison: SynthQuery
+
+
+class Paraphrases(_Answer):
+    paraphrases: list[SynthQuery] = Field(min_length=2, max_length=len(QUERY_KINDS))
+
+
+def synthesized_problems(queries: Sequence[str], seed: str | None = None) -> list[str]:
+    """What makes a synthesized set unusable as several training queries: blanks, repeats, a
+    query over the word bound, a paraphrase that only copies its seed."""
+    problems = []
+    normal = [_norm(q) for q in queries]
+    if len(set(normal)) < len(normal):
+        problems.append("two queries are the same; each must be different")
+    long = [q for q in queries if len(q.split()) > MAX_QUERY_WORDS]
+    if long:
+        problems.append(f"{len(long)} query(ies) longer than {MAX_QUERY_WORDS} words")
+    if seed is not None and _norm(seed) in normal:
+        problems.append("a paraphrase repeats the query word for word")
+    return problems

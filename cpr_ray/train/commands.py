@@ -1,0 +1,99 @@
+"""`cpr train` (registered on the main app in cpr_ray/cli.py); jobs/train.py shares its config.
+
+Torch, transformers and Ray load only when a run starts, so the CLI stays quick to start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
+from cpr_ray.config import Config, load_config
+from cpr_ray.errors import UserError
+
+# `cpr train` / jobs/train.py flag -> the config key it sets (flags win over --set and YAML)
+TRAIN_FLAGS = {
+    "data": "train.data",
+    "format": "train.format",
+    "model": "encoder.model",
+    "out": "train.out",
+    "s3_endpoint": "storage.s3_endpoint",
+}
+REQUIRED = ("train.data", "train.out", "encoder.model")
+
+
+def train_config(
+    profile: str | None,
+    config: Path | None,
+    overrides: Sequence[str],
+    flags: Mapping[str, Any],
+) -> Config:
+    """The one config tree for a training run: profile < YAML < CPR_* env < --set < flags."""
+    cfg = load_config(
+        profile, config, overrides, flags={TRAIN_FLAGS[k]: v for k, v in flags.items()}
+    )
+    cfg.require(*REQUIRED)
+    return cfg
+
+
+def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+    """What a finished (or already finished) run reports: where the model went and how it did."""
+    final = summary.get("final", {})
+    data = summary.get("data", {})
+    peaks = summary.get("peak_memory_mb_per_worker") or []
+    lines = [
+        ("already trained: " if summary.get("skipped") else "")
+        + f"{summary['steps']} steps on {data.get('examples', '?')} {data.get('format', '')} "
+        f"examples, {summary['workers']} worker(s), {summary.get('seconds', 0):.0f}s",
+    ]
+    if final:
+        lines.append(
+            f"last step: loss {final['loss']:.4f}, in-batch accuracy {final['accuracy']:.3f}"
+        )
+    if peaks:
+        lines.append("peak memory per worker: " + ", ".join(f"{p:.0f} MiB" for p in peaks))
+    lines += [
+        f"model → {summary['model']}",
+        f"metrics → {summary['metrics']}",
+        f"evaluate: cpr eval --benchmark cpr --data EXPORT --retriever dense --model "
+        f"{summary['model']}",
+    ]
+    return lines
+
+
+def train_command(
+    data: Annotated[
+        str | None,
+        typer.Option("--data", help="Training data: a CPR export folder, or a file/folder."),
+    ] = None,
+    format: Annotated[
+        str | None,
+        typer.Option("--format", help="cpr | triplets | msmarco | reasonir | specter"),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model to fine-tune (path or hub name).")
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option("--out", help="Where the run writes (path or s3://…); rerun to resume."),
+    ] = None,
+    s3_endpoint: S3EndpointOpt = None,
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Fine-tune a dense retriever with InfoNCE on Ray Train (§4.1)."""
+    from cpr_ray.train.trainer import run_train
+
+    flags = {k: v for k, v in locals().items() if k in TRAIN_FLAGS}
+    try:
+        cfg = train_config(profile, config, set_ or [], flags)
+        summary = run_train(cfg)
+    except UserError as exc:
+        fail(exc)
+    for line in summary_lines(summary):
+        console.print(line, soft_wrap=True)

@@ -1,0 +1,224 @@
+"""The `synthesize-queries` stage (complexity-aware training): several queries per CPR-train
+positive, as multi-query training data, with the Q-D metrics of the build's queries and of the
+synthesized set.
+
+`synthesis.mode: diverse` asks, in one zero-shot call per document, one query of each kind
+(factual, procedural, causal, conditional, keyword, comparison: the schema requires each once);
+`paraphrase` rewrites each CPR-train query several ways, the low-diversity control. Every call
+goes through the LLM layer (cache, ledger, retries, schema). The output, `multi-query.parquet`,
+is the plain triplets format (`query`, `positive`, `negatives`) plus `positive_id` and `kind`:
+`cpr train --format triplets` reads it, and the queries sharing a positive are siblings, never
+each other's negatives.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cpr_ray.config import Config, SynthesisConfig
+from cpr_ray.llm import prompts
+from cpr_ray.llm.answers import QUERY_KINDS, DiverseQueries, Paraphrases, synthesized_problems
+from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
+from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
+from cpr_ray.storage import Storage, join
+from cpr_ray.train.qd_metrics import cross_encoder_scorer, qd_report
+
+STAGE = "synthesize-queries"
+MULTI_QUERY = pa.schema(
+    [
+        ("query", pa.string()),
+        ("positive", pa.string()),
+        ("negatives", pa.list_(pa.string())),
+        ("positive_id", pa.int64()),
+        ("kind", pa.string()),
+        ("source_query_id", pa.string()),
+    ]
+)
+
+
+class QuerySynthesizer(LLMTask):
+    """One document (diverse) or one query (paraphrase) → several queries."""
+
+    stage = STAGE
+    output_schema = pa.schema(
+        [("kinds", pa.list_(pa.string())), ("queries", pa.list_(pa.string()))]
+    )
+
+    def __init__(self, mode: str, paraphrases: int) -> None:
+        self.mode, self.paraphrases = mode, paraphrases
+        self.prompts = (prompts.load("synthesize" if mode == "diverse" else "paraphrase"),)
+        self.key_columns = ("title", "abstract") if mode == "diverse" else ("query",)
+
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        if self.mode == "diverse":
+            prompt = self.prompts[0].render(
+                title=row["title"] or "", abstract=row["abstract"] or ""
+            )
+            out = await client.ask(
+                self.stage,
+                prompt,
+                DiverseQueries,
+                usage=usage,
+                check=lambda a: synthesized_problems([getattr(a, k) for k in QUERY_KINDS]),
+            )
+            if out.value is None:
+                return self.empty_output(), out.status, out.error
+            queries = [getattr(out.value, k) for k in QUERY_KINDS]
+            return {"kinds": list(QUERY_KINDS), "queries": queries}, "ok", None
+        prompt = self.prompts[0].render(query=row["query"], n=str(self.paraphrases))
+        out = await client.ask(
+            self.stage,
+            prompt,
+            Paraphrases,
+            usage=usage,
+            check=lambda a: synthesized_problems(a.paraphrases, seed=row["query"]),
+        )
+        if out.value is None:
+            return self.empty_output(), out.status, out.error
+        found = out.value.paraphrases
+        return {"kinds": ["paraphrase"] * len(found), "queries": found}, "ok", None
+
+
+def positive_text(title: str | None, abstract: str | None) -> str:
+    """A paper as training reads it: "title. abstract" (train/data.py's cpr reader)."""
+    return f"{title or ''}. {abstract or ''}".strip()
+
+
+def _papers(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
+    return lance.dataset(papers_uri, storage_options=storage.lance_options()).to_table(
+        columns=["corpus_id", "title", "abstract"], filter=pc.field("corpus_id").isin(ids)
+    )
+
+
+def _inputs(run: StageRun, train: pa.Table, papers_uri: str) -> pa.Table:
+    """The rows to ask about: one per positive (diverse) or per CPR-train query (paraphrase),
+    with the positive's title and abstract; `llm.max_rows_per_stage` caps them."""
+    if run.cfg.synthesis.mode == "diverse":
+        first = np.unique(train["positive_id"].to_numpy(), return_index=True)[1]
+        train = train.take(pa.array(np.sort(first)))
+    cap = run.cfg.llm.max_rows_per_stage
+    train = train.slice(0, cap) if cap is not None else train
+    papers = _papers(run.storage, papers_uri, pc.unique(train["positive_id"]))
+    at = pc.index_in(train["positive_id"], papers["corpus_id"])
+    return train.append_column("title", papers["title"].take(at)).append_column(
+        "abstract", papers["abstract"].take(at)
+    )
+
+
+def multi_query_rows(answered: pa.Table) -> pa.Table:
+    """MULTI_QUERY rows from the answered inputs: one per synthesized query."""
+    ok = answered.filter(pc.equal(answered["status"], "ok")).to_pylist()
+    rows = [
+        {
+            "query": q,
+            "positive": positive_text(r["title"], r["abstract"]),
+            "negatives": [],
+            "positive_id": r["positive_id"],
+            "kind": kind,
+            "source_query_id": r["query_id"],
+        }
+        for r in ok
+        for kind, q in zip(r["kinds"], r["queries"], strict=True)
+    ]
+    return pa.Table.from_pylist(rows, MULTI_QUERY)
+
+
+def _groups(queries: pa.Table, key: str) -> dict[Any, list[str]]:
+    out: dict[Any, list[str]] = {}
+    for k, q in zip(queries[key].to_pylist(), queries["query"].to_pylist(), strict=True):
+        out.setdefault(k, []).append(q)
+    return out
+
+
+def qd_metrics(cfg: SynthesisConfig, build: pa.Table, synthesized: pa.Table) -> dict[str, Any]:
+    """Q-D metrics of the build's queries and of the synthesized set, both against the build's
+    queries; Dist-Sim and CE only where their models are configured."""
+    from cpr_ray.retrieval.encoder import DenseEncoder
+    from cpr_ray.retrieval.spec import EncoderSpec
+
+    embed = None
+    if cfg.embed_model:
+        encoder = DenseEncoder(EncoderSpec(model=cfg.embed_model, device=cfg.device))
+        embed = encoder.encode_queries
+    scorer = cross_encoder_scorer(cfg.cross_encoder, cfg.device) if cfg.cross_encoder else None
+    reference = build["query"].to_pylist()
+    out = {}
+    for name, table in (("build", build), ("synthesized", synthesized)):
+        report = qd_report(
+            _groups(table, "positive_id"),
+            reference,
+            embed=embed or (lambda texts: np.zeros((len(texts), 1))),
+            paraphrase=scorer,
+            threshold=cfg.paraphrase_threshold,
+        )
+        if embed is None:
+            report["dist_sim"] = None  # no synthesis.embed_model
+        out[name] = report
+    out["models"] = {"embed": cfg.embed_model, "cross_encoder": cfg.cross_encoder}
+    return out
+
+
+def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers_uri: str) -> StageOutput:
+    cfg = run.cfg.synthesis
+    train = run.storage.read_parquet(train_uri, ["query_id", "query", "positive_id"])
+    build = pa.concat_tables(
+        [train, run.storage.read_parquet(eval_uri, ["query_id", "query", "positive_id"])]
+    )
+    inputs = _inputs(run, train, papers_uri)
+    task = QuerySynthesizer(cfg.mode, cfg.paraphrases)
+    result = run_llm_task(run, task, inputs, base_url=endpoint_url(run.cfg))
+    rows = multi_query_rows(result.table)
+    out_uri = join(run.out, "multi-query.parquet")
+    run.storage.write_parquet(rows, out_uri)
+    metrics = qd_metrics(cfg, build, rows) if rows.num_rows else {}
+    stats = {**result.stats, "mode": cfg.mode, "inputs": inputs.num_rows, "queries": rows.num_rows}
+    stats["qd_metrics"] = metrics
+    line = f"  {STAGE}: {rows.num_rows:,} queries for {inputs.num_rows:,} input(s) ({cfg.mode})"
+    if metrics:
+        syn, own = metrics["synthesized"], metrics["build"]
+        line += (
+            f"; Self-BLEU {syn['self_bleu']:.3f} (build {own['self_bleu']:.3f}), Len-Sim "
+            f"{syn['len_sim']:.3f}, mean content words {syn['cw']['mean']:.1f} (build "
+            f"{own['cw']['mean']:.1f})"
+            + ("" if syn["dist_sim"] is None else f", Dist-Sim {syn['dist_sim']:.3f}")
+            + (
+                f", CE paraphrases {syn['ce_paraphrase_share']:.0%}"
+                if "ce_paraphrase_share" in syn
+                else ""
+            )
+        )
+    console.print(line)
+    return StageOutput(
+        tables={"multi-query": {"uri": out_uri, "format": "parquet", "rows": rows.num_rows}},
+        stats=stats,
+        complete=result.complete,
+    )
+
+
+def synthesize_queries(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
+    """Run (or skip) synthesize-queries over the export's CPR-train; returns its manifest."""
+    export = require_manifest(storage, "export")
+    ingest = require_manifest(storage, "ingest")
+    return run_stage(
+        STAGE,
+        cfg,
+        storage,
+        inputs={"export": export["run_id"], "ingest": ingest["run_id"]},
+        config_sections=("llm", "synthesis"),
+        fn=partial(
+            _synthesize,
+            train_uri=export["tables"]["cpr-train"]["uri"],
+            eval_uri=export["tables"]["cpr-eval"]["uri"],
+            papers_uri=ingest["tables"]["papers"]["uri"],
+        ),
+        force=force,
+    )

@@ -1,0 +1,432 @@
+"""The training run: Ray Train's TorchTrainer over the one encoder, any number of CPU or GPU
+workers, checkpoints in object storage, resume, and the final sentence-transformers model.
+
+The driver reads and checks the data (an `InputError` before any worker starts), writes the
+examples it will train on to ``OUT/examples.parquet`` and the run's identity to ``OUT/run.json``,
+then starts the workers. Every worker takes an equal share of each global batch (the batches are
+a fixed function of the seed and the step), so a run resumed from a checkpoint continues with
+the step it stopped at, on the same batches, and the dropout of each step is seeded by
+(seed, step, rank) too.
+
+Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``):
+
+- ``run/checkpoint_*/``: Ray Train checkpoints (``model/`` in sentence-transformers form,
+  ``state.pt``: optimiser, schedule, step, metrics so far), the newest ``train.keep_checkpoints``;
+- ``metrics.jsonl``: one line per step (loss, in-batch accuracy, lr, grad norm, pairs/s), written
+  with every checkpoint; rank 0 also prints each step as it ends;
+- ``model/``: the final model, which ``SentenceTransformer(path)`` loads and ``cpr eval
+  --retriever dense --model PATH`` evaluates with the training's pooling and instructions;
+- ``workers.json``: each worker's peak memory and the last step's metrics;
+- ``train.json``: the summary, written last: a run whose summary exists is not trained again.
+
+Rerunning with the same OUT resumes from the newest checkpoint (Ray Train finds the run by its
+name and storage); within one run a failed worker group restarts from it up to
+``train.max_failures`` times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+import torch
+
+from cpr_ray.config import Config, EncoderConfig, StorageConfig, TrainConfig
+from cpr_ray.errors import ConfigError, InputError, UserError
+from cpr_ray.retrieval.encoder import (
+    Encoder,
+    read_sentence_transformers_config,
+    with_model_prompts,
+)
+from cpr_ray.retrieval.spec import EncoderSpec, preset
+from cpr_ray.storage import Storage, join
+from cpr_ray.train.data import DataOptions, fingerprint, read_examples
+from cpr_ray.train.loss import InfoNCELoss
+from cpr_ray.train.step import (
+    ContrastiveStep,
+    Examples,
+    StepOptions,
+    Towers,
+    cosine_schedule,
+    freeze_unused,
+    global_batch_rows,
+    optimizer_for,
+)
+
+RUN_NAME = "run"  # Ray Train's run folder under OUT: the same name resumes
+EXAMPLES_FILE, RUN_FILE, METRICS_FILE = "examples.parquet", "run.json", "metrics.jsonl"
+WORKERS_FILE, SUMMARY_FILE, MODEL_DIR = "workers.json", "train.json", "model"
+# train keys that change how a run is carried out, not what it computes: a resumed run may
+# change them
+OPERATIONAL = {
+    "data",  # where the data is: its content is in the identity
+    "reasonir_documents",
+    "out",
+    "max_steps",  # a resumed run may go on for longer
+    "workers",
+    "use_gpu",
+    "cpus_per_worker",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "max_failures",
+}
+
+StepHook = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """Everything a worker needs, as plain values (it travels to the Ray Train workers)."""
+
+    model: str
+    pooling: str
+    query_prefix: str
+    doc_prefix: str
+    dtype: str
+    out: str
+    storage: StorageConfig
+    train: TrainConfig
+    examples: int  # rows of OUT/examples.parquet
+    negatives: int  # hard-negative slots per query (the most any query has)
+    steps_per_epoch: int
+    total_steps: int  # steps this run trains (train.max_steps caps the schedule's)
+
+    @property
+    def schedule_steps(self) -> int:
+        return self.steps_per_epoch * self.train.epochs
+
+
+def check_model(model: str) -> None:
+    """A model that cannot be found fails now, naming it, not after the workers started."""
+    if Path(model).exists():
+        if not Path(model).is_dir():
+            raise InputError(f"model {model}: not a model folder")
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"model {model!r} not found: no such folder, and no hub model of that name can be "
+            f"reached ({first})"
+        ) from None
+
+
+def instructions(model: str, encoder: EncoderConfig) -> tuple[str, str]:
+    """The query and document prefixes, chosen exactly as evaluation chooses them."""
+    spec = EncoderSpec(model, query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix)
+    if preset(model) is None and (encoder.query_prefix is None or encoder.doc_prefix is None):
+        st = read_sentence_transformers_config(model)
+        spec = with_model_prompts(spec, (st.query_prompt, st.document_prompt))
+    resolved = spec.resolved()
+    return resolved.query_prefix or "", resolved.doc_prefix or ""
+
+
+def run_identity(cfg: Config, examples_digest: str, prefixes: tuple[str, str]) -> str:
+    """What a resumed run must share with the run it resumes: data, model and the maths."""
+    payload = {
+        "examples": examples_digest,
+        "model": cfg.encoder.model,
+        "pooling": cfg.encoder.pooling,
+        "dtype": cfg.encoder.dtype,
+        "prefixes": prefixes,
+        "train": cfg.train.model_dump(mode="json", exclude=OPERATIONAL),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _peak_memory_mb() -> float:
+    """This process's peak memory: resident set on CPU, allocated device memory on GPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
+
+
+def _upload(storage: Storage, local: str, uri: str) -> None:
+    loc = storage.resolve(uri)
+    loc.fs.create_dir(loc.path, recursive=True)
+    pafs.copy_files(local, loc.path, destination_filesystem=loc.fs)
+
+
+def _write_metrics(storage: Storage, out: str, history: list[dict[str, Any]]) -> None:
+    loc = storage.resolve(join(out, METRICS_FILE))
+    with loc.fs.open_output_stream(loc.path) as f:
+        f.write("".join(json.dumps(row) + "\n" for row in history).encode())
+
+
+def _progress(row: dict[str, Any], total: int) -> str:
+    return (
+        f"[cpr train] step {row['step']}/{total} loss {row['loss']:.4f} "
+        f"acc {row['accuracy']:.3f} lr {row['lr']:.2e} {row['pairs_per_s']:.1f} pairs/s"
+        + (" (gradient cache)" if row["gradient_cache"] else "")
+    )
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """The loop every Ray Train worker runs."""
+    import ray.train
+    import ray.train.torch
+
+    plan: TrainPlan = config["plan"]
+    on_step: StepHook | None = config.get("on_step")
+    tc = plan.train
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(max(1, int(tc.cpus_per_worker)))
+    storage = Storage(plan.storage)
+    examples = Examples(storage.read_parquet(join(plan.out, EXAMPLES_FILE)), plan.negatives)
+
+    with tempfile.TemporaryDirectory(prefix="cpr-train-") as tmp:
+        model_path, state = plan.model, None
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is not None:  # a restart, or a rerun of the same OUT
+            restored = checkpoint.to_directory(os.path.join(tmp, "restored"))
+            state = torch.load(os.path.join(restored, "state.pt"), weights_only=False)
+            model_path = os.path.join(restored, MODEL_DIR)
+        encoder = Encoder.build(
+            model_path, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
+        )
+        freeze_unused(encoder)
+        if tc.gradient_checkpointing:
+            encoder.backbone.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model = ray.train.torch.prepare_model(Towers(encoder))  # device, and DDP when W > 1
+        optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
+        scheduler = cosine_schedule(
+            optimizer, plan.schedule_steps, tc.warmup_steps, tc.min_lr_ratio
+        )
+        start, history = 0, []
+        if state is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            start, history = state["step"], state["history"]
+        on_gpu = encoder.device.type == "cuda"
+        step = ContrastiveStep(
+            model,
+            encoder,
+            InfoNCELoss(tc.temperature),
+            optimizer,
+            scheduler,
+            StepOptions(
+                query_prefix=plan.query_prefix,
+                doc_prefix=plan.doc_prefix,
+                chunk_size=tc.chunk_size,
+                max_grad_norm=tc.max_grad_norm,
+                cw_weighting=tc.cw_weighting,
+                autocast=torch.bfloat16 if on_gpu and tc.bf16 else None,
+            ),
+        )
+        share = tc.batch_size // world
+        for s in range(start, plan.total_steps):
+            torch.manual_seed(_step_seed(tc.seed, s, rank))
+            rows = global_batch_rows(plan.examples, tc.batch_size, tc.seed, s)
+            metrics = step(examples.batch(rows[rank * share : (rank + 1) * share]))
+            epoch = s // plan.steps_per_epoch + 1
+            row = {"step": s + 1, "epoch": epoch, **metrics, "resumed_from": start}
+            if rank == 0:
+                history.append(row)
+                print(_progress(row, plan.total_steps), flush=True)
+            if on_step is not None:
+                on_step(s + 1, rank)
+            if (s + 1) % tc.checkpoint_every == 0 or s + 1 == plan.total_steps:
+                _checkpoint(plan, storage, encoder, optimizer, scheduler, s + 1, history, rank, tmp)
+
+        peaks = [_peak_memory_mb()]
+        if world > 1:
+            import torch.distributed as dist
+
+            peaks = [None] * world
+            dist.all_gather_object(peaks, _peak_memory_mb())
+        if rank == 0:
+            final = os.path.join(tmp, "final")
+            encoder.save_sentence_transformers(
+                final, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
+            )
+            _upload(storage, final, join(plan.out, MODEL_DIR))
+            last = history[-1] if history else {}
+            workers = {"peak_memory_mb": peaks, "last": last}
+            storage.write_json(join(plan.out, WORKERS_FILE), workers)
+
+
+def _checkpoint(
+    plan: TrainPlan,
+    storage: Storage,
+    encoder: Encoder,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    step: int,
+    history: list[dict[str, Any]],
+    rank: int,
+    tmp: str,
+) -> None:
+    """Rank 0 saves the model and the training state; every rank reports (a barrier)."""
+    import ray.train
+
+    checkpoint = None
+    if rank == 0:
+        folder = os.path.join(tmp, f"checkpoint-{step}")
+        encoder.save_sentence_transformers(
+            os.path.join(folder, MODEL_DIR),
+            query_prefix=plan.query_prefix,
+            doc_prefix=plan.doc_prefix,
+        )
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": step,
+            "history": history,
+        }
+        torch.save(state, os.path.join(folder, "state.pt"))
+        _write_metrics(storage, plan.out, history)
+        checkpoint = ray.train.Checkpoint.from_directory(folder)
+    ray.train.report({"step": step, **(history[-1] if history else {})}, checkpoint=checkpoint)
+
+
+def _trainer(plan: TrainPlan, storage: Storage, on_step: StepHook | None) -> Any:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    tc = plan.train
+    loc = storage.resolve(plan.out)
+    resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
+    if tc.use_gpu:
+        resources["GPU"] = 1
+    return TorchTrainer(
+        train_worker,
+        train_loop_config={"plan": plan, "on_step": on_step},
+        scaling_config=ScalingConfig(
+            num_workers=tc.workers, use_gpu=tc.use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=RUN_NAME,
+            storage_path=loc.path,
+            storage_filesystem=loc.fs if loc.is_s3 else None,
+            checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=tc.max_failures),
+        ),
+    )
+
+
+def _worker_user_error(exc: BaseException) -> UserError | None:
+    from cpr_ray.ray_runtime import user_error_in
+
+    for failure in getattr(exc, "worker_failures", {}).values():
+        found = user_error_in(failure)
+        if found is not None:
+            return found
+    return user_error_in(exc)
+
+
+def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any]]:
+    """Check the inputs, write the examples and the run's identity; the plan the workers run."""
+    cfg.require("train.data", "train.out", "encoder.model")
+    tc, model = cfg.train, cfg.encoder.model
+    assert model is not None and tc.out is not None
+    check_model(model)
+    examples, stats = read_examples(storage, DataOptions.from_config(tc))
+    if examples.num_rows < tc.batch_size:
+        raise InputError(
+            f"{tc.data}: {examples.num_rows} training examples after filtering, fewer than one "
+            f"batch (train.batch_size {tc.batch_size})"
+        )
+    out = storage.resolve(tc.out).uri
+    prefixes = instructions(model, cfg.encoder)
+    identity = run_identity(cfg, fingerprint(examples), prefixes)
+    run_uri = join(out, RUN_FILE)
+    if storage.exists(run_uri) and storage.read_json(run_uri)["identity"] != identity:
+        raise ConfigError(
+            f"{out} holds a run on other data or settings (its {RUN_FILE} differs): give a new "
+            "--out, or the same data and train settings to resume it"
+        )
+    steps_per_epoch = -(-examples.num_rows // tc.batch_size)  # the last batch wraps around
+    total = steps_per_epoch * tc.epochs
+    negatives = stats["max_negatives"]
+    plan = TrainPlan(
+        model=model,
+        pooling=cfg.encoder.pooling,
+        query_prefix=prefixes[0],
+        doc_prefix=prefixes[1],
+        dtype=cfg.encoder.dtype,
+        out=out,
+        storage=cfg.storage,
+        train=tc,
+        examples=examples.num_rows,
+        negatives=negatives,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=min(total, tc.max_steps or total),
+    )
+    storage.write_parquet(examples, join(out, EXAMPLES_FILE))
+    storage.write_json(
+        run_uri,
+        {
+            "identity": identity,
+            "model": model,
+            "query_prefix": prefixes[0],
+            "doc_prefix": prefixes[1],
+            "data": stats,
+            "steps": plan.total_steps,
+            "steps_per_epoch": steps_per_epoch,
+        },
+    )
+    return plan, stats
+
+
+def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]:
+    """Train as configured and return the summary (also written to OUT/train.json).
+
+    `on_step(step, rank)` runs on every worker after each step (a test uses it to make a worker
+    fail once). A run whose summary exists returns it without training.
+    """
+    from cpr_ray.ray_runtime import ensure_ray
+
+    storage = Storage(cfg.storage)
+    cfg.require("train.out")
+    assert cfg.train.out is not None
+    summary_uri = join(storage.resolve(cfg.train.out).uri, SUMMARY_FILE)
+    if storage.exists(summary_uri):
+        return {**storage.read_json(summary_uri), "skipped": True}
+    started = time.time()
+    plan, stats = prepare_run(cfg, storage)
+    ensure_ray(cfg.ray)
+    try:
+        _trainer(plan, storage, on_step).fit()
+    except Exception as exc:
+        user = _worker_user_error(exc)
+        if user is None:
+            raise
+        raise user.with_traceback(None) from None
+    workers = storage.read_json(join(plan.out, WORKERS_FILE))  # what rank 0 left
+    last = workers["last"]
+    summary = {
+        "model": join(plan.out, MODEL_DIR),
+        "metrics": join(plan.out, METRICS_FILE),
+        "checkpoints": join(plan.out, RUN_NAME),
+        "base_model": plan.model,
+        "query_prefix": plan.query_prefix,
+        "doc_prefix": plan.doc_prefix,
+        "steps": plan.total_steps,
+        "workers": cfg.train.workers,
+        "data": stats,
+        "final": {k: last[k] for k in ("loss", "accuracy", "lr") if k in last},
+        "peak_memory_mb_per_worker": workers["peak_memory_mb"],
+        "seconds": round(time.time() - started, 1),
+    }
+    storage.write_json(summary_uri, summary)
+    return summary

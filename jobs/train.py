@@ -1,0 +1,35 @@
+"""Entry point for `ray job submit … -- python jobs/train.py --data URI --model M --out URI …`.
+
+Parses arguments into the same config tree as `cpr train` (profile < `--config FILE` < `CPR_*`
+variables < `--set key.path=value` < the flags), runs the training on the cluster it joins
+through RAY_ADDRESS and prints where the model and metrics went. On a user error it prints the
+same one line as the CLI and exits 2. Rerunning with the same --out resumes the run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cpr_ray.command_line import job_parser
+from cpr_ray.errors import UserError
+from cpr_ray.train.commands import TRAIN_FLAGS, summary_lines, train_config
+from cpr_ray.train.trainer import run_train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = job_parser(__doc__, TRAIN_FLAGS, "train.workers=8")
+    args = parser.parse_args(argv)
+    try:
+        cfg = train_config(
+            args.profile, args.config, args.overrides, {f: getattr(args, f) for f in TRAIN_FLAGS}
+        )
+        summary = run_train(cfg)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(summary)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Two workers (torch.distributed over gloo, two processes) train exactly as one process on the
+whole batch: the gathered loss and its gradients, and DDP steps of a tiny BERT, plain and with
+the gradient cache (BERT's unused pooler included, which breaks DDP unless frozen)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from cpr_ray.retrieval.encoder import Encoder
+from cpr_ray.train.loss import InfoNCELoss
+from cpr_ray.train.step import ContrastiveStep, StepOptions, Towers, cosine_schedule, freeze_unused
+from tests.test_train_step import examples, make_tiny_bert
+
+WORLD, B, K, D = 2, 6, 2, 8  # global batch of 6 queries, 3 per worker
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """On a shared 2-core machine two torch threads spin-wait on each other: ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _tensors() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    q, p = torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
+    n = torch.randn(B, K, D, generator=g)
+    valid = torch.ones(B, K, dtype=torch.bool)
+    valid[4, 1] = False
+    pos_keys = torch.tensor([10, 11, 12, 10, 14, 15])  # queries 0 and 3: one positive
+    neg_keys = torch.arange(B * K).reshape(B, K)
+    cw = torch.tensor([3, 1, 4, 1, 5, 9])
+    return q, p, n, valid, pos_keys, neg_keys, cw
+
+
+def _loss_and_grads(rows: slice) -> dict[str, torch.Tensor]:
+    q, p, n, valid, pk, nk, cw = _tensors()
+    leaves = [t[rows].clone().requires_grad_() for t in (q, p, n)]
+    out = InfoNCELoss(0.05)(*leaves, valid[rows], pk[rows], nk[rows], cw[rows])
+    out.loss.backward()
+    return {"loss": out.loss.detach(), **{k: t.grad for k, t in zip("qpn", leaves)}}
+
+
+def _ddp_steps(model_dir: str, world: int, rank: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Two SGD steps (lr 1) of the tiny BERT on this rank's share of two global batches."""
+    ex = examples(k=1)
+    share = 4 // world
+    out = {}
+    for name, chunk in (("plain", None), ("cached", 3)):
+        enc = Encoder.build(model_dir, "mean", max_length=16).eval()  # no dropout
+        freeze_unused(enc)
+        model = Towers(enc)
+        if world > 1:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD([p for p in enc.parameters() if p.requires_grad], lr=1.0)
+        step = ContrastiveStep(
+            model,
+            enc,
+            InfoNCELoss(0.05),
+            opt,
+            cosine_schedule(opt, 1000),
+            StepOptions(chunk_size=chunk),
+        )
+        for s in range(2):
+            rows = np.arange(4 * s, 4 * s + 4)[rank * share : (rank + 1) * share]
+            step(ex.batch(rows))
+        out[name] = {k: v.detach().clone() for k, v in enc.state_dict().items()}
+    return out
+
+
+def _worker(rank: int, folder: str, model_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=WORLD
+    )
+    try:
+        share = B // WORLD
+        result = {"gather": _loss_and_grads(slice(rank * share, (rank + 1) * share))}
+        result.update(_ddp_steps(model_dir, WORLD, rank))
+        torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
+
+
+def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path: Path, tiny_bert: str):
+    torch.multiprocessing.start_processes(
+        _worker, args=(str(tmp_path), tiny_bert), nprocs=WORLD, start_method="spawn"
+    )
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+    whole = _loss_and_grads(slice(0, B))
+    gathered = [r["gather"] for r in ranks]
+    # the batch loss is the workers' mean; DDP divides the summed gradients by the world size
+    assert torch.stack([g["loss"] for g in gathered]).mean().item() == pytest.approx(
+        whole["loss"].item(), rel=1e-6
+    )
+    for key in "qpn":
+        torch.testing.assert_close(torch.cat([g[key] for g in gathered]) / WORLD, whole[key])
+
+    single = _ddp_steps(tiny_bert, 1, 0)
+    for name in ("plain", "cached"):
+        for r in ranks:
+            for k, v in single[name].items():
+                torch.testing.assert_close(r[name][k], v, atol=1e-6, rtol=1e-5, msg=f"{name} {k}")
+    initial = Encoder.build(tiny_bert, "mean").state_dict()
+    moved = "backbone.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(single["plain"][moved], initial[moved])  # the steps did train

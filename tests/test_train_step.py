@@ -1,0 +1,195 @@
+"""One training step with MiniLM in one process: the loss goes down, the gradient cache gives
+the plain step's gradients, and the saved model is what sentence-transformers loads."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.train.cw import content_word_counts
+from cpr_ray.train.data import EXAMPLES, text_keys
+from cpr_ray.train.loss import InfoNCELoss
+from cpr_ray.train.step import (
+    ContrastiveStep,
+    Examples,
+    StepOptions,
+    Towers,
+    cosine_schedule,
+    freeze_unused,
+    global_batch_rows,
+    optimizer_for,
+)
+
+WORDS = (
+    "amber basalt cobalt dune ember fjord garnet harbor indigo jasper kelp lagoon marble".split()
+)
+_rng = np.random.default_rng(0)
+# arbitrary pairings: nothing the pretrained model already knows, so its loss starts high
+TOPICS = [(" ".join(_rng.choice(WORDS, 3)), " ".join(_rng.choice(WORDS, 4))) for _ in range(8)]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """On a shared 2-core machine two torch threads spin-wait on each other: ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_tiny_bert(minilm: str, folder: Path) -> str:
+    """A 2-layer, 32-wide random BERT with MiniLM's tokenizer: BERT's code paths (its unused
+    pooler included) at a fraction of the cost."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tok = AutoTokenizer.from_pretrained(minilm)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
+
+
+def examples(k: int = 1) -> Examples:
+    queries = [q for q, _ in TOPICS]
+    positives = [d for _, d in TOPICS]
+    negatives = [[positives[(i + 3) % len(TOPICS)]][:k] for i in range(len(TOPICS))]
+    table = pa.table(
+        {
+            "query_id": [str(i) for i in range(len(TOPICS))],
+            "query": queries,
+            "positive": positives,
+            "negatives": negatives,
+            "positive_key": text_keys(pa.array(positives)),
+            "negative_keys": [text_keys(pa.array(n)).to_pylist() for n in negatives],
+            "cw": pa.array(content_word_counts(queries), pa.int32()),
+            "field": [None] * len(TOPICS),
+            "domain": [None] * len(TOPICS),
+        },
+        schema=EXAMPLES,
+    )
+    return Examples(table, k)
+
+
+def _step(encoder: Encoder, optimizer, chunk: int | None, cw: bool = False) -> ContrastiveStep:
+    freeze_unused(encoder)
+    return ContrastiveStep(
+        Towers(encoder),
+        encoder,
+        InfoNCELoss(0.05),
+        optimizer,
+        cosine_schedule(optimizer, 100),
+        StepOptions(chunk_size=chunk, max_grad_norm=None, cw_weighting=cw),
+    )
+
+
+def _batch_loss(encoder: Encoder, ex: Examples) -> float:
+    step = _step(encoder, torch.optim.SGD(encoder.parameters(), lr=0.0), None)
+    with torch.no_grad():
+        b = ex.batch(np.arange(len(ex)))
+        q, d = [encoder(encoder.tokenize(t)) for t in step._texts(b)]
+        return step.loss_of(q, d, b).loss.item()
+
+
+def test_short_minilm_run_lowers_the_loss(minilm_encoder: Encoder):
+    enc = minilm_encoder
+    enc.max_length = 32
+    ex = examples()
+    before = _batch_loss(enc, ex)
+    opt = optimizer_for(enc, lr=2e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    step = _step(enc, opt, chunk=None)
+    losses = [step(ex.batch(global_batch_rows(len(ex), 4, 42, s)))["loss"] for s in range(4)]
+    assert all(np.isfinite(losses))
+    assert _batch_loss(enc, ex) < before - 1.0  # about 7 -> 2 here
+
+
+def test_gradient_cache_gives_the_plain_step(tiny_bert: str):
+    plain = Encoder.build(tiny_bert).eval()  # no dropout: both ways see the same network
+    cached = copy.deepcopy(plain)
+    for enc in (plain, cached):
+        enc.max_length = 32
+    batch = examples(k=1).batch(np.arange(6))  # 6 queries + 12 documents: chunks of 4 texts
+    m_plain = _step(plain, torch.optim.SGD(plain.parameters(), lr=1.0), None, cw=True)(batch)
+    m_cached = _step(cached, torch.optim.SGD(cached.parameters(), lr=1.0), 4, cw=True)(batch)
+    assert m_cached["gradient_cache"] and not m_plain["gradient_cache"]
+    assert m_cached["loss"] == pytest.approx(m_plain["loss"], rel=1e-5)
+    assert m_cached["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
+    with torch.no_grad():  # SGD at lr 1: equal parameters after the step, equal gradients
+        worst = max(
+            (a - b).abs().max().item() for a, b in zip(plain.parameters(), cached.parameters())
+        )
+    assert worst < 2e-6
+
+
+def test_batches_are_fixed_by_seed_and_step():
+    rows = [global_batch_rows(10, 4, 42, s) for s in range(6)]  # 3 steps per epoch
+    epoch = np.concatenate(rows[:3])
+    assert sorted(set(epoch[:10].tolist())) == list(range(10))
+    assert len(set(rows[2].tolist())) == 4  # the short last batch wraps, no repeats
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(rows, [global_batch_rows(10, 4, 42, s) for s in range(6)])
+    )
+    assert not np.array_equal(rows[0], rows[3])  # a new permutation each epoch
+
+
+def test_cosine_schedule_without_warmup():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=6e-6)
+    sched = cosine_schedule(opt, 4)
+    lrs = []
+    for _ in range(4):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(6e-6) and lrs[2] == pytest.approx(3e-6)
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] > 0
+
+
+@pytest.mark.parametrize("model, pooling", [("minilm", "mean"), ("tiny_bert", "last_token")])
+def test_saved_model_loads_in_sentence_transformers(request, tmp_path, model: str, pooling: str):
+    from sentence_transformers import SentenceTransformer
+
+    enc = Encoder.load(request.getfixturevalue(model), pooling, max_length=64)
+    path = tmp_path / "model"
+    enc.save_sentence_transformers(path, query_prefix="query: ", doc_prefix="")
+    texts = ["how do ships reduce hull drag", "Wing shape gives birds lift."]
+    st = SentenceTransformer(str(path), device="cpu")
+    assert st.max_seq_length == 64
+    ours = enc(enc.tokenize(["query: " + t for t in texts])).numpy()
+    np.testing.assert_allclose(st.encode_query(texts), ours, atol=1e-5)
+    np.testing.assert_allclose(
+        st.encode_document(texts), enc(enc.tokenize(texts)).numpy(), atol=1e-5
+    )
+    served = DenseEncoder(EncoderSpec(str(path)))  # what `cpr eval --model PATH` builds
+    assert (served.spec.pooling, served.spec.query_prefix, served.spec.doc_prefix) == (
+        pooling,
+        "query: ",
+        "",
+    )
+    np.testing.assert_allclose(served.encode_queries(texts), ours, atol=1e-5)
+    modules = json.loads((path / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == [
+        "Transformer",
+        "Pooling",
+        "Normalize",
+    ]
