@@ -146,15 +146,15 @@ def fusion(prompt: str) -> dict[str, Any]:
 
 
 def diverse_queries(prompt: str) -> dict[str, Any]:
-    words = re.findall(r"[a-z]+", _title(prompt, "Title").lower())[:6] or ["papers"]
-    topic = " ".join(words)
+    words = [w for w in re.findall(r"[a-z]+", _title(prompt, "Title").lower()) if len(w) > 1]
+    topic = " ".join(words[:6] or ["papers", "here"])
     return {
-        "factual": f"what does {topic} report",
-        "procedural": f"how to do {topic}",
-        "causal": f"why does {topic} work",
-        "conditional": f"what if {topic} fails",
-        "keyword": topic,
-        "comparison": f"{topic} compared with earlier methods",
+        "factual": f"What does {topic} report?",
+        "procedural": f"How to do {topic}?",
+        "causal": f"Why does {topic} work?",
+        "conditional": f"If {topic} fails, what then?",
+        "keyword": " ".join((words + ["papers", "here"])[:4]),
+        "comparison": f"How does {topic} compare with earlier methods?",
     }
 
 

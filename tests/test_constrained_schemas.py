@@ -425,3 +425,17 @@ def test_a_pinned_answer_is_cached_apart_and_unpinned_keys_do_not_change():
 def test_the_pinned_schema_goes_over_the_wire():
     pinned = response_format(Usefulness, "json_schema", (("score", 0),))["json_schema"]["schema"]
     assert pinned["properties"]["score"]["const"] == 0
+
+
+def test_each_kind_of_synthesized_query_opens_its_own_way():
+    """The six queries of one answer cannot be the same string: no kind's pattern admits
+    another kind's query, and each is bounded to the word limit."""
+    from cpr_ray.llm.answers import KIND_PATTERNS, MAX_QUERY_WORDS, DiverseQueries
+
+    answer = scripted_llm.diverse_queries("Title: Crystal growth under pressure")
+    assert fits(DiverseQueries, answer)
+    for kind, query in answer.items():
+        matching = [k for k, p in KIND_PATTERNS.items() if re.fullmatch(p, query)]
+        assert matching == [kind], (kind, query, matching)
+    too_long = "What " + " ".join(["word"] * MAX_QUERY_WORDS) + "?"
+    assert not re.fullmatch(KIND_PATTERNS["factual"], too_long)

@@ -1,6 +1,7 @@
 """`cpr dry-run` end to end, as a user runs it: the bundled sample, the embedded llama.cpp judge,
-every stage from ingest to export, then BM25 and MiniLM on the fresh CPR-eval; and a second run
-over the same folder that asks the judge nothing.
+every stage from ingest to synthesize-queries, a few steps of training, then BM25, MiniLM and
+the fine-tuned MiniLM on the fresh CPR-eval; and a second run over the same folder that asks the
+judge nothing and trains nothing.
 
 Slow (several minutes on 2 cores, plus ~6 to build llama-server on a machine's first run).
 """
@@ -81,9 +82,20 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     for label in ("BM25", "MiniLM"):
         assert re.search(rf"{label}\s*│\s*{len(cpr_eval)}\s*│\s*[01]\.\d{{3}}", table), table
 
+    # it trains MiniLM for a few steps on 2 workers and evaluates it beside the untrained one
+    synthesized = manifest(out, "synthesize-queries")["tables"]["multi-query"]["rows"]
+    trained = synthesized >= 4  # the profile's train.batch_size (CPR-train alone is smaller)
+    if trained:
+        summary = json.loads((out / "train" / "train.json").read_text())
+        assert 1 <= summary["steps"] <= 4 and summary["workers"] == 2  # train.max_steps: 4
+        assert re.search(r"MiniLM fine-tuned\s*│", table), table
+    else:
+        assert "training skipped" in first
+
     calls = ledger_calls(out)
     assert calls > 0
     second = dry_run(out)
     assert ledger_calls(out) == calls  # nothing asked again
     assert second.count("skipped") >= len(STAGES), second[-3000:]
     assert "to ask gemma" not in second and "to ask gemma" in first
+    assert ("already trained" in second) == trained

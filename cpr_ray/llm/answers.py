@@ -492,18 +492,37 @@ def parse_usefulness_text(text: str) -> Usefulness | None:
 # -- multi-query synthesis (complexity-aware training) -------------------------------------------
 
 QUERY_KINDS = ("factual", "procedural", "causal", "conditional", "keyword", "comparison")
-SynthQuery = Annotated[str, Field(min_length=3, max_length=QUERY_CHARS)]
+# a word of a synthesized query: no spaces, no question mark, no longer than any word a query needs
+_WORD = rf"[A-Za-z0-9,;:'()/%+.-]{{1,{WORD_CHARS}}}"
+_WORDS = rf"(?: {_WORD}){{1,40}}"  # with the opening: at most MAX_QUERY_WORDS
+# each kind opens its own way, so the six of one answer can never be the same string, and a
+# grammar-constrained model cannot run on past the word bound
+KIND_PATTERNS = {
+    "factual": rf"^What{_WORDS}\?$",
+    "procedural": rf"^How to{_WORDS}\?$",
+    "causal": rf"^Why{_WORDS}\?$",
+    "conditional": rf"^(?:If|When){_WORDS}\?$",
+    "keyword": rf"^[a-z0-9-]{{2,{WORD_CHARS}}}(?: [a-z0-9-]{{2,{WORD_CHARS}}}){{1,7}}$",
+    "comparison": rf"^(?:How does|How do|Which){_WORDS}\?$",
+}
+SynthQuery = Annotated[
+    str, Field(pattern=rf"^{_WORD}(?: {_WORD}){{1,44}}\??$", max_length=QUERY_CHARS)
+]
+
+
+def _kind(kind: str, what: str) -> Any:
+    return Field(pattern=KIND_PATTERNS[kind], max_length=QUERY_CHARS, description=what)
 
 
 class DiverseQueries(_Answer):
     """One query of each kind, as fields: a schema can require every kind exactly once."""
 
-    factual: SynthQuery
-    procedural: SynthQuery
-    causal: SynthQuery
-    conditional: SynthQuery
-    keyword: SynthQuery
-    comparison: SynthQuery
+    factual: str = _kind("factual", "What … ? A fact or quantity the paper reports.")
+    procedural: str = _kind("procedural", "How to … ? How to do what the paper does.")
+    causal: str = _kind("causal", "Why … ? Why something happens, or what causes it.")
+    conditional: str = _kind("conditional", "If/When … ? What happens under a condition.")
+    keyword: str = _kind("keyword", "2-8 lower-case search keywords.")
+    comparison: str = _kind("comparison", "How does/How do/Which … ? How two things compare.")
 
 
 class Paraphrases(_Answer):
