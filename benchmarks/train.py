@@ -11,9 +11,8 @@ Throughput is pairs (queries) per second over the steps after the first (model l
 and the first step's allocations excluded; end-to-end seconds are shown beside). Step time is
 measured from the end of one step to the end of the next, data loading included, on both sides.
 
-sentence-transformers' trainer needs `accelerate` (its `[train]` extra), which the project
-environment does not install: `pip install 'sentence-transformers[train]'`, or put accelerate
-and psutil on PYTHONPATH. Usage:
+sentence-transformers' trainer needs `accelerate` (its `[train]` extra), which the dev extra
+installs (`make install`). Usage:
 
     python benchmarks/train.py [--examples 160] [--batch-size 16] [--max-length 64]
         [--negatives 3] [--steps 8] [--threads 1] [--out results.json]
