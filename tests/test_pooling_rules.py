@@ -102,7 +102,7 @@ def test_pooler_config_is_checked():
     assert [p.name for p in cluster.pooling.poolers] == ["e5", "splade", "scincl"]
     assert cluster.pooling.poolers[2].doc_template == "{title}[SEP]{abstract}"
     dry = load_config("dry-run", env={})
-    assert [p.kind for p in dry.pooling.poolers] == ["dense", "bm25", "dense"]
+    assert [p.kind for p in dry.pooling.poolers] == ["dense", "bm25"]
     assert dry.pooling.poolers[0].encoder.model.endswith("model")  # {minilm} expanded
 
 
