@@ -114,7 +114,8 @@ def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
     from cpr_ray.train.trainer import run_train
 
     model = minilm_path()
-    synthesized = manifests["synthesize-queries"]["tables"]["multi-query"]
+    synthesis = manifests.get("synthesize-queries", {}).get("tables", {})
+    synthesized = synthesis.get("multi-query", {"rows": 0, "uri": None})
     export = manifests["export"]
     need = cfg.train.batch_size
     if synthesized["rows"] >= need:
