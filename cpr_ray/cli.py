@@ -11,6 +11,8 @@ from rich.table import Table
 
 from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
 from cpr_ray.config import Config, load_config
+from cpr_ray.corpus.refresh import refresh as refresh_corpus
+from cpr_ray.corpus.refresh import summary_lines
 from cpr_ray.errors import ConfigError, StorageError, UserError
 from cpr_ray.evaluate.commands import eval_command, report_command
 from cpr_ray.llm.local_server import local_server
@@ -226,6 +228,34 @@ def build(
     except UserError as exc:
         fail(exc)
     _print_manifests(manifests)
+
+
+@app.command()
+def refresh(
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    corpus_only: Annotated[
+        bool,
+        typer.Option("--corpus-only", help="Apply the diffs to the corpus; rerun no stage."),
+    ] = False,
+    llm_base_url: LLMUrlOpt = None,
+    llm_model: LLMModelOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Apply Semantic Scholar's diffs since the last refresh to the corpus, then rerun the
+    later stages, paying only for new and changed pairs (API key in $S2_API_KEY)."""
+    if config is None and profile is None:
+        fail(ConfigError("give --config FILE and/or --profile NAME"))
+    extra = ["refresh.downstream=false"] if corpus_only else []
+    try:
+        cfg = load_config(
+            profile, config, [*_llm_overrides(llm_base_url, llm_model), *(set_ or []), *extra]
+        )
+        summary = refresh_corpus(cfg)
+    except UserError as exc:
+        fail(exc)
+    for line in summary_lines(summary):
+        console.print(line, soft_wrap=True)
 
 
 @app.command()

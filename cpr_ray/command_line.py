@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -18,8 +17,10 @@ from rich.console import Console
 console = Console()
 
 ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", help="YAML config file (any section of the config tree)."),
+    str | None,
+    typer.Option(
+        "--config", help="YAML config file (any section of the config tree): a path or s3://…"
+    ),
 ]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Named profile to start from.")]
 SetOpt = Annotated[
@@ -41,7 +42,7 @@ def job_parser(
     """A job's parser: --config, --profile, one option per flag (named for the key it sets) and
     --set, in the precedence of `load_config`."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--config", type=Path, help="YAML config (any section of the tree)")
+    parser.add_argument("--config", help="YAML config (any section of the tree): path or s3://…")
     parser.add_argument("--profile", help="named profile to start from")
     for flag, key in flags.items():
         parser.add_argument(

@@ -8,6 +8,7 @@ second on the laptop instead of an hour into a job, with the key and the allowed
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -379,6 +380,11 @@ class EncoderConfig(_Section):
     actors: int = Field(2, ge=1, description="Encoder actors of a Ray Data actor pool, at most.")
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves.")
     gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each encoder actor reserves.")
+    resources_per_actor: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each encoder actor reserves, e.g. {cpr_gpu_node: 1} "
+        "so actors land only on the GPU worker type of cluster.yaml.",
+    )
 
 
 Benchmark = Literal["cpr", "beir", "analobench", "bright"]
@@ -750,6 +756,10 @@ class TrainConfig(_Section):
     cpus_per_worker: float = Field(
         1.0, gt=0, description="CPUs each worker reserves (also its torch threads, at least 1)."
     )
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each worker reserves, e.g. {cpr_gpu_node: 1}.",
+    )
     checkpoint_every: int = Field(
         20, ge=1, description="Steps between checkpoints (and at the last step)."
     )
@@ -781,6 +791,61 @@ class TrainConfig(_Section):
         return self
 
 
+class RefreshConfig(_Section):
+    """The nightly refresh from Semantic Scholar's incremental diffs (`cpr refresh`)."""
+
+    operational: ClassVar[frozenset[str]] = frozenset(
+        {"api_url", "api_key_env", "requests_per_second", "max_retries", "timeout_s"}
+    )
+
+    base_release: str | None = Field(
+        None,
+        description="The S2 release the bulk shards under input.s2 are (e.g. 2026-11-25): where "
+        "the first refresh starts. Later refreshes start from the release they applied last.",
+    )
+    api_url: str = Field(
+        "https://api.semanticscholar.org/datasets/v1",
+        description="Semantic Scholar Datasets API base URL.",
+    )
+    api_key_env: str = Field(
+        "S2_API_KEY",
+        description="Environment variable holding the API key (sent as x-api-key, never logged).",
+    )
+    datasets: tuple[Literal["papers", "abstracts", "citations"], ...] = Field(
+        ("papers", "abstracts", "citations"), description="Datasets whose diffs are applied."
+    )
+    requests_per_second: float = Field(
+        1.0, gt=0, description="API request rate; S2 allows 1/s per key."
+    )
+    max_retries: int = Field(5, ge=0, description="Retries of a 429/5xx/unreachable request.")
+    timeout_s: float = Field(120.0, gt=0, description="Seconds per HTTP request.")
+    downstream: bool = Field(
+        True,
+        description="After the corpus, rerun the build's later stages (they pay only for what "
+        "changed); false applies the diffs only.",
+    )
+    compact: bool = Field(
+        True, description="Compact the corpus tables' small fragments after applying diffs."
+    )
+    retain_versions_days: float = Field(
+        7.0,
+        ge=0,
+        description="Corpus table versions older than this are removed after a refresh (never "
+        "while a build holds a lease on the build root).",
+    )
+    lease_ttl_hours: float = Field(
+        24.0,
+        gt=0,
+        description="A build's lease older than this is taken for a crashed build and ignored.",
+    )
+
+    @field_validator("base_release", mode="before")
+    @classmethod
+    def _release_id(cls, value: Any) -> Any:
+        """YAML reads an unquoted 2026-11-25 as a date; S2 release ids are strings."""
+        return value.isoformat() if isinstance(value, dt.date) else value
+
+
 class Config(_Section):
     profile: str = Field("custom", description="Name of the profile this config started from.")
     storage: StorageConfig = StorageConfig()
@@ -795,6 +860,7 @@ class Config(_Section):
     synthesis: SynthesisConfig = SynthesisConfig()
     eval: EvalConfig = EvalConfig()
     train: TrainConfig = TrainConfig()
+    refresh: RefreshConfig = RefreshConfig()
 
     @model_validator(mode="after")
     def _encoder_fits(self) -> Config:
@@ -961,6 +1027,37 @@ def _is_section(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
+def _config_text(
+    name: str, profile: str | None, env: Mapping[str, str], overrides: Sequence[str]
+) -> str:
+    """A config file's text: a local path, or an object-store URI (a cluster job's config
+    lives beside its data), reached with the storage settings of the profile, the CPR_STORAGE__*
+    variables and `--set storage.*` — the file cannot say how to reach itself."""
+    if not name.startswith("s3://"):
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        return path.read_text()
+    from cpr_ray.errors import StorageError
+    from cpr_ray.storage import Storage  # storage builds on this module
+
+    data = _profile_dict(profile) if profile else {}
+    for dotted, value in _env_overrides(env):
+        if dotted.startswith("storage."):
+            _set_path(data, dotted, value)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if sep and key.strip().startswith("storage."):
+            _set_path(data, key.strip(), _parse_scalar(raw))
+    try:
+        storage = Storage(StorageConfig.model_validate(data.get("storage") or {}))
+        if not storage.is_file(name):
+            raise ConfigError(f"config file not found: {name}")
+        return storage.read_text(name)
+    except (StorageError, ValidationError) as exc:
+        raise ConfigError(f"cannot read config {name}: {exc}") from None
+
+
 def load_config(
     profile: str | None = None,
     file: str | os.PathLike[str] | None = None,
@@ -975,15 +1072,14 @@ def load_config(
     data: dict[str, Any] = {}
     file_data: dict[str, Any] = {}
     if file is not None:
-        path = Path(file)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        name = os.fspath(file)
+        text = _config_text(name, profile, env, overrides)
         try:
-            file_data = yaml.safe_load(path.read_text()) or {}
+            file_data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"config file {name} is not valid YAML: {exc}") from exc
         if not isinstance(file_data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+            raise ConfigError(f"config file {name} must hold a mapping at the top level")
     base_profile = profile or file_data.get("profile")
     if base_profile is not None:
         data = _profile_dict(str(base_profile))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cpr_ray import leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import discover_inputs, ingest
 from cpr_ray.dataset.export import export
@@ -94,7 +95,10 @@ def run_build(
     ensure_ray(cfg.ray)
     log_dir = _error_log_dir(storage)
     manifests: dict[str, dict[str, Any]] = {}
-    for name in selected:
-        with user_errors_from_ray(log_dir):
-            manifests[name] = STAGES[name](cfg, storage, force=force, **stage_args.get(name, {}))
+    with leases.held(storage, "build"):  # the refresh's version cleanup waits for it
+        for name in selected:
+            with user_errors_from_ray(log_dir):
+                manifests[name] = STAGES[name](
+                    cfg, storage, force=force, **stage_args.get(name, {})
+                )
     return manifests

@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import lance
 from rich.console import Console
 
 from cpr_ray import __version__
@@ -96,12 +97,26 @@ def read_manifest(storage: Storage, stage: str) -> dict[str, Any] | None:
 
 
 def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
+    """A stage's published manifest, for a stage that reads its tables.
+
+    A Lance table the manifest records at a version (the corpus) must still be at it: a newer
+    one is a refresh that stopped before its commit, and reading it would mix two releases.
+    """
     manifest = read_manifest(storage, stage)
     if manifest is None:
         raise StorageError(
             f"stage {stage!r} has no published output under {storage.root}; run it first "
             f"(cpr build --stages {stage})"
         )
+    for name, table in manifest["tables"].items():
+        if table.get("format") == "lance" and table.get("version") is not None:
+            found = lance.dataset(table["uri"], storage_options=storage.lance_options()).version
+            if found != table["version"]:
+                raise StorageError(
+                    f"{stage} table {name} is at version {found}, but version "
+                    f"{table['version']} is published: a refresh stopped before its commit; "
+                    "run cpr refresh again to finish it"
+                )
     return manifest
 
 

@@ -11,8 +11,10 @@ import gzip
 import json
 import os
 import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -200,6 +202,31 @@ class Storage:
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
+    @contextmanager
+    def atomic_output(self, uri: str) -> Iterator[BinaryIO]:
+        """A stream whose bytes appear at `uri` only when the block ends without error: written
+        under a `_`-prefixed name (which listings and dataset readers skip), then moved into
+        place (a server-side copy on S3), so an interrupted download never looks finished."""
+        loc = self.resolve(uri)
+        folder, name = posixpath.split(loc.path)
+        tmp = posixpath.join(folder, f"_tmp-{os.getpid()}-{name}")
+        try:
+            loc.fs.create_dir(folder, recursive=True)
+            stream = loc.fs.open_output_stream(tmp, compression=None)  # bytes as given
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+        try:
+            yield stream  # type: ignore[misc]
+        except BaseException:
+            stream.close()
+            loc.fs.delete_file(tmp)
+            raise
+        try:
+            stream.close()
+            loc.fs.move(tmp, loc.path)
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
     def delete_dir(self, uri: str) -> None:
         loc = self.resolve(uri)
         try:
@@ -216,12 +243,26 @@ class Storage:
             raise StorageError(_explain(loc, exc)) from None
         return sorted(join(uri, i.base_name) for i in infos if i.type == pafs.FileType.Directory)
 
-    def list_files(self, uri: str, suffixes: tuple[str, ...] = ()) -> list[pafs.FileInfo]:
+    def delete_file(self, uri: str) -> None:
+        """Remove one file; gone already is fine."""
+        loc = self.resolve(uri)
+        try:
+            loc.fs.delete_file(loc.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+
+    def list_files(
+        self, uri: str, suffixes: tuple[str, ...] = (), *, missing_ok: bool = False
+    ) -> list[pafs.FileInfo]:
         """Files under a prefix, recursively, sorted by path; hidden and `_`-prefixed skipped."""
         loc = self.resolve(uri)
         try:
             infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
         except FileNotFoundError:
+            if missing_ok:
+                return []
             raise StorageError(f"{loc.uri} does not exist") from None
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None

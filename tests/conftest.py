@@ -8,6 +8,7 @@ GIL during I/O stall an in-process server), reached through exactly the code pat
 from __future__ import annotations
 
 import copy
+import json
 import os
 import socket
 import subprocess
@@ -188,3 +189,53 @@ def scripted_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedL
 def llm(scripted_llm: ScriptedLLM) -> ScriptedLLM:
     scripted_llm.reset()
     return scripted_llm
+
+
+class S2StandIn:
+    """Handle on `tests/s2_standin.py`: the fixture folder it serves, and its controls."""
+
+    API_KEY = "s2-test-key-0c7a"  # what the stand-in demands in x-api-key
+
+    def __init__(self, url: str, root: Path) -> None:
+        self.url = url
+        self.api_url = f"{url}/datasets/v1"
+        self.root = root
+
+    def _post(self, path: str, payload: object) -> None:
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def faults(self, *faults: dict) -> None:
+        self._post("/_faults", list(faults))
+
+    def stall(self, match: str) -> None:
+        self._post("/_stall", {"match": match})
+
+    def reset(self) -> None:
+        self._post("/_reset", {})
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=10) as resp:
+            return json.loads(resp.read())
+
+
+@pytest.fixture()
+def s2_api(tmp_path: Path) -> Iterator[S2StandIn]:
+    """A Datasets API stand-in serving `tmp_path/s2-api` (one release until a diff is added)."""
+    root = tmp_path / "s2-api"
+    root.mkdir()
+    (root / "releases.json").write_text(json.dumps(["2026-11-25"]))
+    script = str(Path(__file__).parent / "s2_standin.py")
+    proc, url = start_local_server(
+        [sys.executable, script, "--root", str(root), "--port", "{port}",
+         "--api-key", S2StandIn.API_KEY],
+        "/_stats",
+        tmp_path / "s2-standin.log",
+    )
+    yield S2StandIn(url, root)
+    proc.terminate()
+    proc.wait(timeout=10)

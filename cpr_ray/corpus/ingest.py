@@ -39,11 +39,18 @@ from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
 from cpr_ray.errors import InputError
-from cpr_ray.stage import StageOutput, StageRun, console, run_stage
+from cpr_ray.stage import StageOutput, StageRun, console, read_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
 STAGE = "ingest"
 TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
+# parsed inputs kept beside the corpus tables (not in the staging folder a run removes): the
+# refresh links new papers to OpenAlex through the key table and recounts venues from the lists
+KEPT_INPUTS = {
+    "works": "openalex_keys",
+    "publication-venues": "s2_venues",
+    "sources": "openalex_sources",
+}
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     rows_per_file = _rows_per_file(cfg)
 
     def stage_uri(name: str) -> str:
-        return join(staging, name)
+        return join(run.out, KEPT_INPUTS[name]) if name in KEPT_INPUTS else join(staging, name)
 
     # 1. parse every shard into bucketed staging tables --------------------------------------
     empty_schema: dict[str, pa.Schema] = {}
@@ -222,7 +229,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
             _parse_input(run, item, step, stage_uri(name), quarantined[name])
 
     counts = {name: buckets.count_split(storage, stage_uri(name)) for name in inputs}
-    rejects_uri = _collect_rejects(storage, staging, inputs, join(run.out, "rejects"))
+    rejects_uri = _collect_rejects(storage, stage_uri, inputs, join(run.out, "rejects"))
     _check_reject_rates(cfg, counts, rejects_uri)
     _check_not_empty(inputs, counts, rejects_uri)
     dups = _count_duplicates(storage, stage_uri, n, cpus, threads)
@@ -250,8 +257,8 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         storage,
         rows_per_file,
     )
-    s2_keys_schema = _rows_schema(
-        linking.s2_keys(_rows_schema(empty_schema["papers"]).empty_table(), n).schema
+    s2_keys_schema = rows_schema(
+        linking.s2_keys(rows_schema(empty_schema["papers"]).empty_table(), n).schema
     )
     match = partial(
         _match_bucket,
@@ -259,7 +266,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         s2_uri=stage_uri("s2_keys"),
         s2_schema=s2_keys_schema,
         works_uri=stage_uri("works"),
-        works_schema=_rows_schema(empty_schema["works"]),
+        works_schema=rows_schema(empty_schema["works"]),
         num_buckets=n,
         threads=threads,
     )
@@ -270,11 +277,11 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         s2_keys_schema.empty_table(), match.keywords["works_schema"].empty_table(), n
     ).schema
     side = {
-        "papers": (stage_uri("papers"), _rows_schema(empty_schema["papers"])),
-        "abstracts": (stage_uri("abstracts"), _rows_schema(empty_schema["abstracts"])),
-        "matches": (stage_uri("matches"), _rows_schema(matches_schema)),
-        "citations": (stage_uri("citations"), _rows_schema(empty_schema["citations"])),
-        "s2orc": (stage_uri("s2orc"), _rows_schema(empty_schema["s2orc"])),
+        "papers": (stage_uri("papers"), rows_schema(empty_schema["papers"])),
+        "abstracts": (stage_uri("abstracts"), rows_schema(empty_schema["abstracts"])),
+        "matches": (stage_uri("matches"), rows_schema(matches_schema)),
+        "citations": (stage_uri("citations"), rows_schema(empty_schema["citations"])),
+        "s2orc": (stage_uri("s2orc"), rows_schema(empty_schema["s2orc"])),
     }
     papers_uri = join(run.out, "papers.lance")
     citations_uri = join(run.out, "citations.lance")
@@ -289,7 +296,9 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
 
     # 4. venues: small tables, joined once -----------------------------------------------------
     venues_uri = join(run.out, "venues.parquet")
-    venues = _build_venues(storage, papers_uri, stage_uri, empty_schema, lance_opts)
+    venues = build_venues(
+        storage, papers_uri, stage_uri("publication-venues"), stage_uri("sources")
+    )
     storage.write_parquet(venues, venues_uri)
 
     papers_tbl = lance.dataset(papers_uri, storage_options=lance_opts)
@@ -327,10 +336,29 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     _print_summary(stats)
     return StageOutput(
         tables={
-            "papers": {"uri": papers_uri, "format": "lance", "rows": n_papers},
-            "citations": {"uri": citations_uri, "format": "lance", "rows": n_citations},
+            # the version is what readers check (`stage.require_manifest`) and a refresh restores
+            "papers": {
+                "uri": papers_uri,
+                "format": "lance",
+                "rows": n_papers,
+                "version": papers_tbl.version,
+            },
+            "citations": {
+                "uri": citations_uri,
+                "format": "lance",
+                "rows": n_citations,
+                "version": lance.dataset(citations_uri, storage_options=lance_opts).version,
+            },
             "venues": {"uri": venues_uri, "format": "parquet", "rows": venues.num_rows},
             "rejects": {"uri": rejects_uri, "format": "parquet", "rows": stats["rejects"]},
+            **{
+                table: {
+                    "uri": stage_uri(name),
+                    "format": "bucketed-parquet",
+                    "rows": counts[name]["kept"],
+                }
+                for name, table in KEPT_INPUTS.items()
+            },
         },
         stats=stats,
     )
@@ -353,7 +381,7 @@ def _write_corpus_table(
     )
 
 
-def _rows_schema(schema: pa.Schema) -> pa.Schema:
+def rows_schema(schema: pa.Schema) -> pa.Schema:
     drop = {buckets.BUCKET, "reject_reason", "raw", "path"}
     return pa.schema([f for f in schema if f.name not in drop])
 
@@ -398,16 +426,12 @@ def _citations_bucket(
     return linking.assemble_citations(_side(storage, side, "citations", k), recovered, threads)
 
 
-def _build_venues(
-    storage: Storage,
-    papers_uri: str,
-    stage_uri: Any,
-    empty_schema: dict[str, pa.Schema],
-    lance_opts: dict[str, str],
-) -> pa.Table:
+def build_venues(storage: Storage, papers_uri: str, venues_uri: str, sources_uri: str) -> pa.Table:
+    """The venues table: S2 venues and OpenAlex sources (parsed lists, bucket 0), and how many
+    papers each venue has per field — counted again by each refresh."""
     counts = (
         ray.data.read_lance(
-            papers_uri, columns=["venue_id", "field_id"], storage_options=lance_opts
+            papers_uri, columns=["venue_id", "field_id"], storage_options=storage.lance_options()
         )
         .groupby(["venue_id", "field_id"], num_partitions=4)
         .count()
@@ -425,24 +449,25 @@ def _build_venues(
             }
         )
     )
-    venues = _read_small(
-        storage, stage_uri("publication-venues"), empty_schema["publication-venues"]
-    )
-    sources = _read_small(storage, stage_uri("sources"), empty_schema["sources"])
+    venues = _read_small(storage, venues_uri, "publication-venues")
+    sources = _read_small(storage, sources_uri, "sources")
     return linking.assemble_venues(venues, sources, field_counts)
 
 
-def _read_small(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
+def _read_small(storage: Storage, uri: str, name: str) -> pa.Table:
     """The venue and source lists are small (~10^5 rows): one bucket holds all of them."""
-    return read_bucket(storage, uri, 0, _rows_schema(schema))
+    schema = ParseRecords(records.SPECS[name], 1, 1)(LINES.empty_table()).schema
+    return read_bucket(storage, uri, 0, rows_schema(schema))
 
 
-def _collect_rejects(storage: Storage, staging: str, inputs: dict[str, InputSet], out: str) -> str:
+def _collect_rejects(
+    storage: Storage, stage_uri: Callable[[str], str], inputs: dict[str, InputSet], out: str
+) -> str:
     """Quarantined lines of every input, in one table with their dataset, file and reason."""
     parts = []
     for name in inputs:
-        uri = bucket_uri(join(staging, name), buckets.REJECTED)
-        if buckets.count_rows(storage, join(staging, name), buckets.REJECTED):
+        uri = bucket_uri(stage_uri(name), buckets.REJECTED)
+        if buckets.count_rows(storage, stage_uri(name), buckets.REJECTED):
             loc = storage.resolve(uri)
             parts.append(
                 ray.data.read_parquet(loc.path, filesystem=loc.fs)
@@ -576,6 +601,14 @@ def ingest(
     """
     inputs = discover_inputs(cfg, storage) if inputs is None else inputs
     fingerprints = {name: item.fingerprint for name, item in inputs.items()}
+    published = read_manifest(storage, STAGE) or {}
+    corpus = published.get("corpus") or {}
+    if corpus.get("applied") and published.get("inputs") != fingerprints and not force:
+        raise InputError(
+            f"the corpus under {storage.root} was refreshed to S2 release {corpus['release']}; "
+            f"ingesting input.s2 again would take it back to {corpus['base_release']}. Run cpr "
+            "refresh to update it, or cpr build --force to rebuild from the bulk shards"
+        )
     return run_stage(
         STAGE,
         cfg,

@@ -255,7 +255,9 @@ def provenance(cfg: Config, storage: Storage) -> dict[str, Any]:
     return {
         "s2": cfg.input.s2 if cfg.input else None,
         "openalex": cfg.input.openalex if cfg.input else None,
-        "openalex_snapshot": ingest.get("stats", {}).get("openalex_snapshot"),
+        "openalex_snapshot": (ingest.get("corpus") or {}).get("openalex_snapshot")
+        or ingest.get("stats", {}).get("openalex_snapshot"),
+        "s2_releases": s2_releases(ingest),
         "input_fingerprints": ingest.get("inputs", {}),
         "stages": stages,
         "pooling": cfg.pooling.model_dump(mode="json"),
@@ -264,6 +266,17 @@ def provenance(cfg: Config, storage: Storage) -> dict[str, Any]:
         "config_sections": sections,
         "code_version": code_version(),
     }
+
+
+def s2_releases(ingest: dict[str, Any]) -> str:
+    """Which S2 releases the corpus covers: the bulk release and each refresh step applied."""
+    corpus = ingest.get("corpus")
+    if not corpus:
+        return "release of the bulk shards (not refreshed)"
+    steps = [s["step"] for s in corpus["applied"] if s["source"] == "s2"]
+    return f"release {corpus['release']} (bulk {corpus['base_release']}" + (
+        f", refreshed {'; '.join(steps)})" if steps else ")"
+    )
 
 
 def _pct(x: float | None) -> str:
@@ -365,7 +378,7 @@ def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> s
         "",
         "## Provenance",
         "",
-        f"- Semantic Scholar input: `{prov['s2']}`",
+        f"- Semantic Scholar input: `{prov['s2']}`; {prov['s2_releases']}",
         f"- OpenAlex input: `{prov['openalex']}` (topics from {prov['openalex_snapshot']})",
         f"- Input fingerprints: {_inline(prov['input_fingerprints'])}",
         f"- Pooling: {_poolers(prov['pooling'])} (all settings in `{STATS}`)",

@@ -1,0 +1,701 @@
+"""The nightly refresh: Semantic Scholar's incremental diffs applied to the corpus tables, then
+the build's later stages rerun, paying only for what changed.
+
+**Corpus.** From the release applied last (the ingest manifest's ``corpus.release``; first
+``refresh.base_release``) to S2's latest, each release step's ``update_files`` are upserted
+and its ``delete_files`` removed by key in the Lance tables (``merge_insert``), papers rebuilt
+as ingest built them (`updates`). OpenAlex snapshot partitions newer than the pinned one are
+parsed into the key table first, and the papers they match are relinked; the new snapshot is
+then the pinned one. Lance's change API (``delta``) tells what each step inserted, updated and
+deleted. The venues table is recounted.
+
+**Commit.** The ingest manifest is the commit of a step: it records the applied release, the
+Lance version of each table and a new ``run_id`` (``{ingest run}+{release}``), which is how every
+later stage sees that its input changed. A refresh killed before a commit leaves the tables at
+a newer version than the manifest records; the next one (and any stage that reads them, see
+`stage.require_manifest`) notices, and the refresh restores the recorded version before
+applying the step again — so an interrupted refresh ends where an uninterrupted one does.
+
+**Downstream.** The later stages run as in a build: mining is recomputed over the corpus (bulk
+work, no LLM), and the LLM stages find the answers for every pair judged before in the cache
+(the refresh's ledger rows are its new pairs only); the embedding store encodes only new or
+changed texts; pairs of deleted or no longer eligible papers are simply not mined again, so the
+next export retracts them. The dataset card lists the releases it covers.
+
+**Versions.** Old table versions are removed after a refresh once older than
+``refresh.retain_versions_days`` — never while another build holds a lease on the root.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import ray
+
+from cpr_ray import buckets, leases
+from cpr_ray.buckets import BUCKET, write_bucketed
+from cpr_ray.config import Config
+from cpr_ray.corpus import linking, records, updates
+from cpr_ray.corpus.ingest import (
+    KEPT_INPUTS,
+    TEXT_SUFFIXES,
+    ParseRecords,
+    ParseWorks,
+    build_venues,
+    rows_schema,
+)
+from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
+from cpr_ray.corpus.s2orc import recover_contexts
+from cpr_ray.corpus.shards import LINES, ReadShards
+from cpr_ray.errors import ConfigError, InputError, StorageError
+from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.ray_runtime import ensure_ray
+from cpr_ray.stage import console, manifest_uri, read_manifest
+from cpr_ray.storage import Storage, join
+
+INGEST = "ingest"
+DATASETS_ORDER = ("papers", "abstracts", "citations")
+CITATION_KEY = ["citing_id", "cited_id"]
+DELETE_CHUNK = 20_000  # ids per Lance delete predicate
+
+
+@dataclass
+class StepReport:
+    """What one commit changed, for the manifest's history and the summary."""
+
+    label: str  # "2026-11-25 → 2026-12-02" or "openalex updated_date … → …"
+    source: str = "s2"  # s2 | openalex
+    records: dict[str, dict[str, int]] = field(default_factory=dict)
+    changes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.label,
+            "source": self.source,
+            "records": self.records,
+            "changes": self.changes,
+        }
+
+
+def _parsed_schema(name: str) -> pa.Schema:
+    spec = records.SPECS[name]
+    return rows_schema(ParseRecords(spec, 1, 1)(LINES.empty_table()).schema)
+
+
+def _parse_files(cfg: Config, storage: Storage, name: str, uris: Sequence[str]) -> pa.Table:
+    """Diff files (gzipped JSONL, the bulk format) → parsed rows with `_bucket` 0 (kept), -1
+    (rejected, with reason) or -2 (skipped by rule); one Ray task per file."""
+    step = ParseRecords(records.SPECS[name], 1, cfg.ingest.raw_line_limit)
+    if not uris:
+        return step(LINES.empty_table())
+    ds = (
+        ray.data.from_items([{"path": u} for u in uris], override_num_blocks=len(uris))
+        .map_batches(ReadShards(storage, "fail"), batch_size=1, batch_format="pyarrow")
+        .map_batches(step, batch_size=cfg.ingest.batch_size, batch_format="pyarrow")
+    )
+    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    return pa.concat_tables(tables) if tables else step(LINES.empty_table())
+
+
+def _split(parsed: pa.Table, name: str) -> tuple[pa.Table, pa.Table, int]:
+    """Parsed rows → (kept rows in record shape, rejects, skipped count)."""
+    bucket = parsed[BUCKET]
+    kept = parsed.filter(pc.greater_equal(bucket, 0))
+    rejected = parsed.filter(pc.equal(bucket, buckets.REJECTED))
+    skipped = int(pc.sum(pc.equal(bucket, buckets.SKIPPED)).as_py() or 0)
+    schema = _parsed_schema(name)
+    return kept.select(schema.names).cast(schema), rejected, skipped
+
+
+class Corpus:
+    """The Lance tables the ingest manifest points at, with the versions it records."""
+
+    def __init__(self, storage: Storage, manifest: dict[str, Any]) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self.opts = storage.lance_options()
+        tables = manifest["tables"]
+        missing = [t for t in KEPT_INPUTS.values() if t not in tables]
+        if missing:
+            raise StorageError(
+                f"the corpus under {storage.root} was built by a version of ingest that kept "
+                f"no {', '.join(missing)}: a refresh needs them; rebuild it once with "
+                "cpr build --stages ingest --force"
+            )
+        self.papers_uri = tables["papers"]["uri"]
+        self.citations_uri = tables["citations"]["uri"]
+
+    def table(self, name: str) -> lance.LanceDataset:
+        uri = self.papers_uri if name == "papers" else self.citations_uri
+        return lance.dataset(uri, storage_options=self.opts)
+
+    def recorded_version(self, name: str) -> int | None:
+        return self.manifest["tables"][name].get("version")
+
+    def restore_unfinished(self) -> list[str]:
+        """Tables a killed refresh left past their recorded version, put back to it."""
+        restored = []
+        for name in ("papers", "citations"):
+            recorded = self.recorded_version(name)
+            ds = self.table(name)
+            if recorded is not None and ds.version != recorded:
+                ds.checkout_version(recorded).restore()
+                restored.append(f"{name} {ds.version} → {recorded}")
+        return restored
+
+    def rows_for(self, name: str, column: str, ids: pa.Array) -> pa.Table:
+        if not len(ids):
+            return self.table(name).schema.empty_table()
+        return self.table(name).to_table(filter=pc.field(column).isin(ids))
+
+    def upsert(self, name: str, rows: pa.Table) -> None:
+        if rows.num_rows:
+            on = "corpus_id" if name == "papers" else CITATION_KEY
+            (
+                self.table(name)
+                .merge_insert(on)
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(rows)
+            )
+
+    def delete_keys(self, name: str, keys: pa.Table) -> None:
+        if keys.num_rows:
+            on = "corpus_id" if name == "papers" else CITATION_KEY
+            self.table(name).merge_insert(on).when_matched_delete().execute(keys)
+
+    def delete_citations_of(self, ids: pa.Array) -> None:
+        """Citations from or to deleted papers go with them."""
+        values = ids.to_pylist()
+        for start in range(0, len(values), DELETE_CHUNK):
+            chunk = ", ".join(str(int(v)) for v in values[start : start + DELETE_CHUNK])
+            self.table("citations").delete(f"citing_id IN ({chunk}) OR cited_id IN ({chunk})")
+
+    def versions(self) -> dict[str, int]:
+        return {name: self.table(name).version for name in ("papers", "citations")}
+
+    def changes(self, begin: dict[str, int]) -> dict[str, dict[str, int]]:
+        """Rows inserted, updated and deleted since `begin`, from Lance's change API."""
+        out = {}
+        for name in ("papers", "citations"):
+            ds = self.table(name)
+            if ds.version == begin[name]:
+                out[name] = {"inserted": 0, "updated": 0, "deleted": 0}
+                continue
+            delta = ds.delta(begin_version=begin[name], end_version=ds.version)
+            deleted = delta.get_deleted_row_ids()
+            out[name] = {
+                "inserted": delta.get_inserted_rows().read_all().num_rows,
+                "updated": delta.get_updated_rows().read_all().num_rows,
+                "deleted": sum(len(b) for b in deleted) if deleted is not None else 0,
+            }
+        return out
+
+
+# -- OpenAlex: partitions newer than the pinned snapshot -----------------------------------------
+
+PARTITION = re.compile(r"updated_date=(\d{4}-\d{2}-\d{2})")
+
+
+def snapshot_date(label: str | None) -> str | None:
+    """The newest OpenAlex partition date a snapshot label names (`…updated_date<=2026-11-20`)."""
+    m = re.search(r"(\d{4}-\d{2}-\d{2})", label or "")
+    return m.group(1) if m else None
+
+
+def new_work_files(cfg: Config, storage: Storage, pinned: str | None) -> tuple[list[str], str]:
+    """Works shards in partitions newer than `pinned`, and the newest partition date seen."""
+    assert cfg.input is not None
+    works = join(cfg.input.openalex, "works")
+    files = [i.path for i in storage.list_files(works, TEXT_SUFFIXES) if i.size]
+    is_s3 = storage.resolve(works).is_s3
+    newer, newest = [], pinned or ""
+    for path in files:
+        m = PARTITION.search(path)
+        if m is None:
+            continue
+        newest = max(newest, m.group(1))
+        if pinned is None or m.group(1) > pinned:
+            newer.append(f"s3://{path}" if is_s3 else path)
+    return (newer if pinned is not None else []), newest
+
+
+def _key_rows(storage: Storage, keys_uri: str, keys: pa.Table) -> pa.Table:
+    """OpenAlex key rows (payload included) for S2 key rows (`linking.s2_keys`): one scan of
+    the key table, pruned to the buckets those keys hash to."""
+    schema = rows_schema(ParseWorks(records.SPECS["works"], 1, 1)(LINES.empty_table()).schema)
+    if not keys.num_rows:
+        return schema.empty_table()
+    loc = storage.resolve(keys_uri)
+    ds = pds.dataset(
+        loc.path,
+        filesystem=loc.fs,
+        format="parquet",
+        partitioning="hive",
+        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
+    )
+    found = ds.to_table(
+        columns=schema.names,
+        filter=pc.field(BUCKET).isin(keys[BUCKET].unique())
+        & pc.field("key").isin(keys["key"].unique()),
+    )
+    return found.cast(schema)
+
+
+def _relink_ids(corpus: Corpus, new_keys: pa.Array) -> pa.Array:
+    """Corpus ids of papers with a DOI, MAG or PubMed id among new OpenAlex keys."""
+    by_type: dict[str, list[Any]] = {"doi": [], "mag": [], "pmid": []}
+    for key in new_keys.to_pylist():
+        kind, _, value = key.partition(":")
+        by_type[kind].append(value if kind == "doi" else int(value))
+    masks = [
+        pc.field(col).isin(pa.array(vals, pa.string() if kind == "doi" else pa.int64()))
+        for kind, col in (("doi", "doi"), ("mag", "mag_id"), ("pmid", "pmid"))
+        if (vals := by_type[kind])
+    ]
+    if not masks:
+        return pa.array([], pa.int64())
+    expr = masks[0]
+    for m in masks[1:]:
+        expr = expr | m
+    return corpus.table("papers").to_table(columns=["corpus_id"], filter=expr)["corpus_id"]
+
+
+# -- applying changes ----------------------------------------------------------------------------
+
+
+def _ids(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    flat = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return flat.cast(pa.int64())
+
+
+def _apply_papers(
+    corpus: Corpus,
+    keys_uri: str,
+    num_buckets: int,
+    papers: pa.Table,
+    abstracts: pa.Table,
+    relink: pa.Array,
+    forget_abstracts: pa.Array,
+) -> int:
+    """Rebuild and upsert every paper the records touch; returns rows written."""
+    relink, forget_abstracts = _ids(relink), _ids(forget_abstracts)
+    ids = pa.concat_arrays(
+        [_ids(papers["corpus_id"]), _ids(abstracts["corpus_id"]), relink, forget_abstracts]
+    ).unique()
+    if not len(ids):
+        return 0
+    current = corpus.rows_for("papers", "corpus_id", ids)
+    current = updates.forget_abstracts(current, forget_abstracts)
+    touched = pa.concat_arrays([relink, forget_abstracts])
+    paper_rec, abstract_rec = updates.rebuild_inputs(papers, abstracts, current, touched)
+    works = _key_rows(corpus.storage, keys_uri, linking.s2_keys(paper_rec, num_buckets))
+    rows = updates.rebuilt_papers(paper_rec, abstract_rec, works, num_buckets)
+    corpus.upsert("papers", rows)
+    return rows.num_rows
+
+
+def _apply_citations(corpus: Corpus, citations: pa.Table) -> int:
+    if not citations.num_rows:
+        return 0
+    current = corpus.rows_for("citations", "citing_id", citations["citing_id"].unique())
+    empty_s2orc = _parsed_schema("s2orc").empty_table()
+    rows = updates.changed_citations(citations, current, recover_contexts(empty_s2orc))
+    corpus.upsert("citations", rows)
+    return rows.num_rows
+
+
+class Refresher:
+    """One refresh of one build root; `run` does it all."""
+
+    def __init__(self, cfg: Config, client: S2DatasetsClient | None = None) -> None:
+        cfg.require("storage.root", "input")
+        self.cfg = cfg
+        self.storage = Storage(cfg.storage)
+        rc = cfg.refresh
+        self.client = client or S2DatasetsClient(
+            rc.api_url,
+            os.environ.get(rc.api_key_env),
+            requests_per_second=rc.requests_per_second,
+            max_retries=rc.max_retries,
+            timeout_s=rc.timeout_s,
+        )
+        self.keyless = client is None and not os.environ.get(rc.api_key_env)
+        self.work = join(self.storage.root, "_refresh")
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _manifest(self) -> dict[str, Any]:
+        manifest = read_manifest(self.storage, INGEST)
+        if manifest is None:
+            raise StorageError(
+                f"no corpus under {self.storage.root}: a refresh updates a built one; run "
+                "cpr build --stages ingest first"
+            )
+        return manifest
+
+    def _corpus_state(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        state = manifest.get("corpus")
+        if state:
+            return state
+        base = self.cfg.refresh.base_release
+        if not base:
+            raise ConfigError(
+                "refresh.base_release is not set: name the S2 release the bulk shards under "
+                "input.s2 come from (e.g. --set refresh.base_release=2026-11-25)"
+            )
+        return {
+            "base_release": base,
+            "release": base,
+            "applied": [],
+            "openalex_snapshot": manifest["stats"].get("openalex_snapshot"),
+        }
+
+    def _commit(
+        self, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any], report: StepReport
+    ) -> dict[str, Any]:
+        """Publish what the tables now hold: the step is applied once this write lands."""
+        venues_uri = join(
+            manifest["output"], f"venues-{_slug(state['release'])}-{len(state['applied'])}.parquet"
+        )
+        venues = build_venues(
+            self.storage,
+            corpus.papers_uri,
+            manifest["tables"]["s2_venues"]["uri"],
+            manifest["tables"]["openalex_sources"]["uri"],
+        )
+        self.storage.write_parquet(venues, venues_uri)
+        tables = dict(manifest["tables"])
+        for name in ("papers", "citations"):
+            ds = corpus.table(name)
+            tables[name] = {**tables[name], "version": ds.version, "rows": ds.count_rows()}
+        tables["venues"] = {**tables["venues"], "uri": venues_uri, "rows": venues.num_rows}
+        if report.label:
+            state = {**state, "applied": [*state["applied"], report.as_dict()]}
+        base_run = manifest["output"].rstrip("/").rsplit("/", 1)[1]
+        stamp = f"{base_run}+{state['release']}+{len(state['applied'])}"
+        new = {
+            **manifest,
+            "tables": tables,
+            "corpus": state,
+            "run_id": stamp,
+            "refreshed": dt.datetime.now(dt.timezone.utc).isoformat(),
+        }
+        self.storage.write_json(manifest_uri(self.storage, INGEST), new)
+        corpus.manifest = new
+        return new
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _download(self, step_dir: str, name: str, kind: str, urls: Sequence[str]) -> list[str]:
+        """Diff files into the build root, each complete or absent; kept ones are reused by a
+        rerun of the same step (its URLs change, the files' order does not)."""
+        out = []
+        for i, url in enumerate(urls):
+            uri = join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz")
+            if not self.storage.is_file(uri):
+                with self.storage.atomic_output(uri) as sink:
+                    self.client.download(url, sink)
+            out.append(uri)
+        return out
+
+    def _records(
+        self, step_dir: str, steps: dict[str, DiffStep], name: str, kind: str, report: StepReport
+    ) -> pa.Table:
+        """Parsed kept rows of one side of a dataset's step, rejects written and counted."""
+        step = steps.get(name)
+        if step is None:
+            return _parsed_schema(name).empty_table()
+        urls = step.update_files if kind == "update" else step.delete_files
+        files = self._download(step_dir, name, kind, urls)
+        parsed = _parse_files(self.cfg, self.storage, name, files)
+        kept, rejected, skipped = _split(parsed, name)
+        counts = report.records.setdefault(name, {})
+        counts[f"{kind}_records"] = kept.num_rows
+        counts[f"{kind}_rejected"] = rejected.num_rows
+        counts[f"{kind}_skipped"] = skipped
+        if rejected.num_rows:
+            self.storage.write_parquet(
+                rejected.select(["path", "reject_reason", "raw"]),
+                join(self.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}.parquet"),
+            )
+        total = kept.num_rows + rejected.num_rows + skipped
+        limit = self.cfg.ingest.max_reject_rate
+        if total and rejected.num_rows / total > limit:
+            raise InputError(
+                f"{rejected.num_rows:,} of {total:,} {kind} records of {name} in release step "
+                f"{step.from_release} → {step.to_release} were rejected (> "
+                f"ingest.max_reject_rate={limit:.1%}); reasons in {self.work}/rejects"
+            )
+        return kept
+
+    def _apply_step(self, corpus: Corpus, steps: dict[str, DiffStep], report: StepReport) -> None:
+        one = next(iter(steps.values()))
+        step_dir = join(self.work, "downloads", _slug(one.to_release))
+        n = self._key_buckets(corpus)
+        keys_uri = corpus.manifest["tables"]["openalex_keys"]["uri"]
+        papers = self._records(step_dir, steps, "papers", "update", report)
+        abstracts = self._records(step_dir, steps, "abstracts", "update", report)
+        gone_papers = self._records(step_dir, steps, "papers", "delete", report)
+        gone_abstracts = self._records(step_dir, steps, "abstracts", "delete", report)
+        console.print(f"  {report.label}: papers")
+        _apply_papers(
+            corpus,
+            keys_uri,
+            n,
+            papers,
+            abstracts,
+            pa.array([], pa.int64()),
+            gone_abstracts["corpus_id"],
+        )
+        citations = self._records(step_dir, steps, "citations", "update", report)
+        gone_citations = self._records(step_dir, steps, "citations", "delete", report)
+        console.print(f"  {report.label}: citations")
+        _apply_citations(corpus, citations)
+        corpus.delete_keys(
+            "citations", gone_citations.select(CITATION_KEY).group_by(CITATION_KEY).aggregate([])
+        )
+        if gone_papers.num_rows:
+            ids = _ids(gone_papers["corpus_id"]).unique()
+            corpus.delete_keys("papers", pa.table({"corpus_id": ids}))
+            corpus.delete_citations_of(ids)
+
+    def _key_buckets(self, corpus: Corpus) -> int:
+        """The key table's bucket count (its folders say), so new keys land where lookups look."""
+        loc = self.storage.resolve(corpus.manifest["tables"]["openalex_keys"]["uri"])
+        found = [
+            int(d.rsplit("=", 1)[1])
+            for d in self.storage.list_dirs(loc.uri)
+            if f"/{BUCKET}=" in d and int(d.rsplit("=", 1)[1]) >= 0
+        ]
+        return max(found) + 1 if found else self.cfg.ingest.num_buckets
+
+    def _openalex(
+        self, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Parse works partitions newer than the pinned snapshot into the key table; relink the
+        papers they match; pin the newer snapshot."""
+        pinned = snapshot_date(state.get("openalex_snapshot"))
+        files, newest = new_work_files(self.cfg, self.storage, pinned)
+        if not files:
+            return manifest
+        label = f"openalex updated_date {pinned} → {newest}"
+        console.print(f"  {label}: {len(files)} new works shard(s)")
+        report = StepReport(label, source="openalex")
+        n = self._key_buckets(corpus)
+        keys_uri = manifest["tables"]["openalex_keys"]["uri"]
+        step = ParseWorks(records.SPECS["works"], n, self.cfg.ingest.raw_line_limit)
+        ds = (
+            ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+            .map_batches(ReadShards(self.storage, "fail"), batch_size=1, batch_format="pyarrow")
+            .map_batches(step, batch_size=self.cfg.ingest.batch_size, batch_format="pyarrow")
+        )
+        parsed = pa.concat_tables(
+            [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+            or [step(LINES.empty_table())]
+        )
+        good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
+        if good.num_rows:
+            write_bucketed(ray.data.from_arrow(good), keys_uri, self.storage, 1000)
+        relink = _relink_ids(corpus, good["key"].unique())
+        report.records["works"] = {
+            "update_records": good.num_rows,
+            "update_rejected": int(pc.sum(pc.equal(parsed[BUCKET], buckets.REJECTED)).as_py() or 0),
+        }
+        begin = corpus.versions()
+        _apply_papers(
+            corpus,
+            keys_uri,
+            n,
+            _parsed_schema("papers").empty_table(),
+            _parsed_schema("abstracts").empty_table(),
+            relink,
+            pa.array([], pa.int64()),
+        )
+        report.changes = corpus.changes(begin)
+        state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
+        return self._commit(manifest, corpus, state, report)
+
+    # -- the whole refresh -----------------------------------------------------------------------
+
+    def plan(self, release: str) -> tuple[str, list[dict[str, DiffStep]]]:
+        """S2's latest release and the steps to it, each step's datasets together."""
+        latest = self.client.latest()
+        if latest == release:
+            return latest, []
+        per_dataset = {
+            name: self.client.diffs(release, latest, name) for name in self.cfg.refresh.datasets
+        }
+        order: list[tuple[str, str]] = []
+        for steps in per_dataset.values():
+            for s in steps:
+                if (s.from_release, s.to_release) not in order:
+                    order.append((s.from_release, s.to_release))
+        order.sort(key=lambda pair: pair[1])
+        grouped = []
+        for pair in order:
+            grouped.append(
+                {
+                    name: s
+                    for name, steps in per_dataset.items()
+                    for s in steps
+                    if (s.from_release, s.to_release) == pair
+                }
+            )
+        return latest, grouped
+
+    def run(self) -> dict[str, Any]:
+        storage, rc = self.storage, self.cfg.refresh
+        manifest = self._manifest()
+        corpus = Corpus(storage, manifest)
+        state = self._corpus_state(manifest)
+        restored = corpus.restore_unfinished()
+        if restored:
+            console.print(
+                "[bold]refresh[/]: an earlier refresh stopped before its commit; tables back to "
+                f"their published versions ({', '.join(restored)}), applying its step again"
+            )
+        if self.keyless:
+            console.print(
+                f"  [yellow]note[/]: ${rc.api_key_env} is empty: requests go without an API key"
+            )
+        ledger_before = _ledger_rows(storage)
+        start_release = state["release"]
+        latest, steps = self.plan(start_release)
+        console.print(
+            f"[bold]refresh[/]: corpus at S2 release {start_release}; latest {latest}; "
+            f"{len(steps)} release step(s) to apply"
+        )
+        ensure_ray(self.cfg.ray)
+        reports: list[dict[str, Any]] = []
+        before = len(state["applied"])
+        manifest = self._openalex(manifest, corpus, state)
+        state = manifest.get("corpus", state)
+        for group in steps:
+            one = next(iter(group.values()))
+            report = StepReport(f"{one.from_release} → {one.to_release}")
+            begin = corpus.versions()
+            self._apply_step(corpus, group, report)
+            report.changes = corpus.changes(begin)
+            state = {**state, "release": one.to_release}
+            manifest = self._commit(manifest, corpus, state, report)
+            state = manifest["corpus"]
+            storage.delete_dir(join(self.work, "downloads", _slug(one.to_release)))
+            _print_step(report)
+        reports = state["applied"][before:]
+        if rc.compact and reports:
+            for name in ("papers", "citations"):
+                corpus.table(name).optimize.compact_files()
+            manifest = self._commit(manifest, corpus, state, StepReport(""))
+        downstream: dict[str, Any] = {}
+        if rc.downstream:
+            from cpr_ray.pipeline import STAGES, run_build  # the pipeline imports this module
+
+            later = [s for s in STAGES if s != INGEST]
+            manifests = run_build(self.cfg, later)
+            downstream = {name: m["run_id"] for name, m in manifests.items()}
+        cleaned = self._cleanup(corpus)
+        ledger_after = _ledger_rows(storage)
+        summary = {
+            "root": storage.root,
+            "from_release": start_release,
+            "to_release": state["release"],
+            "steps": reports,
+            "restored": restored,
+            "openalex_snapshot": state.get("openalex_snapshot"),
+            "llm_rows": {
+                s: ledger_after.get(s, 0) - ledger_before.get(s, 0) for s in ledger_after
+            },
+            "downstream": downstream,
+            "versions_removed": cleaned,
+            "export": (read_manifest(storage, "export") or {}).get("output"),
+        }
+        _print_summary(summary)
+        return summary
+
+    def _cleanup(self, corpus: Corpus) -> dict[str, int] | str:
+        """Old versions go once past retention, unless some build is reading the root now."""
+        rc = self.cfg.refresh
+        holders = leases.active(self.storage, dt.timedelta(hours=rc.lease_ttl_hours))
+        if holders:
+            return f"skipped: {len(holders)} build(s) hold a lease ({', '.join(holders)})"
+        out = {}
+        for name in ("papers", "citations"):
+            stats = corpus.table(name).cleanup_old_versions(
+                older_than=dt.timedelta(days=rc.retain_versions_days)
+            )
+            out[name] = stats.old_versions
+        return out
+
+
+def _slug(release: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", release)
+
+
+def _ledger_rows(storage: Storage) -> dict[str, int]:
+    return {row["stage"]: row["rows"] for row in ledger_summary(storage)}
+
+
+def _print_step(report: StepReport) -> None:
+    rec = "; ".join(
+        f"{name} +{c.get('update_records', 0):,}/-{c.get('delete_records', 0):,}"
+        + (f" ({c['update_rejected'] + c.get('delete_rejected', 0):,} rejected)"
+           if c.get("update_rejected") or c.get("delete_rejected") else "")
+        for name, c in report.records.items()
+    )
+    ch = "; ".join(
+        f"{name}: {c['inserted']:,} new, {c['updated']:,} changed, {c['deleted']:,} removed"
+        for name, c in report.changes.items()
+    )
+    console.print(f"  applied {report.label}: records {rec or 'none'} → {ch}")
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    llm = ", ".join(f"{s} {n:,}" for s, n in summary["llm_rows"].items() if n) or "none"
+    console.print(
+        f"[bold]refresh[/]: S2 {summary['from_release']} → {summary['to_release']} in "
+        f"{len(summary['steps'])} step(s); topics from {summary['openalex_snapshot']}; "
+        f"new LLM answers: {llm}; old versions: {summary['versions_removed']}"
+        + (f"; export {summary['export']}" if summary["export"] else "")
+    )
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What the CLI and the job print last: where things went, what it cost."""
+    lines = [
+        f"corpus: S2 {summary['from_release']} → {summary['to_release']}, "
+        f"{len(summary['steps'])} step(s) applied; topics from {summary['openalex_snapshot']}"
+    ]
+    for step in summary["steps"]:
+        ch = ", ".join(
+            f"{name} +{c['inserted']:,} ~{c['updated']:,} -{c['deleted']:,}"
+            for name, c in step["changes"].items()
+        )
+        lines.append(f"  {step['step']}: {ch}")
+    asked = {s: n for s, n in summary["llm_rows"].items() if n}
+    lines.append(
+        "new LLM answers: "
+        + (", ".join(f"{s} {n:,}" for s, n in asked.items()) if asked else "none")
+        + f" (ledger: cpr stats {summary['root']})"
+    )
+    if summary["export"]:
+        lines.append(f"export: {summary['export']}")
+    lines.append(f"old table versions removed: {summary['versions_removed']}")
+    return lines
+
+
+def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:
+    """Apply S2's diffs since the last refresh and rerun what depends on the corpus."""
+    return Refresher(cfg, client).run()
+
+
+__all__ = ("refresh", "Refresher", "public_url", "snapshot_date", "summary_lines")

@@ -1,0 +1,199 @@
+"""A client for the Semantic Scholar Datasets API: releases, incremental diffs, file downloads.
+
+The API (``https://api.semanticscholar.org/datasets/v1``) lists releases (``/release/``), and for
+a dataset the diffs between two releases (``/diffs/{start}/to/{end}/{dataset}``): one step per
+consecutive pair of releases, each with ``update_files`` and ``delete_files`` — pre-signed URLs
+of gzipped JSONL that expire, so a rerun asks for them again rather than keeping them.
+
+The key goes in the ``x-api-key`` header and nowhere else: it is never logged, and error
+messages name a URL without its query string (a pre-signed URL's signature is a credential
+too). S2 allows one request a second per key; requests are spaced to that, and a 429 or a 5xx
+backs off (its ``Retry-After`` when it gives one) before a bounded number of retries.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+
+from cpr_ray.errors import InputError, StorageError
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class DiffStep:
+    """One release-to-release step of one dataset's changes."""
+
+    dataset: str
+    from_release: str
+    to_release: str
+    update_files: tuple[str, ...]
+    delete_files: tuple[str, ...]
+
+
+def public_url(url: str) -> str:
+    """A URL as it may appear in a message or a log: no query string, no credentials."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class S2DatasetsClient:
+    """Spaced, retried GETs against the Datasets API; thread-safe spacing."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        requests_per_second: float = 1.0,
+        max_retries: int = 5,
+        timeout_s: float = 60.0,
+        backoff_s: float = 2.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = requests.Session()
+        if api_key:
+            self.session.headers["x-api-key"] = api_key
+        self.interval = 1.0 / requests_per_second if requests_per_second > 0 else 0.0
+        self.max_retries = max_retries
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self.requests = 0  # every HTTP request sent, retries included
+
+    def _space(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            wait = self._next - now
+            self._next = max(now, self._next) + self.interval
+        if wait > 0:
+            self._sleep(wait)
+
+    def _get(self, url: str, *, stream: bool = False, api: bool = True) -> requests.Response:
+        """GET with spacing (API calls only: pre-signed file URLs are not the API's quota) and
+        back-off on 429/5xx/connection errors; any other error status is final."""
+        shown = public_url(url)
+        for attempt in range(self.max_retries + 1):
+            if api:
+                self._space()
+            self.requests += 1
+            try:
+                resp = self.session.get(url, stream=stream, timeout=self.timeout_s)
+            except requests.RequestException as exc:
+                if attempt == self.max_retries:
+                    raise StorageError(
+                        f"Semantic Scholar API unreachable at {shown}: {type(exc).__name__} "
+                        f"after {attempt + 1} attempts"
+                    ) from None
+                self._sleep(self.backoff_s * 2**attempt)
+                continue
+            if resp.status_code in RETRY_STATUS and attempt < self.max_retries:
+                retry_after = resp.headers.get("Retry-After")
+                resp.close()
+                delay = float(retry_after) if retry_after and retry_after.isdigit() else None
+                self._sleep(delay if delay is not None else self.backoff_s * 2**attempt)
+                continue
+            if resp.status_code in (401, 403):
+                resp.close()
+                raise InputError(
+                    f"Semantic Scholar refused {shown} (HTTP {resp.status_code}): set a valid "
+                    "API key in the variable named by refresh.api_key_env"
+                )
+            if resp.status_code == 404:
+                resp.close()
+                raise InputError(f"Semantic Scholar has no {shown} (HTTP 404)")
+            if resp.status_code >= 400:
+                resp.close()
+                raise StorageError(
+                    f"Semantic Scholar answered HTTP {resp.status_code} for {shown}"
+                    + (f" after {attempt + 1} attempts" if attempt else "")
+                )
+            return resp
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _json(self, path: str) -> Any:
+        url = f"{self.base_url}/{path.lstrip('/')}"
+        resp = self._get(url)
+        try:
+            return resp.json()
+        except ValueError:
+            raise InputError(
+                f"Semantic Scholar answered {public_url(url)} with something that is not JSON"
+            ) from None
+
+    def releases(self) -> list[str]:
+        """Release ids, oldest first."""
+        out = self._json("release/")
+        if not isinstance(out, list) or not all(isinstance(r, str) for r in out):
+            raise InputError("Semantic Scholar's release list is not a list of release ids")
+        return sorted(out)
+
+    def latest(self) -> str:
+        out = self._json("release/latest")
+        if not isinstance(out, dict) or not isinstance(out.get("release_id"), str):
+            raise InputError("Semantic Scholar's latest release has no release_id")
+        return out["release_id"]
+
+    def diffs(self, start: str, end: str, dataset: str) -> list[DiffStep]:
+        """The steps from release `start` to `end` for `dataset`, in the order to apply them."""
+        out = self._json(f"diffs/{start}/to/{end}/{dataset}")
+        try:
+            steps = [
+                DiffStep(
+                    dataset,
+                    d["from_release"],
+                    d["to_release"],
+                    tuple(d["update_files"]),
+                    tuple(d["delete_files"]),
+                )
+                for d in out["diffs"]
+            ]
+        except (KeyError, TypeError):
+            raise InputError(
+                f"Semantic Scholar's diff listing {start}→{end} for {dataset} lacks "
+                "diffs[].from_release/to_release/update_files/delete_files"
+            ) from None
+        for prev, step in zip(steps, steps[1:]):
+            if step.from_release != prev.to_release:
+                raise InputError(
+                    f"diffs of {dataset} do not chain: {prev.to_release} is followed by a step "
+                    f"from {step.from_release}"
+                )
+        return steps
+
+    def download(self, url: str, sink: BinaryIO, chunk_bytes: int = 1 << 20) -> int:
+        """Stream one diff file into `sink`; returns bytes written."""
+        resp = self._get(url, stream=True, api=False)
+        written = 0
+        try:
+            for chunk in resp.iter_content(chunk_bytes):
+                sink.write(chunk)
+                written += len(chunk)
+        except requests.RequestException as exc:
+            raise StorageError(
+                f"download of {public_url(url)} broke after {written:,} bytes: "
+                f"{type(exc).__name__}"
+            ) from None
+        finally:
+            resp.close()
+        expected = resp.headers.get("Content-Length")
+        if expected and expected.isdigit() and int(expected) != written and not resp.headers.get(
+            "Content-Encoding"
+        ):
+            raise StorageError(
+                f"download of {public_url(url)} ended at {written:,} of {int(expected):,} bytes"
+            )
+        return written

@@ -1,0 +1,174 @@
+"""A Semantic Scholar release diff (and the OpenAlex partition that comes with it), made from a
+built corpus, with the changes to the mined pairs it must cause written down beforehand.
+
+For the refresh's tests and benchmark. Given the bulk shards a build read and the pairs it
+mined, `make_diff` writes, in the layout `tests/s2_standin.py` serves
+(``ROOT/diffs/{from}/{to}/{dataset}/{update,delete}-00000.jsonl.gz``):
+
+- **new papers**: for chosen pairs (q, d), a copy of d's records under a new corpus id and DOI,
+  with its abstract, an OpenAlex work (same topics, in a new ``updated_date=`` partition of the
+  OpenAlex folder) and a citation q → copy with a citing sentence: a new cross-topic pair;
+- **changed papers**: a new title for the cited paper of chosen pairs (those pairs' texts
+  change, so they are judged again) and for papers in no pair (nothing to judge);
+- **deleted papers**: the cited paper of chosen pairs (their pairs are retracted);
+- **deleted citations**: chosen pairs' citation records (retracted too).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+NEW_ID_BASE = 9_000_000_000
+
+
+@dataclass
+class DiffPlan:
+    """Pairs as (base_id, cited_id): what the diff must do to the mined pairs."""
+
+    new_pairs: set[tuple[int, int]] = field(default_factory=set)
+    changed_pairs: set[tuple[int, int]] = field(default_factory=set)
+    retracted_pairs: set[tuple[int, int]] = field(default_factory=set)
+    deleted_papers: set[int] = field(default_factory=set)
+    changed_papers: set[int] = field(default_factory=set)
+
+
+def _lines(folder: Path) -> Iterator[dict]:
+    for path in sorted(folder.rglob("*.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the sample's deliberately malformed shards
+                if isinstance(rec, dict):
+                    yield rec
+
+
+def _by_id(records: Iterator[dict]) -> dict[int, dict]:
+    """Records by corpus id; the sample's deliberately bad ids are left out."""
+    out = {}
+    for rec in records:
+        value = str(rec.get("corpusid", ""))
+        if value.isdigit():
+            out[int(value)] = rec
+    return out
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def make_diff(
+    s2: Path,
+    openalex: Path,
+    out: Path,
+    pairs: pa.Table,
+    *,
+    releases: tuple[str, str],
+    new: int,
+    changed: int,
+    deleted: int,
+    deleted_citations: int,
+    unpaired_changes: int,
+    openalex_date: str,
+    seed: int = 0,
+) -> DiffPlan:
+    """Write one release step's diff under `out` and a works partition under `openalex`."""
+    rng = random.Random(seed)
+    pair_list = sorted(
+        {(int(b), int(c)) for b, c in zip(pairs["base_id"].to_pylist(),
+                                           pairs["cited_id"].to_pylist())}
+    )
+    by_cited: dict[int, list[tuple[int, int]]] = {}
+    for p in pair_list:
+        by_cited.setdefault(p[1], []).append(p)
+    cited = sorted(by_cited)
+    rng.shuffle(cited)
+    if new + changed + deleted + deleted_citations > len(cited):
+        raise ValueError(f"the corpus has {len(cited)} cited papers; the diff asks for more")
+    take_new = cited[:new]
+    take_changed = cited[new : new + changed]
+    take_deleted = cited[new + changed : new + changed + deleted]
+    take_cit = cited[new + changed + deleted : new + changed + deleted + deleted_citations]
+
+    papers = _by_id(_lines(s2 / "papers"))
+    abstracts = _by_id(_lines(s2 / "abstracts"))
+    works = {}
+    for w in _lines(openalex / "works"):
+        doi = (w.get("doi") or "").lower().removeprefix("https://doi.org/")
+        if doi:
+            works[doi] = w
+    plan = DiffPlan()
+    up_papers, up_abstracts, up_citations, up_works = [], [], [], []
+    stamp = f"{releases[1]}T00:00:00Z"
+    for i, d in enumerate(take_new):
+        src = papers[d]
+        new_id = NEW_ID_BASE + i
+        doi = f"10.5555/cpr-refresh.{seed}.{i}"
+        rec = dict(src)
+        rec.update(
+            corpusid=new_id,
+            title=f"{src.get('title') or ''} (follow-up {i})",
+            updated=stamp,
+            externalids={**(src.get("externalids") or {}), "DOI": doi, "MAG": None,
+                         "PubMed": None, "CorpusId": str(new_id)},
+        )
+        up_papers.append(rec)
+        if d in abstracts:
+            up_abstracts.append({**abstracts[d], "corpusid": new_id, "updated": stamp})
+        old_doi = ((src.get("externalids") or {}).get("DOI") or "").lower()
+        work = dict(works.get(old_doi) or {})
+        if not work:
+            raise ValueError(f"paper {d} has no OpenAlex work by DOI to copy topics from")
+        work.update(id=f"https://openalex.org/W{new_id}", doi=f"https://doi.org/{doi}",
+                    ids={"openalex": f"https://openalex.org/W{new_id}"},
+                    updated_date=openalex_date)
+        up_works.append(work)
+        base = by_cited[d][0][0]
+        up_citations.append({"citingcorpusid": str(base), "citedcorpusid": str(new_id),
+                             "isinfluential": False, "intents": ["methodology"],
+                             "contexts": [f"We adapt the approach of the follow-up study {i}."],
+                             "updated": stamp})
+        plan.new_pairs.add((base, new_id))
+    for d in take_changed:
+        up_papers.append({**papers[d], "title": f"{papers[d].get('title')} (revised)",
+                          "updated": stamp})
+        plan.changed_pairs.update(by_cited[d])
+        plan.changed_papers.add(d)
+    in_pairs = {x for p in pair_list for x in p}
+    unpaired = sorted(set(papers) - in_pairs)
+    for d in rng.sample(unpaired, unpaired_changes):
+        up_papers.append({**papers[d], "title": f"{papers[d].get('title')} (revised)",
+                          "updated": stamp})
+        plan.changed_papers.add(d)
+    del_papers = [{"corpusid": d} for d in take_deleted]
+    for d in take_deleted:
+        plan.retracted_pairs.update(by_cited[d])
+        plan.deleted_papers.add(d)
+    del_citations = []
+    for d in take_cit:
+        base = by_cited[d][0][0]
+        del_citations.append({"citingcorpusid": str(base), "citedcorpusid": str(d)})
+        plan.retracted_pairs.add((base, d))
+
+    step = out / "diffs" / releases[0] / releases[1]
+    _write(step / "papers" / "update-00000.jsonl.gz", up_papers)
+    _write(step / "papers" / "delete-00000.jsonl.gz", del_papers)
+    _write(step / "abstracts" / "update-00000.jsonl.gz", up_abstracts)
+    _write(step / "citations" / "update-00000.jsonl.gz", up_citations)
+    _write(step / "citations" / "delete-00000.jsonl.gz", del_citations)
+    _write(openalex / "works" / f"updated_date={openalex_date}" / "part_0000.gz", up_works)
+    known = json.loads((out / "releases.json").read_text()) if (out / "releases.json").exists() \
+        else [releases[0]]
+    (out / "releases.json").write_text(json.dumps(sorted({*known, *releases})))
+    return plan

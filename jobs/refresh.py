@@ -1,0 +1,41 @@
+"""Entry point for `ray job submit … -- python jobs/refresh.py --config s3://…/refresh.yaml`.
+
+The nightly refresh: applies Semantic Scholar's diffs since the release the corpus holds (API
+key in $S2_API_KEY, never logged), then reruns the later build stages, which pay only for new
+and changed pairs. Config as for `cpr refresh` (profile < `--config` < `CPR_*` variables <
+`--set`); on a user error it prints the same one line as the CLI and exits 2. Submit it with one
+`--submission-id` per night: a killed or repeated run picks up where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cpr_ray.command_line import job_parser
+from cpr_ray.config import load_config
+from cpr_ray.corpus.refresh import refresh, summary_lines
+from cpr_ray.errors import ConfigError, UserError
+
+FLAGS = {"base_release": "refresh.base_release", "api_url": "refresh.api_url"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = job_parser(__doc__, FLAGS, "refresh.retain_versions_days=14")
+    parser.add_argument("--corpus-only", action="store_true", help="rerun no stage")
+    args = parser.parse_args(argv)
+    try:
+        if not args.config and not args.profile:
+            raise ConfigError("give --config (a path or s3://…) and/or --profile")
+        flags = {key: getattr(args, flag) for flag, key in FLAGS.items()}
+        if args.corpus_only:
+            flags["refresh.downstream"] = False
+        summary = refresh(load_config(args.profile, args.config, args.overrides, flags=flags))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(summary)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

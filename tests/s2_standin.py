@@ -1,0 +1,141 @@
+"""A Semantic Scholar Datasets API stand-in on loopback, for tests and benchmarks.
+
+It stands in for the external service only: the client, the refresh and the tables under test
+are real. It serves, in the API's documented JSON shapes, what a fixture folder holds:
+
+    ROOT/releases.json                      ["2026-11-25", "2026-12-02", ...]
+    ROOT/diffs/{from}/{to}/{dataset}/update-*.jsonl.gz and delete-*.jsonl.gz
+
+- ``GET /datasets/v1/release/`` → the release ids; ``/release/latest`` → ``{"release_id", …}``
+- ``GET /datasets/v1/diffs/{start}/to/{end|latest}/{dataset}`` → ``{"dataset",
+  "start_release", "end_release", "diffs": [{"from_release", "to_release", "update_files",
+  "delete_files"}]}``, the files as URLs with a fake expiring signature in the query string.
+- ``GET /files/...`` → a file's bytes.
+
+With ``--api-key K`` every API request must carry ``x-api-key: K`` (else 403). Test controls:
+``POST /_faults`` queues faults for the next API requests (``{"kind": "429", "retry_after":
+1}``, ``{"kind": "500"}``); ``POST /_stall {"match": "citations"}`` makes downloads whose path
+contains the text hang until the process is killed; ``GET /_stats`` counts requests by kind
+and reports whether a key was ever missing; ``POST /_reset`` clears them.
+
+Run: python tests/s2_standin.py --root DIR --port PORT [--api-key K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+from aiohttp import web
+
+
+def make_app(root: Path, api_key: str | None) -> web.Application:
+    state: dict = {"faults": [], "stall": [], "stats": Counter(), "bad_key": 0}
+
+    def releases() -> list[str]:
+        return json.loads((root / "releases.json").read_text())
+
+    def check(request: web.Request) -> web.Response | None:
+        state["stats"]["api"] += 1
+        if api_key is not None and request.headers.get("x-api-key") != api_key:
+            state["bad_key"] += 1
+            return web.json_response({"message": "Forbidden"}, status=403)
+        if state["faults"]:
+            fault = state["faults"].pop(0)
+            state["stats"][f"fault_{fault['kind']}"] += 1
+            headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else {}
+            return web.json_response({"message": "fault"}, status=int(fault["kind"]),
+                                     headers=headers)
+        return None
+
+    async def release_list(request: web.Request) -> web.Response:
+        return check(request) or web.json_response(releases())
+
+    async def release_latest(request: web.Request) -> web.Response:
+        latest = releases()[-1]
+        return check(request) or web.json_response(
+            {"release_id": latest, "README": "stand-in", "datasets": []}
+        )
+
+    async def diffs(request: web.Request) -> web.Response:
+        refused = check(request)
+        if refused:
+            return refused
+        start, end, dataset = (request.match_info[k] for k in ("start", "end", "dataset"))
+        ids = releases()
+        end = ids[-1] if end == "latest" else end
+        if start not in ids or end not in ids:
+            return web.json_response({"message": "unknown release"}, status=404)
+        chain = ids[ids.index(start) : ids.index(end) + 1]
+        base = f"http://{request.host}/files"
+        out = []
+        for a, b in zip(chain, chain[1:]):
+            folder = root / "diffs" / a / b / dataset
+
+            def urls(kind: str, folder: Path = folder, a: str = a, b: str = b) -> list[str]:
+                files = sorted(folder.glob(f"{kind}-*.jsonl.gz")) if folder.is_dir() else []
+                return [
+                    f"{base}/{a}/{b}/{dataset}/{f.name}?X-Amz-Signature=secret{state['stats']['api']}"
+                    for f in files
+                ]
+
+            out.append({"from_release": a, "to_release": b, "update_files": urls("update"),
+                        "delete_files": urls("delete")})
+        return web.json_response(
+            {"dataset": dataset, "start_release": start, "end_release": end, "diffs": out}
+        )
+
+    async def files(request: web.Request) -> web.StreamResponse:
+        rel = request.match_info["path"]
+        state["stats"]["file"] += 1
+        if any(m in rel for m in state["stall"]):
+            state["stats"]["stalled"] += 1
+            await asyncio.sleep(3600)
+        path = (root / "diffs" / rel).resolve()
+        if root.resolve() not in path.parents or not path.is_file():
+            return web.Response(status=404)
+        return web.Response(body=path.read_bytes(), content_type="application/gzip")
+
+    async def faults(request: web.Request) -> web.Response:
+        state["faults"].extend(await request.json())
+        return web.json_response({"queued": len(state["faults"])})
+
+    async def stall(request: web.Request) -> web.Response:
+        state["stall"].append((await request.json())["match"])
+        return web.json_response({"stall": state["stall"]})
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({**state["stats"], "bad_key": state["bad_key"]})
+
+    async def reset(request: web.Request) -> web.Response:
+        state.update(faults=[], stall=[], stats=Counter(), bad_key=0)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/datasets/v1/release/", release_list)
+    app.router.add_get("/datasets/v1/release/latest", release_latest)
+    app.router.add_get("/datasets/v1/diffs/{start}/to/{end}/{dataset}", diffs)
+    app.router.add_get("/files/{path:.*}", files)
+    app.router.add_post("/_faults", faults)
+    app.router.add_post("/_stall", stall)
+    app.router.add_get("/_stats", stats)
+    app.router.add_post("/_reset", reset)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--api-key")
+    args = parser.parse_args()
+    # a stalled download must not hold the shutdown for aiohttp's default minute
+    web.run_app(make_app(args.root, args.api_key), host="127.0.0.1", port=args.port,
+                print=None, shutdown_timeout=1)
+
+
+if __name__ == "__main__":
+    main()
