@@ -47,4 +47,5 @@ def retriever_options(cfg: Config) -> RetrieverOptions:
         ray_max_actors=enc.actors,
         ray_num_cpus=enc.cpus_per_actor,
         ray_num_gpus=enc.gpus_per_actor,
+        ray_resources=dict(enc.resources_per_actor),
     )

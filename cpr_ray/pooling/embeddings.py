@@ -98,7 +98,11 @@ def encode_missing(
         batch_size=None,
     ).repartition(ceil(todo / rows))
     options = RayEncodeOptions(
-        max_actors=plan.actors, batch_size=rows, num_cpus=plan.num_cpus, num_gpus=plan.num_gpus
+        max_actors=plan.actors,
+        batch_size=rows,
+        num_cpus=plan.num_cpus,
+        num_gpus=plan.num_gpus,
+        resources=plan.resources,
     )
     assert plan.spec is not None and plan.kind in ("dense", "splade")
     encoded = encode_dataset(missing, plan.spec, plan.kind, options)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +42,7 @@ class PoolerPlan:
     actors: int  # encoder actors, at most
     num_cpus: float  # per encoder or search actor
     num_gpus: float
+    resources: Mapping[str, float] = field(default_factory=dict)  # custom, per encoder actor
 
     @property
     def store_key(self) -> str:
@@ -81,6 +83,7 @@ def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
                 actors=enc.actors if enc else 1,
                 num_cpus=enc.cpus_per_actor if enc else 1.0,
                 num_gpus=enc.gpus_per_actor if enc else 0.0,
+                resources=dict(enc.resources_per_actor) if enc else {},
             )
         )
     return out

@@ -109,6 +109,7 @@ def _search(
             batch_format="pyarrow",
             num_cpus=plan.num_cpus,
             num_gpus=plan.num_gpus,
+            **({"resources": dict(plan.resources)} if plan.resources else {}),
         )
         parts.append(gather(ds, HITS))
     return pa.concat_tables(parts) if parts else HITS.empty_table()

@@ -65,6 +65,7 @@ class _Neural:
                 batch_size=self.options.ray_batch_size,
                 num_cpus=self.options.ray_num_cpus,
                 num_gpus=self.options.ray_num_gpus,
+                resources=self.options.ray_resources,
             )
             vocab = self.encoder.dim if self.kind == "splade" else None
             return encode_with_ray(list(texts), self.spec, self.kind, opts, vocab_size=vocab)

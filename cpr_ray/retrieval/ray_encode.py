@@ -8,8 +8,8 @@ without a GPU keep it 0 (a GPU request there waits forever instead of failing).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -33,6 +33,8 @@ class RayEncodeOptions:
     rows_per_block: int = 2048  # at most; small corpora get smaller blocks so every actor works
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    # custom Ray resources per actor (e.g. {"cpr_gpu_node": 1}: only GPU nodes offer it)
+    resources: Mapping[str, float] = field(default_factory=dict)
 
 
 class EncodeDocs:
@@ -79,6 +81,7 @@ def encode_dataset(
         batch_format="pyarrow",
         num_cpus=options.num_cpus,
         num_gpus=options.num_gpus,
+        **({"resources": dict(options.resources)} if options.resources else {}),
     )
 
 

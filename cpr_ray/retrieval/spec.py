@@ -10,7 +10,7 @@ hub name gets the prompt it was trained with; an empty string means "no prefix".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 POOLINGS = ("mean", "cls", "last_token")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -109,6 +109,7 @@ class RetrieverOptions:
     ray_batch_size: int = 256
     ray_num_cpus: float = 1.0
     ray_num_gpus: float = 0.0
+    ray_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.search_backend not in ("numpy", "faiss"):

@@ -308,6 +308,7 @@ def _trainer(plan: TrainPlan, storage: Storage, on_step: StepHook | None) -> Any
     resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
     if tc.use_gpu:
         resources["GPU"] = 1
+    resources.update(tc.resources_per_worker)
     return TorchTrainer(
         train_worker,
         train_loop_config={"plan": plan, "on_step": on_step},
