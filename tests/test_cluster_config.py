@@ -1,26 +1,154 @@
-"""cluster.yaml validates against Ray's own launcher schema, offline."""
+"""cluster.yaml (the Ray cluster launcher config for AWS), offline: Ray's own validator accepts it,
+and it keeps the properties the jobs and infra/README.md rely on."""
 
+from __future__ import annotations
+
+import copy
+import re
+import shlex
 from pathlib import Path
 
+import pytest
+import ray
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_YAML = ROOT / "cluster.yaml"
+# what encoder.resources_per_actor and train.resources_per_worker ask for
+GPU_NODE_RESOURCE = "cpr_gpu_node"
+
+# What a leaked credential looks like in a config file or script. An API-key variable may be
+# named, and may be assigned from a command or another variable ("$..."), never given a value.
+CREDENTIAL_PATTERNS = {
+    "AWS access key id": re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "AWS secret key setting": re.compile(r"aws_secret_access_key", re.IGNORECASE),
+    "OpenAI-style key": re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),
+    "API key with a literal value": re.compile(
+        r"\b(OPENAI_API_KEY|S2_API_KEY)[ \t]*[=:][ \t]*[\"']?(?!\$)[^\s\"'$]+[\"']?[ \t]*(#.*)?$",
+        re.MULTILINE,
+    ),
+    "private key block": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+}
 
 
-def test_cluster_yaml_is_valid_for_ray_up():
-    raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
-    validate_config(prepare_config(raw))
+def find_credentials(text: str) -> list[str]:
+    """Names of the credential patterns found in `text`, with the offending snippet."""
+    return [
+        f"{name}: {match.group(0)!r}"
+        for name, pattern in CREDENTIAL_PATTERNS.items()
+        for match in pattern.finditer(text)
+    ]
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict:
+    return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+def _images(raw: dict) -> dict[str, str]:
+    """Where each node type's container image comes from, after Ray's own precedence rules."""
+    docker = raw["docker"]
+    images = {}
+    for name, node in raw["available_node_types"].items():
+        if name == raw["head_node_type"]:
+            images[name] = docker.get("head_image", docker["image"])
+        else:
+            default = docker.get("worker_image", docker["image"])
+            images[name] = node.get("docker", {}).get("worker_image", default)
+    return images
+
+
+def test_cluster_yaml_is_valid_for_ray_up(raw):
+    validate_config(prepare_config(copy.deepcopy(raw)))
     nodes = raw["available_node_types"]
     assert raw["head_node_type"] in nodes
-    assert nodes["head"]["resources"]["CPU"] == 0
-    assert nodes["gpu_worker"]["resources"]["GPU"] >= 1
     for name, node in nodes.items():
-        assert node.get("min_workers", 0) <= node.get("max_workers", 0) or name == "head"
+        if name != raw["head_node_type"]:
+            assert node["min_workers"] == 0 <= node["max_workers"], name  # autoscale from zero
+    assert sum(n.get("max_workers", 0) for n in nodes.values()) <= raw["max_workers"]
 
 
-def test_cluster_profile_example_matches_the_launcher_image():
-    raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
-    import ray
+def test_the_validator_can_fail(raw):
+    broken = yaml.safe_load(CLUSTER_YAML.read_text())
+    broken["idle_timout_minutes"] = 5  # typo: the schema closes the top level
+    with pytest.raises(Exception, match="idle_timout_minutes"):
+        validate_config(prepare_config(broken))
+    broken = yaml.safe_load(CLUSTER_YAML.read_text())
+    broken["available_node_types"]["gpu_worker"]["resources"][GPU_NODE_RESOURCE] = "100"
+    with pytest.raises(Exception, match="is not of type 'integer'"):
+        validate_config(prepare_config(broken))
 
-    assert raw["docker"]["image"].startswith(f"rayproject/ray:{ray.__version__}")
+
+def test_head_takes_no_work_and_workers_split_by_kind(raw):
+    nodes = raw["available_node_types"]
+    assert nodes[raw["head_node_type"]]["resources"]["CPU"] == 0
+    cpu = nodes["cpu_worker"]
+    assert cpu["resources"]["CPU"] > 0 and not cpu["resources"].get("GPU")
+    assert cpu["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
+    gpu = nodes["gpu_worker"]
+    assert gpu["resources"]["GPU"] >= 1
+    assert gpu["resources"][GPU_NODE_RESOURCE] >= 1
+    offering = [name for name, node in nodes.items() if GPU_NODE_RESOURCE in node["resources"]]
+    assert offering == ["gpu_worker"]  # encoder actors can land nowhere else
+    assert raw["idle_timeout_minutes"] > 0
+
+
+def test_images_match_the_pinned_ray(raw):
+    images = _images(raw)
+    pattern = re.compile(rf"rayproject/ray:{re.escape(ray.__version__)}-py3\d+-(cpu|gpu)")
+    for name, image in images.items():
+        assert pattern.fullmatch(image), (name, image)
+    assert images["gpu_worker"].endswith("-gpu")
+    assert images["cpu_worker"].endswith("-cpu") and images["head"].endswith("-cpu")
+    assert len({image.rsplit("-", 1)[0] for image in images.values()}) == 1  # one Python
+
+
+def test_setup_installs_the_synced_checkout_on_every_node(raw):
+    # file_mounts carries the checkout `ray up` runs from to every node
+    mounted = [remote for remote, local in raw["file_mounts"].items() if local in (".", "./")]
+    assert len(mounted) == 1, raw["file_mounts"]
+    remote_root = mounted[0].rstrip("/")
+    assert ".gitignore" in raw["rsync_filter"]  # not the .venv or build outputs
+
+    prepared = prepare_config(copy.deepcopy(raw))
+    per_type = {
+        name: node.get("worker_setup_commands", prepared["worker_setup_commands"])
+        for name, node in raw["available_node_types"].items()
+        if name != raw["head_node_type"]
+    }
+    per_type[raw["head_node_type"]] = prepared["head_setup_commands"]
+    for name, commands in per_type.items():
+        installs = [shlex.split(c) for c in commands if c.startswith("pip install")]
+        assert any(argv[-1] == remote_root for argv in installs), (name, commands)
+        assert any(f"{remote_root}/constraints.txt" in argv for argv in installs), name
+
+
+def test_start_commands_load_the_keys_before_ray_starts(raw):
+    remote_root = next(r for r, local in raw["file_mounts"].items() if local in (".", "./"))
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = [c for c in raw[key] if "ray start" in c]
+        assert len(start) == 1, raw[key]
+        sourced = re.match(r"source (\S+) && ray start ", start[0])
+        assert sourced, start[0]
+        script = Path(sourced.group(1)).relative_to(remote_root.rstrip("/"))
+        assert (ROOT / script).is_file(), script  # synced along with the checkout
+
+
+def test_no_credentials_in_the_file(raw):
+    assert "aws_credentials" not in raw["provider"]
+    text = CLUSTER_YAML.read_text()
+    assert find_credentials(text) == []
+    # the region the containers' AWS clients use is the cluster's
+    region_opts = [o for o in raw["docker"]["run_options"] if "AWS_DEFAULT_REGION=" in o]
+    assert region_opts == [f"--env AWS_DEFAULT_REGION={raw['provider']['region']}"]
+
+
+def test_the_credential_scan_can_fail():
+    assert find_credentials("aws_access_key_id = AKIAABCDEFGHIJKLMNOP")
+    assert find_credentials("OPENAI_API_KEY=abc123")
+    assert find_credentials("env:\n  OPENAI_API_KEY: hunter2\n")
+    assert find_credentials("aws_secret_access_key: x")
+    assert find_credentials("export S2_API_KEY='abc123'  # temporary")
+    harmless = 'OPENAI_API_KEY="$(fetch key)"\nS2_API_KEY=$VALUE\n- name: S2_API_KEY\n'
+    assert not find_credentials(harmless + "# OPENAI_API_KEY: read from SSM\n")

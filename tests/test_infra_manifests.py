@@ -1,0 +1,477 @@
+"""infra/ offline: every Kubernetes manifest parses and validates against its schema, and the
+deployment keeps the properties infra/README.md promises.
+
+Built-in kinds go through kubernetes-validate (strict: unknown keys fail) for one Kubernetes
+version. The KubeRay kinds (RayJob, also the one embedded in the ConfigMap, and RayCronJob) go
+through jsonschema against the openAPIV3Schema of KubeRay's CRDs in ../shared/reference/kuberay/,
+with `additionalProperties: false` added to every object schema that lists its properties, as
+the API server's strict field validation would; CEL rules and some enums stay unchecked.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import re
+import shlex
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import ray
+import yaml
+
+from .test_cluster_config import find_credentials
+
+ROOT = Path(__file__).resolve().parents[1]
+INFRA = ROOT / "infra"
+KUBERAY_CRDS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kuberay"
+KUBERAY_VERSION = "1.7.0"
+K8S_VERSION = "1.33"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
+
+NAMESPACE = "cpr-ray"
+GPU_NODE_RESOURCE = "cpr_gpu_node"
+BUCKET = "my-cpr-bucket"
+READ_ONLY_PREFIXES = {"s2", "configs"}
+READ_WRITE_PREFIXES = {"builds", "models", "eval"}
+OBJECT_WRITES = {
+    "s3:PutObject",
+    "s3:DeleteObject",
+    "s3:AbortMultipartUpload",
+    "s3:ListMultipartUploadParts",
+}
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _load_manifests() -> list[tuple[str, dict]]:
+    """(where, document) for every YAML document under infra/, then every manifest embedded in
+    a ConfigMap's data (a `*.yaml` key holding a Kubernetes object)."""
+    found = []
+    for path in sorted(INFRA.rglob("*.yaml")):
+        for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc is not None:
+                found.append((f"{path.relative_to(INFRA)}#{i}", doc))
+    for where, doc in list(found):
+        if doc.get("kind") == "ConfigMap":
+            for key, text in (doc.get("data") or {}).items():
+                inner = yaml.safe_load(text) if key.endswith((".yaml", ".yml")) else None
+                if isinstance(inner, dict) and "apiVersion" in inner:
+                    found.append((f"{where}:data.{key}", inner))
+    return found
+
+
+MANIFESTS = _load_manifests()
+BUILTIN = [(w, d) for w, d in MANIFESTS if not d["apiVersion"].startswith("ray.io/")]
+KUBERAY = [(w, d) for w, d in MANIFESTS if d["apiVersion"].startswith("ray.io/")]
+
+
+def _only(kind: str, where_part: str = "") -> dict:
+    docs = [d for w, d in MANIFESTS if d["kind"] == kind and where_part in w]
+    assert len(docs) == 1, f"expected one {kind} ({where_part}), found {len(docs)}"
+    return docs[0]
+
+
+def _by_name(kind: str, name: str) -> dict:
+    docs = [d for _, d in MANIFESTS if d["kind"] == kind and d["metadata"].get("name") == name]
+    assert len(docs) == 1, f"no single {kind}/{name} in infra/"
+    return docs[0]
+
+
+def _refresh_rayjob() -> dict:
+    return _only("RayJob", ":data.")  # the one the CronJob creates
+
+
+def _pod_specs(job_spec: dict) -> dict[str, dict]:
+    """Pod spec of the head and of each worker group of a RayJob spec, by group name."""
+    cluster = job_spec["rayClusterSpec"]
+    pods = {"head": cluster["headGroupSpec"]["template"]["spec"]}
+    for group in cluster["workerGroupSpecs"]:
+        pods[group["groupName"]] = group["template"]["spec"]
+    return pods
+
+
+def _close_objects(schema):
+    """The schema with `additionalProperties: false` on every object schema that lists
+    `properties` and says nothing about others (walks only the schema keywords)."""
+    if isinstance(schema, list):
+        return [_close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {}
+    for key, value in schema.items():
+        if key == "properties":
+            closed[key] = {name: _close_objects(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            closed[key] = _close_objects(value)
+        elif key in ("allOf", "anyOf", "oneOf"):
+            closed[key] = [_close_objects(s) for s in value]
+        else:
+            closed[key] = value
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        closed["additionalProperties"] = False
+    return closed
+
+
+@pytest.fixture(scope="module")
+def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
+    """kind -> validator for the ray.io/v1 schema of each KubeRay CRD (loaded once, ~1-3 s)."""
+    if not KUBERAY_CRDS.is_dir():
+        pytest.fail(f"KubeRay CRDs not found at {KUBERAY_CRDS} (the checkout's ../shared)")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    validators = {}
+    for path in sorted(KUBERAY_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")):
+        with gzip.open(path, "rt") as f:
+            crd = yaml.load(f, Loader=loader)
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        schema = _close_objects(version["schema"]["openAPIV3Schema"])
+        validators[crd["spec"]["names"]["kind"]] = jsonschema.Draft7Validator(schema)
+    assert {"RayJob", "RayCronJob"} <= set(validators), sorted(validators)
+    return validators
+
+
+def _crd_errors(validators, doc: dict) -> list[str]:
+    errors = validators[doc["kind"]].iter_errors(doc)
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+
+def test_the_expected_manifests_are_there():
+    kinds = {d["kind"] for _, d in MANIFESTS}
+    expected = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "CronJob"}
+    assert expected | {"RayJob", "RayCronJob"} <= kinds
+
+
+@pytest.mark.parametrize("where, doc", BUILTIN, ids=[w for w, _ in BUILTIN])
+def test_builtin_kinds_validate_against_the_kubernetes_schema(where, doc):
+    try:
+        validated = kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.SchemaNotFoundError as exc:  # it would otherwise just warn
+        pytest.fail(f"{where}: {exc.message}")
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert validated == K8S_VERSION
+
+
+def test_the_kubernetes_validator_can_fail():
+    cronjob = _by_name("CronJob", "cpr-refresh")
+    typo = copy.deepcopy(cronjob)
+    typo["spec"]["concurencyPolicy"] = typo["spec"].pop("concurrencyPolicy")
+    with pytest.raises(kubernetes_validate.ValidationError, match="concurencyPolicy"):
+        kubernetes_validate.validate(typo, K8S_VERSION, strict=True)
+    wrong_type = copy.deepcopy(cronjob)
+    wrong_type["spec"]["startingDeadlineSeconds"] = "3600"
+    with pytest.raises(kubernetes_validate.ValidationError, match="is not of type 'integer'"):
+        kubernetes_validate.validate(wrong_type, K8S_VERSION, strict=True)
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(_refresh_rayjob(), K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("where, doc", KUBERAY, ids=[w for w, _ in KUBERAY])
+def test_kuberay_kinds_validate_against_the_crds(where, doc, crd_validators):
+    assert doc["apiVersion"] == "ray.io/v1"
+    assert _crd_errors(crd_validators, doc) == []
+
+
+def test_the_crd_validator_can_fail(crd_validators):
+    rayjob = _refresh_rayjob()
+    typo = copy.deepcopy(rayjob)
+    typo["spec"]["shutdownAfterJobFinished"] = typo["spec"].pop("shutdownAfterJobFinishes")
+    assert any("shutdownAfterJobFinished" in e for e in _crd_errors(crd_validators, typo))
+
+    deep_typo = copy.deepcopy(rayjob)
+    deep_typo["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplica"] = 3
+    assert any("maxReplica'" in e for e in _crd_errors(crd_validators, deep_typo))
+
+    wrong_type = copy.deepcopy(rayjob)
+    wrong_type["spec"]["backoffLimit"] = "1"
+    assert any("is not of type 'integer'" in e for e in _crd_errors(crd_validators, wrong_type))
+
+    cron = copy.deepcopy(_only("RayCronJob"))
+    cron["spec"]["jobTemplate"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["x"] = 0
+    assert any("is not of type 'string'" in e for e in _crd_errors(crd_validators, cron))
+    del cron["spec"]["schedule"]
+    assert any("'schedule' is a required property" in e for e in _crd_errors(crd_validators, cron))
+
+
+# --- what the manifests do -------------------------------------------------------------------
+
+
+def test_everything_lives_in_one_namespace():
+    assert _only("Namespace")["metadata"]["name"] == NAMESPACE
+    for where, doc in MANIFESTS:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == NAMESPACE, where
+
+
+def test_the_cronjob_creates_the_rayjob_from_the_configmap():
+    cronjob = _by_name("CronJob", "cpr-refresh")
+    spec = cronjob["spec"]
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert spec["startingDeadlineSeconds"] > 0
+    assert spec["successfulJobsHistoryLimit"] >= 1 and spec["failedJobsHistoryLimit"] >= 1
+    assert len(spec["schedule"].split()) == 5 and spec["timeZone"]
+
+    pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    argv = container.get("command", []) + container.get("args", [])
+    assert argv[-3:-1] == ["create", "-f"]  # `apply` would need a fixed name
+    manifest_path = Path(argv[-1])
+    mounts = container["volumeMounts"]
+    (mount,) = [m for m in mounts if manifest_path.is_relative_to(m["mountPath"])]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    configmap = _by_name("ConfigMap", volume["configMap"]["name"])
+    key = str(manifest_path.relative_to(mount["mountPath"]))
+    rayjob = yaml.safe_load(configmap["data"][key])
+    assert rayjob == _refresh_rayjob()
+    assert rayjob["metadata"]["generateName"] and "name" not in rayjob["metadata"]
+    assert rayjob["metadata"]["namespace"] == cronjob["metadata"]["namespace"]
+
+
+def test_the_launcher_may_create_rayjobs_and_nothing_else():
+    cronjob = _by_name("CronJob", "cpr-refresh")
+    account = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"]
+    sa = _by_name("ServiceAccount", account)
+    assert "eks.amazonaws.com/role-arn" not in sa["metadata"].get("annotations", {})
+    bindings = [
+        d
+        for _, d in MANIFESTS
+        if d["kind"] == "RoleBinding"
+        and any(s["kind"] == "ServiceAccount" and s["name"] == account for s in d["subjects"])
+    ]
+    assert len(bindings) == 1
+    role = _by_name("Role", bindings[0]["roleRef"]["name"])
+    assert bindings[0]["roleRef"]["kind"] == "Role"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["ray.io"],
+            "resources": ["rayjobs"],
+            "verbs": ["create", "get", "list", "watch"],
+        }
+    ]
+
+
+def test_the_rayjob_tears_its_cluster_down_and_is_bounded():
+    spec = _refresh_rayjob()["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] > 0
+    assert 0 < spec["activeDeadlineSeconds"] < 24 * 3600  # done before the next night's run
+    assert spec["backoffLimit"] >= 0
+    assert spec.get("submissionMode", "K8sJobMode") == "K8sJobMode"
+
+
+def test_the_ray_cluster_is_the_launcher_layout():
+    cluster = _refresh_rayjob()["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] == ray.__version__
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"]["idleTimeoutSeconds"] > 0
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    offers_gpu_resource = {}
+    for name, group in groups.items():
+        assert group["minReplicas"] == 0 == group.get("replicas", 0) < group["maxReplicas"]
+        resources = group["rayStartParams"].get("resources")
+        custom = json.loads(shlex.split(resources)[0]) if resources else {}
+        offers_gpu_resource[name] = custom.get(GPU_NODE_RESOURCE, 0) > 0
+    assert sorted(n for n, offers in offers_gpu_resource.items() if offers) == ["gpu"]
+
+    image = re.compile(rf"rayproject/ray:{re.escape(ray.__version__)}-(py3\d+)-(cpu|gpu)")
+    pythons = set()
+    for name, pod in _pod_specs(_refresh_rayjob()["spec"]).items():
+        (container,) = pod["containers"]
+        match = image.fullmatch(container["image"])
+        assert match, (name, container["image"])
+        pythons.add(match.group(1))
+        has_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
+        assert has_gpu == (name == "gpu") == (match.group(2) == "gpu"), name
+    cpu_pool = groups["cpu-spot"]["template"]["spec"]["nodeSelector"]
+    assert cpu_pool["eks.amazonaws.com/capacityType"] == "SPOT"
+
+    launcher = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    assert pythons == {launcher["docker"]["image"].split("-")[-2]}  # one Python everywhere
+
+
+def test_credentials_come_from_the_secret_and_irsa():
+    for where, doc in KUBERAY:
+        spec = doc["spec"].get("jobTemplate", doc["spec"])
+        for group, pod in _pod_specs(spec).items():
+            sa = _by_name("ServiceAccount", pod["serviceAccountName"])
+            role_arn = sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+            assert re.fullmatch(r"arn:aws:iam::ACCOUNT_ID:role/[\w+=,.@-]+", role_arn)
+            for container in pod["containers"]:
+                env = {e["name"]: e for e in container.get("env", [])}
+                assert {"S2_API_KEY", "OPENAI_API_KEY"} <= set(env), (where, group)
+                for name, var in env.items():
+                    if SECRET_ENV.search(name):
+                        assert "value" not in var, (where, group, name)
+                        ref = var["valueFrom"]["secretKeyRef"]
+                        assert ref == {"name": "cpr-refresh-secrets", "key": name}
+    assert not [d for _, d in MANIFESTS if d["kind"] == "Secret"]  # made by hand, never stored
+    for where, doc in MANIFESTS:  # no container anywhere gets a secret-looking literal
+        for env in _env_lists(doc):
+            literal = [e["name"] for e in env if SECRET_ENV.search(e["name"]) and "value" in e]
+            assert literal == [], where
+
+
+def _env_lists(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("env"), list):
+            yield node["env"]
+        for value in node.values():
+            yield from _env_lists(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _env_lists(value)
+
+
+def test_the_raycronjob_runs_the_same_job():
+    cron = _only("RayCronJob")
+    assert len(cron["metadata"]["name"]) <= 36  # KubeRay names its RayJobs after it
+    assert cron["spec"]["jobTemplate"] == _refresh_rayjob()["spec"]
+    cronjob = _by_name("CronJob", "cpr-refresh")["spec"]
+    assert (cron["spec"]["schedule"], cron["spec"]["timeZone"]) == (
+        cronjob["schedule"],
+        cronjob["timeZone"],
+    )
+
+
+def test_runtime_env_pins_one_commit():
+    runtime_env = yaml.safe_load(_refresh_rayjob()["spec"]["runtimeEnvYAML"])
+    archive = runtime_env["working_dir"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/archive/COMMIT_SHA\.zip", archive)
+    (package,) = runtime_env["pip"]["packages"]
+    assert package == f"cpr-ray @ {archive}"
+    assert runtime_env["config"]["setup_timeout_seconds"] >= 600
+
+
+def _named_job_scripts() -> set[str]:
+    texts = [doc["spec"].get("jobTemplate", doc["spec"])["entrypoint"] for _, doc in KUBERAY]
+    texts += [p.read_text() for p in (INFRA / "launcher").iterdir() if p.suffix != ".json"]
+    return {m for text in texts for m in re.findall(r"\bjobs/[\w/-]+\.py\b", text)}
+
+
+def test_entrypoints_name_existing_job_scripts():
+    named = _named_job_scripts()
+    assert "jobs/refresh.py" in named
+    missing = sorted(script for script in named if not (ROOT / script).is_file())
+    assert missing == []
+
+
+# --- IAM -------------------------------------------------------------------------------------
+
+
+def _statements(path: Path) -> list[dict]:
+    policy = json.loads(path.read_text())
+    assert policy["Version"] == "2012-10-17"
+    statements = policy["Statement"]
+    for st in statements:  # Action and Resource as lists from here on
+        assert st["Effect"] == "Allow" and not {"NotAction", "NotResource"} & set(st), st
+        for key in ("Action", "Resource"):
+            if isinstance(st.get(key), str):
+                st[key] = [st[key]]
+        assert all("*" not in a for a in st["Action"]), st  # no "*", no s3:*, no s3:Get*
+    return statements
+
+
+def test_iam_policy_grants_exactly_the_job_prefixes():
+    grants: dict[str, set[str]] = {}
+    listable = set()
+    for st in _statements(INFRA / "iam-policy.json"):
+        for resource in st["Resource"]:
+            grants.setdefault(resource, set()).update(st["Action"])
+            if resource == f"arn:aws:s3:::{BUCKET}":
+                assert st["Action"] == ["s3:ListBucket"], st
+                listable.update(st["Condition"]["StringLike"]["s3:prefix"])
+    prefixes = READ_ONLY_PREFIXES | READ_WRITE_PREFIXES
+    assert listable == {f"{p}/*" for p in prefixes}
+    expected = {
+        f"arn:aws:s3:::{BUCKET}": {"s3:ListBucket"},
+        "arn:aws:s3:::openalex": {"s3:ListBucket"},
+        "arn:aws:s3:::openalex/*": {"s3:GetObject"},
+    }
+    expected.update({f"arn:aws:s3:::{BUCKET}/{p}/*": {"s3:GetObject"} for p in READ_ONLY_PREFIXES})
+    expected.update(
+        {
+            f"arn:aws:s3:::{BUCKET}/{p}/*": {"s3:GetObject"} | OBJECT_WRITES
+            for p in READ_WRITE_PREFIXES
+        }
+    )
+    assert grants == expected
+
+
+def test_every_bucket_path_the_deployment_names_is_granted():
+    texts = [p.read_text() for p in INFRA.rglob("*") if p.is_file()]
+    texts.append((ROOT / "cluster.yaml").read_text())
+    uris = {m for text in texts for m in re.findall(rf"s3://{BUCKET}/([\w.-]+)/", text)}
+    assert "configs" in uris
+    assert uris <= READ_ONLY_PREFIXES | READ_WRITE_PREFIXES
+
+
+def test_launcher_and_trust_policies_are_narrow():
+    launcher = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    worker_profiles = {
+        node["node_config"]["IamInstanceProfile"]["Name"]
+        for name, node in launcher["available_node_types"].items()
+        if name != launcher["head_node_type"]
+    }
+    autoscaler = _statements(INFRA / "launcher" / "iam-policy-autoscaler.json")
+    (pass_role,) = [st for st in autoscaler if "iam:PassRole" in st["Action"]]
+    assert pass_role["Action"] == ["iam:PassRole"]
+    assert {r.rsplit("/", 1)[1] for r in pass_role["Resource"]} == worker_profiles
+    assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
+    for st in autoscaler:
+        if "ec2:TerminateInstances" in st["Action"]:
+            tag = st["Condition"]["StringEquals"]["ec2:ResourceTag/ray-cluster-name"]
+            assert tag == launcher["cluster_name"]
+
+    # exactly the parameters node-env.sh reads, read-only
+    script = (INFRA / "launcher" / "node-env.sh").read_text()
+    prefix = re.search(r'CPR_SSM_PREFIX="\$\{CPR_SSM_PREFIX:-([^}]+)\}"', script).group(1)
+    read = set(re.findall(r'_cpr_ssm_value "\$CPR_SSM_PREFIX/(\w+)"', script))
+    assert read == {"S2_API_KEY", "OPENAI_API_KEY"}
+    (secrets,) = _statements(INFRA / "launcher" / "iam-policy-secrets.json")
+    assert secrets["Action"] == ["ssm:GetParameter"]
+    assert {r.split(":parameter", 1)[1] for r in secrets["Resource"]} == {
+        f"{prefix}/{name}" for name in read
+    }
+
+    trust = json.loads((INFRA / "aws" / "irsa-trust-policy.json").read_text())
+    (st,) = trust["Statement"]
+    pods = _pod_specs(_refresh_rayjob()["spec"]).values()
+    (account,) = {pod["serviceAccountName"] for pod in pods}  # one for all Ray pods
+    subject = st["Condition"]["StringEquals"]["OIDC_PROVIDER:sub"]
+    assert subject == f"system:serviceaccount:{NAMESPACE}:{account}"
+
+
+# --- hygiene ---------------------------------------------------------------------------------
+
+
+def test_no_credentials_in_infra():
+    leaks = {
+        str(p.relative_to(ROOT)): found
+        for p in sorted(INFRA.rglob("*"))
+        if p.is_file() and (found := find_credentials(p.read_text()))
+    }
+    assert leaks == {}
+
+
+def test_readme_names_every_file_and_the_pinned_versions():
+    readme = (INFRA / "README.md").read_text()
+    for path in sorted(INFRA.rglob("*")):
+        if path.is_file() and path.name != "README.md":
+            assert str(path.relative_to(INFRA)) in readme, path
+    assert f"--version {KUBERAY_VERSION}" in readme
+    assert "kubectl -n cpr-ray create job --from=cronjob/cpr-refresh" in readme
+    assert "--submission-id" in readme and "ray up cluster.yaml" in readme
