@@ -223,19 +223,23 @@ class S2StandIn:
             return json.loads(resp.read())
 
 
-@pytest.fixture()
-def s2_api(tmp_path: Path) -> Iterator[S2StandIn]:
-    """A Datasets API stand-in serving `tmp_path/s2-api` (one release until a diff is added)."""
-    root = tmp_path / "s2-api"
-    root.mkdir()
+def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn]:
+    """A Datasets API stand-in serving `root` (one release until a diff is added)."""
+    root.mkdir(parents=True, exist_ok=True)
     (root / "releases.json").write_text(json.dumps(["2026-11-25"]))
     script = str(Path(__file__).parent / "s2_standin.py")
     proc, url = start_local_server(
         [sys.executable, script, "--root", str(root), "--port", "{port}",
          "--api-key", S2StandIn.API_KEY],
         "/_stats",
-        tmp_path / "s2-standin.log",
+        log,
     )
-    yield S2StandIn(url, root)
+    return proc, S2StandIn(url, root)
+
+
+@pytest.fixture()
+def s2_api(tmp_path: Path) -> Iterator[S2StandIn]:
+    proc, handle = start_s2_standin(tmp_path / "s2-api", tmp_path / "s2-standin.log")
+    yield handle
     proc.terminate()
     proc.wait(timeout=10)

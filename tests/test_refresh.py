@@ -28,7 +28,7 @@ from cpr_ray.sample.diffs import make_diff
 from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
 
-from .conftest import S2StandIn
+from .conftest import S2StandIn, start_s2_standin
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -74,10 +74,8 @@ def sorted_table(uri: str, keys: list[str]) -> pa.Table:
     return lance.dataset(uri).to_table().sort_by([(k, "ascending") for k in keys])
 
 
-@pytest.fixture()
-def openalex(tmp_path: Path) -> Path:
+def copy_openalex(out: Path) -> Path:
     """A copy of the sample's OpenAlex folder: the diff adds a newer works partition to it."""
-    out = tmp_path / "openalex"
     shutil.copytree(sample_dir() / "openalex", out)
     return out
 
@@ -114,43 +112,111 @@ def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2
                          sleep=sleeps.append).releases()
 
 
-@pytest.mark.slow
-def test_refresh_pays_only_for_new_and_changed_pairs_and_retracts_deleted_ones(
-    tmp_path, llm, s2_api, openalex, monkeypatch
-):
-    monkeypatch.setenv("S2_API_KEY", S2StandIn.API_KEY)
-    root = tmp_path / "build"
-    cfg = config(root, openalex, s2_api, llm)
-    storage = Storage(cfg.storage)
-    run_build(cfg)
-    before_pairs, before_ledger = pairs_of(storage), ledger(storage)
-    plan = make_diff(
-        sample_dir() / "s2", openalex, s2_api.root, pq.read_table(
-            require_manifest(storage, "mine")["tables"]["pairs"]["uri"]),
-        releases=(OLD, NEW), new=3, changed=1, deleted=1, deleted_citations=1,
-        unpaired_changes=3, openalex_date="2026-12-01",
-    )
-    summary = refresh(cfg)
+def test_refresh_of_an_unbuilt_root_says_what_to_do(tmp_path, s2_api):
+    with pytest.raises(StorageError, match="no corpus under .*cpr build --stages ingest"):
+        refresh(config(tmp_path / "empty", copy_openalex(tmp_path / "oa"), s2_api))
 
+
+def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) -> None:
+    """`cpr refresh --corpus-only` in a child process, killed (SIGKILL, its whole group) while
+    it fetches the step's citation diff: the step's papers are upserted by then, not committed."""
+    s2.stall("citations/update")
+    args = [sys.executable, "-m", "cpr_ray.cli", "refresh", "--profile", "dry-run",
+            "--corpus-only", *[a for x in settings(root, openalex, s2) for a in ("--set", x)]]
+    log = tmp_path / "killed.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, env={**os.environ, "RAY_ADDRESS": ""}, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 240
+    while s2.stats().get("stalled", 0) < 1:
+        assert proc.poll() is None, log.read_text()
+        assert time.time() < deadline, "the refresh never reached the citation diff"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    s2.reset()
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory, scripted_llm):
+    """Two builds of the sample and one release step of changes at the stand-in. `full` is
+    built through the export and refreshed in one go; `killed` is ingested, its refresh killed
+    mid-step, looked at, then run again (corpus only)."""
+    tmp = tmp_path_factory.mktemp("refresh")
+    os.environ["S2_API_KEY"] = S2StandIn.API_KEY
+    proc, s2 = start_s2_standin(tmp / "s2-api", tmp / "s2-standin.log")
+    try:
+        scripted_llm.reset()
+        openalex = copy_openalex(tmp / "openalex")
+        cfg = {n: config(tmp / n, openalex, s2, scripted_llm) for n in ("full", "killed")}
+        storage = {n: Storage(c.storage) for n, c in cfg.items()}
+        run_build(cfg["full"])
+        run_build(cfg["killed"], ["ingest"])
+        out = {"cfg": cfg, "storage": storage, "s2": s2, "before_pairs": pairs_of(storage["full"]),
+               "before_ledger": ledger(storage["full"])}
+        out["plan"] = make_diff(
+            sample_dir() / "s2", openalex, s2.root,
+            pq.read_table(require_manifest(storage["full"], "mine")["tables"]["pairs"]["uri"]),
+            releases=(OLD, NEW), new=3, changed=1, deleted=1, deleted_citations=1,
+            unpaired_changes=3, openalex_date="2026-12-01",
+        )
+        killed_refresh(tmp, tmp / "killed", openalex, s2)
+        published = read_manifest(storage["killed"], "ingest")
+        out["half_applied"] = (
+            lance.dataset(published["tables"]["papers"]["uri"]).version,
+            published["tables"]["papers"]["version"],
+        )
+        with pytest.raises(StorageError) as refused:
+            require_manifest(storage["killed"], "ingest")
+        out["refused"] = str(refused.value)
+        out["summary"] = refresh(cfg["full"])
+        out["api_calls"] = s2.stats()["api"]
+        out["again"] = refresh(cfg["full"])
+        out["api_after_again"] = s2.stats()
+        corpus_only = cfg["killed"].refresh.model_copy(update={"downstream": False})
+        out["resumed"] = refresh(cfg["killed"].model_copy(update={"refresh": corpus_only}))
+        yield out
+    finally:
+        os.environ.pop("S2_API_KEY", None)
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_partition(
+    scenario,
+):
+    summary, plan = scenario["summary"], scenario["plan"]
     assert (summary["from_release"], summary["to_release"]) == (OLD, NEW)
-    ingest = require_manifest(storage, "ingest")
+    ingest = require_manifest(scenario["storage"]["full"], "ingest")
     assert ingest["corpus"]["release"] == NEW
     assert ingest["corpus"]["openalex_snapshot"] == "openalex updated_date<=2026-12-01"
     papers = lance.dataset(ingest["tables"]["papers"]["uri"]).to_table()
     ids = set(papers["corpus_id"].to_pylist())
     assert not ids & plan.deleted_papers and len(ids) == papers.num_rows  # gone, no duplicate
-    new_ids = {d for _, d in plan.new_pairs}
-    added = papers.filter(pc.is_in(papers["corpus_id"], pa.array(sorted(new_ids))))
+    new_ids = sorted({d for _, d in plan.new_pairs})
+    added = papers.filter(pc.is_in(papers["corpus_id"], pa.array(new_ids)))
     # linked through the new OpenAlex partition: topics, so they can cross fields at all
     assert added.num_rows == 3 and added["field_id"].null_count == 0
+    changed = papers.filter(pc.is_in(papers["corpus_id"], pa.array(sorted(plan.changed_papers))))
+    assert all(t.endswith("(revised)") for t in changed["title"].to_pylist())
     citations = lance.dataset(ingest["tables"]["citations"]["uri"]).to_table()
     assert not set(citations["cited_id"].to_pylist()) & plan.deleted_papers
+    [step] = [s for s in summary["steps"] if s["source"] == "s2"]
+    assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
+    assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
 
-    after_pairs = pairs_of(storage)
-    assert plan.new_pairs <= after_pairs and not plan.retracted_pairs & after_pairs
+
+@pytest.mark.slow
+def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_deleted_ones(
+    scenario,
+):
+    storage, plan, summary = scenario["storage"]["full"], scenario["plan"], scenario["summary"]
+    before, after = scenario["before_pairs"], pairs_of(storage)
+    assert plan.new_pairs <= after and not plan.retracted_pairs & after
     # the analogy judge saw exactly the pairs it had not judged: new ones and changed texts
-    fresh = (after_pairs - before_pairs) | (plan.changed_pairs & after_pairs)
-    asked = ledger(storage)["judge-analogy"] - before_ledger["judge-analogy"]
+    fresh = (after - before) | (plan.changed_pairs & after)
+    asked = ledger(storage)["judge-analogy"] - scenario["before_ledger"]["judge-analogy"]
     assert asked == len(fresh) == summary["llm_rows"]["judge-analogy"]
 
     export = read_manifest(storage, "export")
@@ -159,71 +225,23 @@ def test_refresh_pays_only_for_new_and_changed_pairs_and_retracts_deleted_ones(
     card = storage.read_text(export["tables"]["card"]["uri"])
     assert f"release {NEW} (bulk {OLD}, refreshed {OLD} → {NEW})" in card
 
-    calls = s2_api.stats()
-    again = refresh(cfg)  # nothing new at S2: nothing applied, nothing asked, nothing rerun
+    again = scenario["again"]  # nothing new at S2: nothing applied, asked or rerun
     assert again["steps"] == [] and not any(again["llm_rows"].values())
-    assert s2_api.stats()["api"] == calls["api"] + 1  # one look at the latest release
-    assert s2_api.stats()["bad_key"] == 0
-
-
-def test_refresh_of_an_unbuilt_root_or_without_a_base_release_says_what_to_do(
-    tmp_path, s2_api, openalex
-):
-    with pytest.raises(StorageError, match="no corpus under .*cpr build --stages ingest"):
-        refresh(config(tmp_path / "empty", openalex, s2_api))
+    assert scenario["api_after_again"]["api"] == scenario["api_calls"] + 1  # one look at latest
 
 
 @pytest.mark.slow
-def test_a_refresh_killed_mid_step_then_rerun_ends_where_an_uninterrupted_one_does(
-    tmp_path, s2_api, openalex, monkeypatch
-):
-    monkeypatch.setenv("S2_API_KEY", S2StandIn.API_KEY)
-    roots = {name: tmp_path / name for name in ("whole", "killed")}
-    cfgs = {name: config(root, openalex, s2_api) for name, root in roots.items()}
-    run_build(cfgs["whole"], ["ingest", "venues", "mine"])
-    run_build(cfgs["killed"], ["ingest"])
-    whole, killed = (Storage(cfgs[n].storage) for n in ("whole", "killed"))
-    make_diff(
-        sample_dir() / "s2", openalex, s2_api.root,
-        pq.read_table(require_manifest(whole, "mine")["tables"]["pairs"]["uri"]),
-        releases=(OLD, NEW), new=3, changed=2, deleted=2, deleted_citations=2,
-        unpaired_changes=5, openalex_date="2026-12-01",
-    )
-    corpus_only = cfgs["whole"].model_copy(
-        update={"refresh": cfgs["whole"].refresh.model_copy(update={"downstream": False})}
-    )
-    refresh(corpus_only)
-
-    # the killed one: stop it while it fetches the citation diff, the papers already upserted
-    s2_api.stall("citations/update")
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    args = [sys.executable, "-m", "cpr_ray.cli", "refresh", "--profile", "dry-run",
-            "--corpus-only", *sum((["--set", s] for s in settings(roots["killed"], openalex,
-                                                                 s2_api)), [])]
-    log = open(tmp_path / "killed.log", "wb")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    deadline = time.time() + 240
-    while s2_api.stats().get("stalled", 0) < 1:
-        assert proc.poll() is None, (tmp_path / "killed.log").read_text()
-        assert time.time() < deadline, "the refresh never reached the citation diff"
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    published = read_manifest(killed, "ingest")
-    papers_uri = published["tables"]["papers"]["uri"]
-    assert lance.dataset(papers_uri).version > published["tables"]["papers"]["version"]
-    with pytest.raises(StorageError, match="stopped before its commit; run cpr refresh again"):
-        require_manifest(killed, "ingest")  # no stage reads a half-applied release
-
-    s2_api.reset()
-    resumed = refresh(cfgs["killed"].model_copy(update={"refresh": corpus_only.refresh}))
+def test_a_refresh_killed_mid_step_then_rerun_ends_where_an_uninterrupted_one_does(scenario):
+    found, published = scenario["half_applied"]
+    assert found > published  # the kill left upserts past the published version
+    assert "stopped before its commit; run cpr refresh again" in scenario["refused"]
+    resumed = scenario["resumed"]
     assert resumed["restored"] and resumed["to_release"] == NEW
-    done = {n: require_manifest(s, "ingest") for n, s in (("whole", whole), ("killed", killed))}
-    assert done["whole"]["corpus"]["release"] == done["killed"]["corpus"]["release"] == NEW
+    done = {n: require_manifest(s, "ingest") for n, s in scenario["storage"].items()}
+    assert done["full"]["corpus"]["release"] == done["killed"]["corpus"]["release"] == NEW
     for name, keys in (("papers", ["corpus_id"]), ("citations", ["citing_id", "cited_id"])):
-        a = sorted_table(done["whole"]["tables"][name]["uri"], keys)
+        a = sorted_table(done["full"]["tables"][name]["uri"], keys)
         b = sorted_table(done["killed"]["tables"][name]["uri"], keys)
         assert a.num_rows == b.num_rows and a.equals(b), name
     changes = [s["changes"] for s in done["killed"]["corpus"]["applied"]]
-    assert changes == [s["changes"] for s in done["whole"]["corpus"]["applied"]]
+    assert changes == [s["changes"] for s in done["full"]["corpus"]["applied"]]

@@ -120,6 +120,9 @@ def make_diff(
             corpusid=new_id,
             title=f"{src.get('title') or ''} (follow-up {i})",
             updated=stamp,
+            # no venue: a new paper must not change which venues are the top ones
+            publicationvenueid=None,
+            venue="",
             externalids={**(src.get("externalids") or {}), "DOI": doi, "MAG": None,
                          "PubMed": None, "CorpusId": str(new_id)},
         )

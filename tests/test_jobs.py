@@ -1,0 +1,123 @@
+"""The jobs as users run them: `ray job submit` to a real Ray head on loopback (its dashboard
+serves the Jobs API), the build writing to the S3 endpoint on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from cpr_ray.config import load_config
+from cpr_ray.storage import Storage
+
+from .conftest import _free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A head with its dashboard (the Jobs API), in its own process group: `ray stop` would stop
+    every Ray on this machine, the tests' own included."""
+    temp = tmp_path_factory.mktemp("head")
+    dashboard = _free_port()
+    # an entrypoint's `python` is the first on the head's PATH: this environment's, as on a node
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "PATH": path}
+    log = open(temp / "head.log", "wb")
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={_free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+         "--num-cpus=2", "--num-gpus=0", "--object-store-memory=300000000",
+         f"--temp-dir={temp}", "--disable-usage-stats"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{dashboard}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/version", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                log_text = (temp / 'head.log').read_text()
+                raise RuntimeError(f"ray head did not start: {log_text}") from None
+            time.sleep(1)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def submit(head: str, job_id: str, env_vars: dict[str, str], *entrypoint: str) -> None:
+    out = subprocess.run(
+        [RAY, "job", "submit", "--address", head, "--submission-id", job_id, "--no-wait",
+         "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"env_vars": env_vars}),
+         "--", *entrypoint],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def wait(head: str, job_id: str, timeout_s: float = 600) -> tuple[str, str]:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(head)
+    deadline = time.time() + timeout_s
+    while (status := client.get_job_status(job_id)) not in (
+        JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED
+    ):
+        assert time.time() < deadline, f"{job_id} still {status}"
+        time.sleep(2)
+    return str(status.value), client.get_job_logs(job_id)
+
+
+def test_build_job_on_a_real_head_writes_the_export_to_s3_and_a_bad_config_fails_in_one_line(
+    ray_head, s3_endpoint, s3_bucket, scripted_llm
+):
+    root = f"s3://{s3_bucket}/build"
+    settings = [
+        f"storage.root={root}", f"storage.s3_endpoint={s3_endpoint}",
+        f"llm.base_url={scripted_llm.base_url}", "llm.model=scripted", "llm.max_in_flight=8",
+        "llm.max_rows_per_stage=8", "pooling.poolers=[{name: bm25, kind: bm25}]",
+        "pooling.top_k=10", "pooling.top_k_short=10", "pooling.min_group_size=1",
+        "dataset.eval_negatives_per_group=1", "dataset.train_negatives_per_group=1",
+    ]
+    creds = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                         "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
+    args = [a for s in settings for a in ("--set", s)]
+    submit(ray_head, "build-1", creds, "python", "jobs/build_dataset.py", "--profile", "dry-run",
+           *args)
+    submit(ray_head, "bad-1", creds, "python", "jobs/build_dataset.py", "--profile", "dry-run",
+           *args, "--set", "mining.top_shar=0.2")
+
+    status, logs = wait(ray_head, "bad-1")
+    assert status == "FAILED"
+    errors = [line for line in logs.splitlines() if line.startswith("error:")]
+    assert errors == ["error: invalid config: mining.top_shar: unknown key; allowed here: "
+                      + errors[0].split("allowed here: ", 1)[1]]
+    assert "Traceback" not in logs
+
+    status, logs = wait(ray_head, "build-1")
+    assert status == "SUCCEEDED", logs[-3000:]
+    assert "export: run " in logs and f"{root}/export/_MANIFEST.json" in logs
+    storage = Storage(load_config("dry-run", env={}, overrides=settings[:2]).storage)
+    export = storage.read_json(f"{root}/export/_MANIFEST.json")
+    assert export["output"].startswith(f"{root}/export/runs/")
+    loc = storage.resolve(export["tables"]["cpr-eval"]["uri"])
+    assert pq.read_table(loc.path, filesystem=loc.fs).num_rows >= 1
+    assert "cpr-ray" in storage.read_text(export["tables"]["card"]["uri"])
