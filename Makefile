@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool clean
+.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ bench-encode: install
 
 bench-pool: install
 	$(PY) benchmarks/pool.py
+
+bench-refresh: install
+	$(PY) benchmarks/refresh.py
 
 clean:
 	rm -rf $(DRY_RUN_OUT) .pytest_cache

@@ -831,12 +831,7 @@ class RefreshConfig(_Section):
         7.0,
         ge=0,
         description="Corpus table versions older than this are removed after a refresh (never "
-        "while a build holds a lease on the build root).",
-    )
-    lease_ttl_hours: float = Field(
-        24.0,
-        gt=0,
-        description="A build's lease older than this is taken for a crashed build and ignored.",
+        "while a build holds a live lease on the build root).",
     )
 
     @field_validator("base_release", mode="before")

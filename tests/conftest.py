@@ -164,6 +164,11 @@ class ScriptedLLM:
     def latency(self, ms: float) -> None:
         self._post("/_latency", {"ms": ms})
 
+    def negatives(self, score: int) -> None:
+        """Grade passages judged without mappings (N2 negatives) `score`, as a real model
+        grades most pooled candidates, so a negatives walk ends in a round or two."""
+        self._post("/_negatives", {"score": score})
+
     def stats(self) -> dict:
         import json
 

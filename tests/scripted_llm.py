@@ -12,7 +12,10 @@ Faults are queued through `POST /_faults` and consumed by the next requests, in 
 {"kind": "429", "retry_after": 1}, {"kind": "500"}, {"kind": "timeout", "seconds": 5},
 {"kind": "invalid_json"}, {"kind": "truncate"}, {"kind": "inconsistent"}.
 `GET /_stats` counts requests per schema; `POST /_reset` clears faults and counts;
-`POST /_latency {"ms": 200}` adds a fixed delay to every answer.
+`POST /_latency {"ms": 200}` adds a fixed delay to every answer; `POST /_negatives {"score": 1}`
+grades every passage judged without mappings (the N2 negatives grader) with that score, so a
+negatives walk ends as it does with a real model (most candidates are not usable), not after
+the whole pool.
 
 Run: python tests/scripted_llm.py --port PORT
 """
@@ -187,6 +190,7 @@ class Script:
         self.faults: list[dict[str, Any]] = []
         self.counts: Counter[str] = Counter()
         self.latency_s = 0.0
+        self.unmapped_score: int | None = None  # set: the grade of passages without mappings
         self.arrivals: list[float] = []  # wall time of each chat request, for rate checks
 
 
@@ -250,6 +254,9 @@ async def chat(request: web.Request) -> web.Response:
             bad = analogy(prompt) | {"decision": "not_analogy"}
             return web.json_response(_reply(json.dumps(bad), "stop", prompt))
     answer = ANSWERS[name](prompt) if name in ANSWERS else {}
+    unmapped = script.unmapped_score
+    if name == "Usefulness" and unmapped is not None and "Mappings: (none)" in prompt:
+        answer = {"reasoning": "graded as set by /_negatives", "score": unmapped}
     content = answer if isinstance(answer, str) else json.dumps(answer)
     return web.json_response(_reply(content, "stop", prompt))
 
@@ -300,6 +307,11 @@ async def latency(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def negatives(request: web.Request) -> web.Response:
+    request.app["script"].unmapped_score = (await request.json())["score"]
+    return web.json_response({"ok": True})
+
+
 def app() -> web.Application:
     application = web.Application()
     application["script"] = Script()
@@ -309,6 +321,7 @@ def app() -> web.Application:
     application.router.add_get("/_stats", stats)
     application.router.add_post("/_reset", reset)
     application.router.add_post("/_latency", latency)
+    application.router.add_post("/_negatives", negatives)
     application.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
     return application
 

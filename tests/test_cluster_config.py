@@ -152,3 +152,16 @@ def test_the_credential_scan_can_fail():
     assert find_credentials("export S2_API_KEY='abc123'  # temporary")
     harmless = 'OPENAI_API_KEY="$(fetch key)"\nS2_API_KEY=$VALUE\n- name: S2_API_KEY\n'
     assert not find_credentials(harmless + "# OPENAI_API_KEY: read from SSM\n")
+
+
+def test_the_cluster_profile_keeps_encoders_and_training_on_the_nodes_offering_the_resource():
+    from cpr_ray.config import load_config
+    from cpr_ray.pooling.poolers import plans
+
+    nodes = yaml.safe_load((ROOT / "cluster.yaml").read_text())["available_node_types"]
+    offering = {name for name, node in nodes.items() if node["resources"].get("cpr_gpu_node")}
+    assert offering == {"gpu_worker"}
+    cfg = load_config("cluster", env={})
+    encoders = [p for p in plans(cfg.pooling) if p.spec is not None]
+    assert encoders and all(p.resources == {"cpr_gpu_node": 1} for p in encoders)
+    assert cfg.train.resources_per_worker == {"cpr_gpu_node": 1}

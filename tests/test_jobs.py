@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,13 +13,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import lance
 import pyarrow.parquet as pq
 import pytest
 
-from cpr_ray.config import load_config
+from cpr_ray.config import load_config, sample_dir
+from cpr_ray.sample.diffs import make_diff
 from cpr_ray.storage import Storage
 
-from .conftest import _free_port
+from .conftest import S2StandIn, _free_port
+
+OLD, NEW = "2026-11-25", "2026-12-02"
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -55,21 +60,29 @@ def ray_head(tmp_path_factory):
                 raise RuntimeError(f"ray head did not start: {log_text}") from None
             time.sleep(1)
     yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    # the whole group at once: `ray start --block` takes half a minute to stop its children
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
 def submit(head: str, job_id: str, env_vars: dict[str, str], *entrypoint: str) -> None:
-    out = subprocess.run(
-        [RAY, "job", "submit", "--address", head, "--submission-id", job_id, "--no-wait",
-         "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"env_vars": env_vars}),
-         "--", *entrypoint],
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
-        timeout=120,
-    )
+    """`ray job submit --no-wait`, retried while the head's dashboard agent is still starting
+    (the Jobs API answers before the agent that runs jobs has registered; on 2 loaded cores
+    that can take a minute)."""
+    deadline = time.time() + 180
+    while True:
+        out = subprocess.run(
+            [RAY, "job", "submit", "--address", head, "--submission-id", job_id, "--no-wait",
+             "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"env_vars": env_vars}),
+             "--", *entrypoint],
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+            timeout=120,
+        )
+        text = out.stdout + out.stderr
+        starting = "No available agent" in text or "status code 503" in text
+        if out.returncode == 0 or not starting or time.time() > deadline:
+            break
+        time.sleep(2)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -86,12 +99,18 @@ def wait(head: str, job_id: str, timeout_s: float = 600) -> tuple[str, str]:
     return str(status.value), client.get_job_logs(job_id)
 
 
-def test_build_job_on_a_real_head_writes_the_export_to_s3_and_a_bad_config_fails_in_one_line(
-    ray_head, s3_endpoint, s3_bucket, scripted_llm
+def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fails_in_one_line(
+    ray_head, s3_endpoint, s3_bucket, scripted_llm, s2_api, tmp_path
 ):
     root = f"s3://{s3_bucket}/build"
+    scripted_llm.reset()
+    scripted_llm.negatives(1)
+    openalex = tmp_path / "openalex"  # the refresh's diff adds a snapshot partition to it
+    shutil.copytree(sample_dir() / "openalex", openalex)
     settings = [
         f"storage.root={root}", f"storage.s3_endpoint={s3_endpoint}",
+        f"input.openalex={openalex}", f"refresh.base_release={OLD}",
+        f"refresh.api_url={s2_api.api_url}", "refresh.requests_per_second=50",
         f"llm.base_url={scripted_llm.base_url}", "llm.model=scripted", "llm.max_in_flight=8",
         "llm.max_rows_per_stage=8", "pooling.poolers=[{name: bm25, kind: bm25}]",
         "pooling.top_k=10", "pooling.top_k_short=10", "pooling.min_group_size=1",
@@ -121,3 +140,26 @@ def test_build_job_on_a_real_head_writes_the_export_to_s3_and_a_bad_config_fails
     loc = storage.resolve(export["tables"]["cpr-eval"]["uri"])
     assert pq.read_table(loc.path, filesystem=loc.fs).num_rows >= 1
     assert "cpr-ray" in storage.read_text(export["tables"]["card"]["uri"])
+
+    # the nightly job: a diff at the stand-in applied to the corpus on S3 (what the later stages
+    # do with it is test_refresh's; here the job and the object store are under test)
+    mine = storage.read_json(f"{root}/mine/_MANIFEST.json")
+    pairs = storage.resolve(mine["tables"]["pairs"]["uri"])
+    plan = make_diff(
+        sample_dir() / "s2", openalex, s2_api.root,
+        pq.read_table(pairs.path, filesystem=pairs.fs), releases=(OLD, NEW), new=2, changed=1,
+        deleted=1, deleted_citations=1, unpaired_changes=2, openalex_date="2026-12-01",
+    )
+    submit(ray_head, f"refresh-{NEW}", {**creds, "S2_API_KEY": S2StandIn.API_KEY}, "python",
+           "jobs/refresh.py", "--profile", "dry-run", "--corpus-only", *args)
+    status, logs = wait(ray_head, f"refresh-{NEW}")
+    assert status == "SUCCEEDED", logs[-3000:]
+    assert f"corpus: S2 {OLD} → {NEW}, 1 release step(s) applied" in logs
+    assert S2StandIn.API_KEY not in logs and "Signature" not in logs  # no secret in the logs
+    ingest = storage.read_json(f"{root}/ingest/_MANIFEST.json")
+    assert ingest["corpus"]["release"] == NEW
+    papers = storage.resolve(ingest["tables"]["papers"]["uri"])
+    ids = set(lance.dataset(ingest["tables"]["papers"]["uri"],
+                            storage_options=storage.lance_options())
+              .to_table(columns=["corpus_id"])["corpus_id"].to_pylist())
+    assert papers.is_s3 and {d for _, d in plan.new_pairs} <= ids and not ids & plan.deleted_papers

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from cpr_ray import leases
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus.refresh import refresh
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
@@ -112,9 +113,13 @@ def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2
                          sleep=sleeps.append).releases()
 
 
-def test_refresh_of_an_unbuilt_root_says_what_to_do(tmp_path, s2_api):
+def test_refresh_of_an_unbuilt_root_says_what_to_do_and_two_never_run_at_once(tmp_path, s2_api):
+    cfg = config(tmp_path / "empty", copy_openalex(tmp_path / "oa"), s2_api)
     with pytest.raises(StorageError, match="no corpus under .*cpr build --stages ingest"):
-        refresh(config(tmp_path / "empty", copy_openalex(tmp_path / "oa"), s2_api))
+        refresh(cfg)
+    with leases.held(Storage(cfg.storage), "refresh") as other:
+        with pytest.raises(StorageError, match=f"another refresh .* is running \\({other}\\)"):
+            refresh(cfg)
 
 
 def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) -> None:
@@ -147,6 +152,7 @@ def scenario(tmp_path_factory, scripted_llm):
     proc, s2 = start_s2_standin(tmp / "s2-api", tmp / "s2-standin.log")
     try:
         scripted_llm.reset()
+        scripted_llm.negatives(1)
         openalex = copy_openalex(tmp / "openalex")
         cfg = {n: config(tmp / n, openalex, s2, scripted_llm) for n in ("full", "killed")}
         storage = {n: Storage(c.storage) for n, c in cfg.items()}
@@ -171,7 +177,8 @@ def scenario(tmp_path_factory, scripted_llm):
         out["refused"] = str(refused.value)
         out["summary"] = refresh(cfg["full"])
         out["api_calls"] = s2.stats()["api"]
-        out["again"] = refresh(cfg["full"])
+        with leases.held(storage["full"], "build"):  # a build reading the root meanwhile
+            out["again"] = refresh(cfg["full"])
         out["api_after_again"] = s2.stats()
         corpus_only = cfg["killed"].refresh.model_copy(update={"downstream": False})
         out["resumed"] = refresh(cfg["killed"].model_copy(update={"refresh": corpus_only}))
@@ -205,6 +212,10 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     [step] = [s for s in summary["steps"] if s["source"] == "s2"]
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
     assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
+    # the bulk inputs differ now (the new OpenAlex partition): a build must not silently go
+    # back to the bulk release
+    with pytest.raises(InputError, match=f"refreshed to S2 release {NEW}.*cpr refresh"):
+        run_build(scenario["cfg"]["full"], ["ingest"])
 
 
 @pytest.mark.slow
@@ -227,6 +238,9 @@ def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_delet
 
     again = scenario["again"]  # nothing new at S2: nothing applied, asked or rerun
     assert again["steps"] == [] and not any(again["llm_rows"].values())
+    # old versions went after the refresh (retention 0 days here), not while a build held a lease
+    assert summary["versions_removed"]["papers"] > 0
+    assert again["versions_removed"].startswith("skipped: 1 build(s) hold a lease")
     assert scenario["api_after_again"]["api"] == scenario["api_calls"] + 1  # one look at latest
 
 

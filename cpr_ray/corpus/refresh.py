@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,7 @@ from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES, ReadShards
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.pipeline import STAGES, run_build
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.stage import console, manifest_uri, read_manifest
 from cpr_ray.storage import Storage, join
@@ -86,7 +88,8 @@ class StepReport:
         }
 
 
-def _parsed_schema(name: str) -> pa.Schema:
+def record_schema(name: str) -> pa.Schema:
+    """The parsed-record shape of one input (`records.SPECS`), as ingest stages it."""
     spec = records.SPECS[name]
     return rows_schema(ParseRecords(spec, 1, 1)(LINES.empty_table()).schema)
 
@@ -112,7 +115,7 @@ def _split(parsed: pa.Table, name: str) -> tuple[pa.Table, pa.Table, int]:
     kept = parsed.filter(pc.greater_equal(bucket, 0))
     rejected = parsed.filter(pc.equal(bucket, buckets.REJECTED))
     skipped = int(pc.sum(pc.equal(bucket, buckets.SKIPPED)).as_py() or 0)
-    schema = _parsed_schema(name)
+    schema = record_schema(name)
     return kept.select(schema.names).cast(schema), rejected, skipped
 
 
@@ -308,7 +311,7 @@ def _apply_citations(corpus: Corpus, citations: pa.Table) -> int:
     if not citations.num_rows:
         return 0
     current = corpus.rows_for("citations", "citing_id", citations["citing_id"].unique())
-    empty_s2orc = _parsed_schema("s2orc").empty_table()
+    empty_s2orc = record_schema("s2orc").empty_table()
     rows = updates.changed_citations(citations, current, recover_contexts(empty_s2orc))
     corpus.upsert("citations", rows)
     return rows.num_rows
@@ -399,12 +402,20 @@ class Refresher:
     def _download(self, step_dir: str, name: str, kind: str, urls: Sequence[str]) -> list[str]:
         """Diff files into the build root, each complete or absent; kept ones are reused by a
         rerun of the same step (its URLs change, the files' order does not)."""
-        out = []
+        out, fetched, kept, started = [], 0, 0, time.perf_counter()
         for i, url in enumerate(urls):
             uri = join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz")
-            if not self.storage.is_file(uri):
+            if self.storage.is_file(uri):
+                kept += 1
+            else:
                 with self.storage.atomic_output(uri) as sink:
-                    self.client.download(url, sink)
+                    fetched += self.client.download(url, sink)
+                console.print(
+                    f"    {name} {kind} file {i + 1}/{len(urls)}: {fetched / 1e6:,.1f} MB in "
+                    f"{time.perf_counter() - started:,.0f} s"
+                    + (f" ({kept} kept from an earlier try)" if kept else ""),
+                    highlight=False,
+                )
             out.append(uri)
         return out
 
@@ -414,7 +425,7 @@ class Refresher:
         """Parsed kept rows of one side of a dataset's step, rejects written and counted."""
         step = steps.get(name)
         if step is None:
-            return _parsed_schema(name).empty_table()
+            return record_schema(name).empty_table()
         urls = step.update_files if kind == "update" else step.delete_files
         files = self._download(step_dir, name, kind, urls)
         parsed = _parse_files(self.cfg, self.storage, name, files)
@@ -516,8 +527,8 @@ class Refresher:
             corpus,
             keys_uri,
             n,
-            _parsed_schema("papers").empty_table(),
-            _parsed_schema("abstracts").empty_table(),
+            record_schema("papers").empty_table(),
+            record_schema("abstracts").empty_table(),
             relink,
             pa.array([], pa.int64()),
         )
@@ -554,6 +565,18 @@ class Refresher:
         return latest, grouped
 
     def run(self) -> dict[str, Any]:
+        """One refresh at a time per root: a second one (an overlapping nightly run) stops."""
+        running = leases.active(self.storage, purpose="refresh")
+        if running:
+            raise StorageError(
+                f"another refresh of {self.storage.root} is running ({', '.join(running)}); "
+                f"a killed one's lease goes stale {leases.STALE_AFTER_S:.0f} s after its last "
+                f"heartbeat (or remove it from {self.storage.root}/{leases.FOLDER}/)"
+            )
+        with leases.held(self.storage, "refresh") as lease:
+            return self._run(lease)
+
+    def _run(self, lease: str) -> dict[str, Any]:
         storage, rc = self.storage, self.cfg.refresh
         manifest = self._manifest()
         corpus = Corpus(storage, manifest)
@@ -576,7 +599,6 @@ class Refresher:
             f"{len(steps)} release step(s) to apply"
         )
         ensure_ray(self.cfg.ray)
-        reports: list[dict[str, Any]] = []
         before = len(state["applied"])
         manifest = self._openalex(manifest, corpus, state)
         state = manifest.get("corpus", state)
@@ -598,12 +620,10 @@ class Refresher:
             manifest = self._commit(manifest, corpus, state, StepReport(""))
         downstream: dict[str, Any] = {}
         if rc.downstream:
-            from cpr_ray.pipeline import STAGES, run_build  # the pipeline imports this module
-
             later = [s for s in STAGES if s != INGEST]
             manifests = run_build(self.cfg, later)
             downstream = {name: m["run_id"] for name, m in manifests.items()}
-        cleaned = self._cleanup(corpus)
+        cleaned = self._cleanup(corpus, lease)
         ledger_after = _ledger_rows(storage)
         summary = {
             "root": storage.root,
@@ -622,10 +642,10 @@ class Refresher:
         _print_summary(summary)
         return summary
 
-    def _cleanup(self, corpus: Corpus) -> dict[str, int] | str:
+    def _cleanup(self, corpus: Corpus, own_lease: str) -> dict[str, int] | str:
         """Old versions go once past retention, unless some build is reading the root now."""
         rc = self.cfg.refresh
-        holders = leases.active(self.storage, dt.timedelta(hours=rc.lease_ttl_hours))
+        holders = [h for h in leases.active(self.storage) if h != own_lease]
         if holders:
             return f"skipped: {len(holders)} build(s) hold a lease ({', '.join(holders)})"
         out = {}
@@ -663,7 +683,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     llm = ", ".join(f"{s} {n:,}" for s, n in summary["llm_rows"].items() if n) or "none"
     console.print(
         f"[bold]refresh[/]: S2 {summary['from_release']} → {summary['to_release']} in "
-        f"{len(summary['steps'])} step(s); topics from {summary['openalex_snapshot']}; "
+        f"{sum(s['source'] == 's2' for s in summary['steps'])} release step(s); topics from "
+        f"{summary['openalex_snapshot']}; "
         f"new LLM answers: {llm}; old versions: {summary['versions_removed']}"
         + (f"; export {summary['export']}" if summary["export"] else "")
     )
@@ -671,9 +692,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """What the CLI and the job print last: where things went, what it cost."""
+    s2_steps = [s for s in summary["steps"] if s["source"] == "s2"]
     lines = [
         f"corpus: S2 {summary['from_release']} → {summary['to_release']}, "
-        f"{len(summary['steps'])} step(s) applied; topics from {summary['openalex_snapshot']}"
+        f"{len(s2_steps)} release step(s) applied; topics from {summary['openalex_snapshot']}"
     ]
     for step in summary["steps"]:
         ch = ", ".join(

@@ -92,15 +92,6 @@ def make_diff(
     by_cited: dict[int, list[tuple[int, int]]] = {}
     for p in pair_list:
         by_cited.setdefault(p[1], []).append(p)
-    cited = sorted(by_cited)
-    rng.shuffle(cited)
-    if new + changed + deleted + deleted_citations > len(cited):
-        raise ValueError(f"the corpus has {len(cited)} cited papers; the diff asks for more")
-    take_new = cited[:new]
-    take_changed = cited[new : new + changed]
-    take_deleted = cited[new + changed : new + changed + deleted]
-    take_cit = cited[new + changed + deleted : new + changed + deleted + deleted_citations]
-
     papers = _by_id(_lines(s2 / "papers"))
     abstracts = _by_id(_lines(s2 / "abstracts"))
     works = {}
@@ -108,6 +99,21 @@ def make_diff(
         doi = (w.get("doi") or "").lower().removeprefix("https://doi.org/")
         if doi:
             works[doi] = w
+
+    def work_of(corpus_id: int) -> dict | None:
+        doi = ((papers.get(corpus_id, {}).get("externalids") or {}).get("DOI") or "").lower()
+        return works.get(doi) if doi else None
+
+    cited = sorted(d for d in by_cited if d in papers)
+    rng.shuffle(cited)
+    # a new paper copies a cited one whose OpenAlex work is found by DOI (its topics)
+    take_new = [d for d in cited if work_of(d) is not None][:new]
+    rest = [d for d in cited if d not in set(take_new)]
+    if len(take_new) < new or changed + deleted + deleted_citations > len(rest):
+        raise ValueError(f"the corpus has {len(cited)} cited papers; the diff asks for more")
+    take_changed = rest[:changed]
+    take_deleted = rest[changed : changed + deleted]
+    take_cit = rest[changed + deleted : changed + deleted + deleted_citations]
     plan = DiffPlan()
     up_papers, up_abstracts, up_citations, up_works = [], [], [], []
     stamp = f"{releases[1]}T00:00:00Z"
@@ -129,10 +135,7 @@ def make_diff(
         up_papers.append(rec)
         if d in abstracts:
             up_abstracts.append({**abstracts[d], "corpusid": new_id, "updated": stamp})
-        old_doi = ((src.get("externalids") or {}).get("DOI") or "").lower()
-        work = dict(works.get(old_doi) or {})
-        if not work:
-            raise ValueError(f"paper {d} has no OpenAlex work by DOI to copy topics from")
+        work = dict(work_of(d) or {})
         work.update(id=f"https://openalex.org/W{new_id}", doi=f"https://doi.org/{doi}",
                     ids={"openalex": f"https://openalex.org/W{new_id}"},
                     updated_date=openalex_date)
