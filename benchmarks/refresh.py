@@ -11,7 +11,8 @@ tests' (tests/scripted_llm.py, tests/s2_standin.py).
 Prints, for each: wall seconds and LLM answers asked (ledger rows), and the refresh's share of
 the rebuild. The goal: LLM calls ≤ 2× the diff's share, wall time ≤ 10× it. Usage:
 
-    python benchmarks/refresh.py [--papers 20000] [--citations 200000] [--share 0.01]
+    python benchmarks/refresh.py [--papers 20000] [--citations 200000] [--share 0.01] \
+        [--base-per-field 10] [--llm-latency-ms 100] [--in-flight 16]
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from cpr_ray.storage import Storage  # noqa: E402
 OLD, NEW = "2026-11-25", "2026-12-02"
 
 
-def config(root: Path, raw: Path, llm_url: str, s2_url: str, in_flight: int) -> Config:
+def config(
+    root: Path, raw: Path, llm_url: str, s2_url: str, in_flight: int, base_per_field: int
+) -> Config:
     return load_config(
         "dry-run",
         env={},
@@ -55,10 +58,10 @@ def config(root: Path, raw: Path, llm_url: str, s2_url: str, in_flight: int) -> 
             f"llm.max_in_flight={in_flight}",
             "llm.max_rows_per_stage=null",
             "ingest.num_buckets=8",
-            "ingest.max_reject_rate=0.01",
+            "ingest.max_reject_rate=0.05",  # the synthetic shards carry malformed lines
             "mining.num_buckets=8",
             "mining.min_venue_papers=20",
-            "mining.base_per_field=40",
+            f"mining.base_per_field={base_per_field}",
             "pooling.poolers=[{name: bm25, kind: bm25}]",
             "pooling.top_k=10",
             "pooling.top_k_short=10",
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--share", type=float, default=0.01, help="share of pairs the diff hits")
     parser.add_argument("--llm-latency-ms", type=float, default=100.0)
     parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--base-per-field", type=int, default=10, help="base papers per field")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: tmp)")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="cpr-refresh-bench-"))
@@ -98,7 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         llm.latency(args.llm_latency_ms)
         llm.negatives(1)  # most pooled candidates are not usable, as with a real model
-        cfg = config(root, raw, llm.base_url, s2.api_url, args.in_flight)
+        cfg = config(
+            root, raw, llm.base_url, s2.api_url, args.in_flight, args.base_per_field
+        )
         storage = Storage(cfg.storage)
         started = time.perf_counter()
         run_build(cfg)
