@@ -43,6 +43,9 @@ def ray_head(tmp_path_factory):
     proc = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
          f"--port={_free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+         # the agent that runs jobs: on a free port, not the default 52365 that any other
+         # Ray on this machine (the tests' own) has taken already
+         f"--dashboard-agent-listen-port={_free_port()}",
          "--num-cpus=2", "--num-gpus=0", "--object-store-memory=300000000",
          f"--temp-dir={temp}", "--disable-usage-stats"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
