@@ -80,7 +80,9 @@ def test_analobench_t2_end_to_end(reference, minilm, retriever, tmp_path):
     # clearly above random: the whole interval
     for m in METRICS:
         assert res[m]["ci_low"] > res[m]["random"], m
-        assert res[m]["vs_random"] > 2, m
+        # half of the 200 candidates are in any top 100: R@100 can be twice random at most
+        assert res[m]["vs_random"] > (1.3 if m == "recall_at_100" else 2), m
+    assert res["recall_at_100"]["random"] == pytest.approx(100 / 200)
     assert 0.1 < res["ndcg_at_10"]["value"] < 0.6
     uri = write_results(
         Storage(eval_cfg().storage),

@@ -14,11 +14,12 @@ RANX_NAMES = {
     "recall_at_1": "recall@1",
     "recall_at_5": "recall@5",
     "recall_at_10": "recall@10",
+    "recall_at_100": "recall@100",
     "mrr_at_10": "mrr@10",
 }
 
 
-def _random_runs(seed: int, n_queries: int = 60, n_docs: int = 40):
+def _random_runs(seed: int, n_queries: int = 60, n_docs: int = 150):
     """Graded qrels (0-3, some judged non-relevant) and runs with distinct scores."""
     rng = np.random.default_rng(seed)
     qrels, runs = [], []
@@ -27,7 +28,7 @@ def _random_runs(seed: int, n_queries: int = 60, n_docs: int = 40):
         grades = rng.integers(0, 4, size=len(judged))
         grades[0] = max(grades[0], 1)  # at least one relevant
         qrels.append({int(d): int(g) for d, g in zip(judged, grades)})
-        depth = int(rng.integers(3, 30))  # runs shorter and longer than the cut-off
+        depth = int(rng.integers(3, 130))  # runs shorter and longer than the cut-offs
         ranked = rng.permutation(n_docs)[:depth]
         runs.append(ranked)
     return qrels, runs
