@@ -8,11 +8,14 @@ exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+
+from cpr_ray.errors import UserError
 
 console = Console()
 
@@ -60,3 +63,15 @@ def job_parser(
         help=f"override any config key, e.g. {example}",
     )
     return parser
+
+
+def run_job(work: Callable[[], Iterable[str]]) -> int:
+    """A job's body: its summary lines on success (exit 0), or a user's mistake as the CLI's one
+    `error:` line on stderr (exit 2) so `ray job logs` shows it without a traceback."""
+    try:
+        lines = list(work())
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0

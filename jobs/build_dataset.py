@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cpr_ray.command_line import run_job
 from cpr_ray.config import load_config
-from cpr_ray.errors import UserError
 from cpr_ray.pipeline import STAGES, run_build
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage
@@ -23,22 +23,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="named profile to start from (e.g. dry-run, cluster)")
     parser.add_argument("--stages", help=f"comma-separated subset of: {', '.join(STAGES)}")
     parser.add_argument("--force", action="store_true", help="rerun published stages")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key",
+    )
     args = parser.parse_args(argv)
     if not args.config and not args.profile:
         parser.error("give --config and/or --profile")
-    try:
+
+    def work() -> list[str]:
         cfg = load_config(args.profile, args.config, args.overrides)
         stages = [s.strip() for s in args.stages.split(",")] if args.stages else None
         manifests = run_build(cfg, stages, force=args.force)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    storage = Storage(cfg.storage)
-    for name, manifest in manifests.items():
-        print(f"{name}: run {manifest['run_id']} → {manifest_uri(storage, name)}")
-    return 0
+        storage = Storage(cfg.storage)
+        return [
+            f"{name}: run {manifest['run_id']} → {manifest_uri(storage, name)}"
+            for name, manifest in manifests.items()
+        ]
+
+    return run_job(work)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser
-from cpr_ray.errors import ConfigError, UserError
+from cpr_ray.command_line import job_parser, run_job
+from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.commands import EVAL_FLAGS, eval_config
 from cpr_ray.evaluate.results import write_results
 from cpr_ray.evaluate.runner import run_eval
@@ -23,25 +23,23 @@ INT_FLAGS = frozenset({"top_k", "seed", "max_length"})
 def main(argv: list[str] | None = None) -> int:
     parser = job_parser(__doc__, EVAL_FLAGS, "eval.resamples=500", INT_FLAGS)
     args = parser.parse_args(argv)
-    try:
-        cfg = eval_config(
-            args.profile, args.config, args.overrides, {f: getattr(args, f) for f in EVAL_FLAGS}
-        )
+
+    def work() -> list[str]:
+        flags = {f: getattr(args, f) for f in EVAL_FLAGS}
+        cfg = eval_config(args.profile, args.config, args.overrides, flags)
         if not cfg.eval.out:
             raise ConfigError("give --out (a results file or folder)")
         results = run_eval(cfg)
         uri = write_results(Storage(cfg.storage), cfg.eval.out, results)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    primary = results["primary_metric"]
-    block = results[primary]
-    print(
-        f"{results['benchmark']} {results.get('subset') or ''} {results['retriever']}: "
-        f"{primary} {block['value']:.3f} [{block['ci_low']:.3f}, {block['ci_high']:.3f}] "
-        f"(random {block['random']:.3f}), {results['n_queries']} queries → {uri}"
-    )
-    return 0
+        primary = results["primary_metric"]
+        block = results[primary]
+        return [
+            f"{results['benchmark']} {results.get('subset') or ''} {results['retriever']}: "
+            f"{primary} {block['value']:.3f} [{block['ci_low']:.3f}, {block['ci_high']:.3f}] "
+            f"(random {block['random']:.3f}), {results['n_queries']} queries → {uri}"
+        ]
+
+    return run_job(work)
 
 
 if __name__ == "__main__":

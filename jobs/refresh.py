@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser
+from cpr_ray.command_line import job_parser, run_job
 from cpr_ray.config import load_config
 from cpr_ray.corpus.refresh import refresh, summary_lines
-from cpr_ray.errors import ConfigError, UserError
+from cpr_ray.errors import ConfigError
 
 FLAGS = {"base_release": "refresh.base_release", "api_url": "refresh.api_url"}
 
@@ -23,18 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = job_parser(__doc__, FLAGS, "refresh.retain_versions_days=14")
     parser.add_argument("--corpus-only", action="store_true", help="rerun no stage")
     args = parser.parse_args(argv)
-    try:
+
+    def work() -> list[str]:
         if not args.config and not args.profile:
             raise ConfigError("give --config (a path or s3://…) and/or --profile")
         flags = {key: getattr(args, flag) for flag, key in FLAGS.items()}
         if args.corpus_only:
             flags["refresh.downstream"] = False
-        summary = refresh(load_config(args.profile, args.config, args.overrides, flags=flags))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(summary_lines(summary)))
-    return 0
+        cfg = load_config(args.profile, args.config, args.overrides, flags=flags)
+        return summary_lines(refresh(cfg))
+
+    return run_job(work)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser
-from cpr_ray.errors import UserError
+from cpr_ray.command_line import job_parser, run_job
 from cpr_ray.train.commands import TRAIN_FLAGS, summary_lines, train_config
 from cpr_ray.train.trainer import run_train
 
@@ -19,16 +18,14 @@ from cpr_ray.train.trainer import run_train
 def main(argv: list[str] | None = None) -> int:
     parser = job_parser(__doc__, TRAIN_FLAGS, "train.workers=8")
     args = parser.parse_args(argv)
-    try:
-        cfg = train_config(
-            args.profile, args.config, args.overrides, {f: getattr(args, f) for f in TRAIN_FLAGS}
+
+    def work() -> list[str]:
+        flags = {f: getattr(args, f) for f in TRAIN_FLAGS}
+        return summary_lines(
+            run_train(train_config(args.profile, args.config, args.overrides, flags))
         )
-        summary = run_train(cfg)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(summary_lines(summary)))
-    return 0
+
+    return run_job(work)
 
 
 if __name__ == "__main__":

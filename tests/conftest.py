@@ -234,8 +234,16 @@ def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn
     (root / "releases.json").write_text(json.dumps(["2026-11-25"]))
     script = str(Path(__file__).parent / "s2_standin.py")
     proc, url = start_local_server(
-        [sys.executable, script, "--root", str(root), "--port", "{port}",
-         "--api-key", S2StandIn.API_KEY],
+        [
+            sys.executable,
+            script,
+            "--root",
+            str(root),
+            "--port",
+            "{port}",
+            "--api-key",
+            S2StandIn.API_KEY,
+        ],
         "/_stats",
         log,
     )

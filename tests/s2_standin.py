@@ -47,8 +47,9 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
             fault = state["faults"].pop(0)
             state["stats"][f"fault_{fault['kind']}"] += 1
             headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else {}
-            return web.json_response({"message": "fault"}, status=int(fault["kind"]),
-                                     headers=headers)
+            return web.json_response(
+                {"message": "fault"}, status=int(fault["kind"]), headers=headers
+            )
         return None
 
     async def release_list(request: web.Request) -> web.Response:
@@ -82,8 +83,14 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
                     for f in files
                 ]
 
-            out.append({"from_release": a, "to_release": b, "update_files": urls("update"),
-                        "delete_files": urls("delete")})
+            out.append(
+                {
+                    "from_release": a,
+                    "to_release": b,
+                    "update_files": urls("update"),
+                    "delete_files": urls("delete"),
+                }
+            )
         return web.json_response(
             {"dataset": dataset, "start_release": start, "end_release": end, "diffs": out}
         )
@@ -133,8 +140,13 @@ def main() -> None:
     parser.add_argument("--api-key")
     args = parser.parse_args()
     # a stalled download must not hold the shutdown for aiohttp's default minute
-    web.run_app(make_app(args.root, args.api_key), host="127.0.0.1", port=args.port,
-                print=None, shutdown_timeout=1)
+    web.run_app(
+        make_app(args.root, args.api_key),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        shutdown_timeout=1,
+    )
 
 
 if __name__ == "__main__":

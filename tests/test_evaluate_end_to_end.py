@@ -166,9 +166,7 @@ def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, reference, mon
     for where in ("cpr_ray.ray_runtime.ensure_ray", "cpr_ray.llm.evaluate.ensure_ray"):
         monkeypatch.setattr(where, no_ray)
     with pytest.raises(ConfigError, match="need llm.base_url"):
-        run_eval(
-            eval_cfg(benchmark="cpr", data=str(cpr_export), retriever="bm25", rewrite="hyde")
-        )
+        run_eval(eval_cfg(benchmark="cpr", data=str(cpr_export), retriever="bm25", rewrite="hyde"))
     result = cli.invoke(
         app,
         [

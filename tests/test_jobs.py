@@ -41,14 +41,28 @@ def ray_head(tmp_path_factory):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": "", "PATH": path}
     log = open(temp / "head.log", "wb")
     proc = subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={_free_port()}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-         # the agent that runs jobs: on a free port, not the default 52365 that any other
-         # Ray on this machine (the tests' own) has taken already
-         f"--dashboard-agent-listen-port={_free_port()}",
-         "--num-cpus=2", "--num-gpus=0", "--object-store-memory=300000000",
-         f"--temp-dir={temp}", "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={_free_port()}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            # the agent that runs jobs: on a free port, not the default 52365 that any other
+            # Ray on this machine (the tests' own) has taken already
+            f"--dashboard-agent-listen-port={_free_port()}",
+            "--num-cpus=2",
+            "--num-gpus=0",
+            "--object-store-memory=300000000",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{dashboard}"
     deadline = time.time() + 120
@@ -59,7 +73,7 @@ def ray_head(tmp_path_factory):
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 os.killpg(proc.pid, signal.SIGKILL)
-                log_text = (temp / 'head.log').read_text()
+                log_text = (temp / "head.log").read_text()
                 raise RuntimeError(f"ray head did not start: {log_text}") from None
             time.sleep(1)
     yield url
@@ -75,10 +89,25 @@ def submit(head: str, job_id: str, env_vars: dict[str, str], *entrypoint: str) -
     deadline = time.time() + 180
     while True:
         out = subprocess.run(
-            [RAY, "job", "submit", "--address", head, "--submission-id", job_id, "--no-wait",
-             "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"env_vars": env_vars}),
-             "--", *entrypoint],
-            env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+            [
+                RAY,
+                "job",
+                "submit",
+                "--address",
+                head,
+                "--submission-id",
+                job_id,
+                "--no-wait",
+                "--working-dir",
+                str(ROOT),
+                "--runtime-env-json",
+                json.dumps({"env_vars": env_vars}),
+                "--",
+                *entrypoint,
+            ],
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+            capture_output=True,
+            text=True,
             timeout=120,
         )
         text = out.stdout + out.stderr
@@ -95,7 +124,9 @@ def wait(head: str, job_id: str, timeout_s: float = 600) -> tuple[str, str]:
     client = JobSubmissionClient(head)
     deadline = time.time() + timeout_s
     while (status := client.get_job_status(job_id)) not in (
-        JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED
+        JobStatus.SUCCEEDED,
+        JobStatus.FAILED,
+        JobStatus.STOPPED,
     ):
         assert time.time() < deadline, f"{job_id} still {status}"
         time.sleep(2)
@@ -111,27 +142,56 @@ def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fail
     openalex = tmp_path / "openalex"  # the refresh's diff adds a snapshot partition to it
     shutil.copytree(sample_dir() / "openalex", openalex)
     settings = [
-        f"storage.root={root}", f"storage.s3_endpoint={s3_endpoint}",
-        f"input.openalex={openalex}", f"refresh.base_release={OLD}",
-        f"refresh.api_url={s2_api.api_url}", "refresh.requests_per_second=50",
-        f"llm.base_url={scripted_llm.base_url}", "llm.model=scripted", "llm.max_in_flight=8",
-        "llm.max_rows_per_stage=8", "pooling.poolers=[{name: bm25, kind: bm25}]",
-        "pooling.top_k=10", "pooling.top_k_short=10", "pooling.min_group_size=1",
-        "dataset.eval_negatives_per_group=1", "dataset.train_negatives_per_group=1",
+        f"storage.root={root}",
+        f"storage.s3_endpoint={s3_endpoint}",
+        f"input.openalex={openalex}",
+        f"refresh.base_release={OLD}",
+        f"refresh.api_url={s2_api.api_url}",
+        "refresh.requests_per_second=50",
+        f"llm.base_url={scripted_llm.base_url}",
+        "llm.model=scripted",
+        "llm.max_in_flight=8",
+        "llm.max_rows_per_stage=8",
+        "pooling.poolers=[{name: bm25, kind: bm25}]",
+        "pooling.top_k=10",
+        "pooling.top_k_short=10",
+        "pooling.min_group_size=1",
+        "dataset.eval_negatives_per_group=1",
+        "dataset.train_negatives_per_group=1",
     ]
-    creds = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                         "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
+    creds = {
+        k: os.environ[k]
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "AWS_EC2_METADATA_DISABLED",
+        )
+    }
     args = [a for s in settings for a in ("--set", s)]
-    submit(ray_head, "build-1", creds, "python", "jobs/build_dataset.py", "--profile", "dry-run",
-           *args)
-    submit(ray_head, "bad-1", creds, "python", "jobs/build_dataset.py", "--profile", "dry-run",
-           *args, "--set", "mining.top_shar=0.2")
+    submit(
+        ray_head, "build-1", creds, "python", "jobs/build_dataset.py", "--profile", "dry-run", *args
+    )
+    submit(
+        ray_head,
+        "bad-1",
+        creds,
+        "python",
+        "jobs/build_dataset.py",
+        "--profile",
+        "dry-run",
+        *args,
+        "--set",
+        "mining.top_shar=0.2",
+    )
 
     status, logs = wait(ray_head, "bad-1")
     assert status == "FAILED"
     errors = [line for line in logs.splitlines() if line.startswith("error:")]
-    assert errors == ["error: invalid config: mining.top_shar: unknown key; allowed here: "
-                      + errors[0].split("allowed here: ", 1)[1]]
+    assert errors == [
+        "error: invalid config: mining.top_shar: unknown key; allowed here: "
+        + errors[0].split("allowed here: ", 1)[1]
+    ]
     assert "Traceback" not in logs
 
     status, logs = wait(ray_head, "build-1")
@@ -149,12 +209,29 @@ def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fail
     mine = storage.read_json(f"{root}/mine/_MANIFEST.json")
     pairs = storage.resolve(mine["tables"]["pairs"]["uri"])
     plan = make_diff(
-        sample_dir() / "s2", openalex, s2_api.root,
-        pq.read_table(pairs.path, filesystem=pairs.fs), releases=(OLD, NEW), new=2, changed=1,
-        deleted=1, deleted_citations=1, unpaired_changes=2, openalex_date="2026-12-01",
+        sample_dir() / "s2",
+        openalex,
+        s2_api.root,
+        pq.read_table(pairs.path, filesystem=pairs.fs),
+        releases=(OLD, NEW),
+        new=2,
+        changed=1,
+        deleted=1,
+        deleted_citations=1,
+        unpaired_changes=2,
+        openalex_date="2026-12-01",
     )
-    submit(ray_head, f"refresh-{NEW}", {**creds, "S2_API_KEY": S2StandIn.API_KEY}, "python",
-           "jobs/refresh.py", "--profile", "dry-run", "--corpus-only", *args)
+    submit(
+        ray_head,
+        f"refresh-{NEW}",
+        {**creds, "S2_API_KEY": S2StandIn.API_KEY},
+        "python",
+        "jobs/refresh.py",
+        "--profile",
+        "dry-run",
+        "--corpus-only",
+        *args,
+    )
     status, logs = wait(ray_head, f"refresh-{NEW}")
     assert status == "SUCCEEDED", logs[-3000:]
     assert f"corpus: S2 {OLD} → {NEW}, 1 release step(s) applied" in logs
@@ -162,7 +239,9 @@ def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fail
     ingest = storage.read_json(f"{root}/ingest/_MANIFEST.json")
     assert ingest["corpus"]["release"] == NEW
     papers = storage.resolve(ingest["tables"]["papers"]["uri"])
-    ids = set(lance.dataset(ingest["tables"]["papers"]["uri"],
-                            storage_options=storage.lance_options())
-              .to_table(columns=["corpus_id"])["corpus_id"].to_pylist())
+    ids = set(
+        lance.dataset(ingest["tables"]["papers"]["uri"], storage_options=storage.lance_options())
+        .to_table(columns=["corpus_id"])["corpus_id"]
+        .to_pylist()
+    )
     assert papers.is_s3 and {d for _, d in plan.new_pairs} <= ids and not ids & plan.deleted_papers

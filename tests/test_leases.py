@@ -29,11 +29,13 @@ def test_a_killed_holders_lease_is_stale_on_its_host_and_an_old_heartbeat_anywhe
         record = storage.read_json(join(storage.root, leases.FOLDER, f"{live}.json"))
         for name, changes in {
             "refresh-killed": {"pid": dead.pid},  # this host, no such process
-            "refresh-silent": {"host": "elsewhere", "heartbeat": (
-                now - dt.timedelta(seconds=leases.STALE_AFTER_S + 1)).isoformat()},
+            "refresh-silent": {
+                "host": "elsewhere",
+                "heartbeat": (now - dt.timedelta(seconds=leases.STALE_AFTER_S + 1)).isoformat(),
+            },
             "refresh-remote": {"host": "elsewhere", "heartbeat": now.isoformat()},
         }.items():
-            storage.write_json(join(storage.root, leases.FOLDER, f"{name}.json"),
-                               {**record, **changes})
-        assert sorted(leases.active(storage, purpose="refresh")) == sorted(
-            [live, "refresh-remote"])
+            storage.write_json(
+                join(storage.root, leases.FOLDER, f"{name}.json"), {**record, **changes}
+            )
+        assert sorted(leases.active(storage, purpose="refresh")) == sorted([live, "refresh-remote"])

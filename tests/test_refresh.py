@@ -87,8 +87,9 @@ def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2
     assert client.releases() == [OLD] and client.latest() == OLD
     assert len(sleeps) == 1 and 0.9 < sleeps[0] <= 1.0  # one request a second, per key
     sleeps.clear()
-    client = S2DatasetsClient(s2_api.api_url, S2StandIn.API_KEY, requests_per_second=1e9,
-                              sleep=sleeps.append)  # from here on, only back-off sleeps count
+    client = S2DatasetsClient(
+        s2_api.api_url, S2StandIn.API_KEY, requests_per_second=1e9, sleep=sleeps.append
+    )  # from here on, only back-off sleeps count
     (s2_api.root / "releases.json").write_text(json.dumps([OLD, NEW]))
     step = s2_api.root / "diffs" / OLD / NEW / "papers"
     step.mkdir(parents=True)
@@ -109,8 +110,9 @@ def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2
     assert "wrong-key" not in str(refused.value)
     s2_api.faults(*[{"kind": "500"}] * 3)
     with pytest.raises(StorageError, match="HTTP 500 .* after 3 attempts"):
-        S2DatasetsClient(s2_api.api_url, S2StandIn.API_KEY, max_retries=2,
-                         sleep=sleeps.append).releases()
+        S2DatasetsClient(
+            s2_api.api_url, S2StandIn.API_KEY, max_retries=2, sleep=sleeps.append
+        ).releases()
 
 
 def test_refresh_of_an_unbuilt_root_says_what_to_do_and_two_never_run_at_once(tmp_path, s2_api):
@@ -126,12 +128,25 @@ def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) ->
     """`cpr refresh --corpus-only` in a child process, killed (SIGKILL, its whole group) while
     it fetches the step's citation diff: the step's papers are upserted by then, not committed."""
     s2.stall("citations/update")
-    args = [sys.executable, "-m", "cpr_ray.cli", "refresh", "--profile", "dry-run",
-            "--corpus-only", *[a for x in settings(root, openalex, s2) for a in ("--set", x)]]
+    args = [
+        sys.executable,
+        "-m",
+        "cpr_ray.cli",
+        "refresh",
+        "--profile",
+        "dry-run",
+        "--corpus-only",
+        *[a for x in settings(root, openalex, s2) for a in ("--set", x)],
+    ]
     log = tmp_path / "killed.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env={**os.environ, "RAY_ADDRESS": ""}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            env={**os.environ, "RAY_ADDRESS": ""},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.time() + 240
     while s2.stats().get("stalled", 0) < 1:
         assert proc.poll() is None, log.read_text()
@@ -158,13 +173,25 @@ def scenario(tmp_path_factory, scripted_llm):
         storage = {n: Storage(c.storage) for n, c in cfg.items()}
         run_build(cfg["full"])
         run_build(cfg["killed"], ["ingest"])
-        out = {"cfg": cfg, "storage": storage, "s2": s2, "before_pairs": pairs_of(storage["full"]),
-               "before_ledger": ledger(storage["full"])}
+        out = {
+            "cfg": cfg,
+            "storage": storage,
+            "s2": s2,
+            "before_pairs": pairs_of(storage["full"]),
+            "before_ledger": ledger(storage["full"]),
+        }
         out["plan"] = make_diff(
-            sample_dir() / "s2", openalex, s2.root,
+            sample_dir() / "s2",
+            openalex,
+            s2.root,
             pq.read_table(require_manifest(storage["full"], "mine")["tables"]["pairs"]["uri"]),
-            releases=(OLD, NEW), new=3, changed=1, deleted=1, deleted_citations=1,
-            unpaired_changes=3, openalex_date="2026-12-01",
+            releases=(OLD, NEW),
+            new=3,
+            changed=1,
+            deleted=1,
+            deleted_citations=1,
+            unpaired_changes=3,
+            openalex_date="2026-12-01",
         )
         killed_refresh(tmp, tmp / "killed", openalex, s2)
         published = read_manifest(storage["killed"], "ingest")

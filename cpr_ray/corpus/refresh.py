@@ -511,8 +511,7 @@ class Refresher:
             .map_batches(step, batch_size=self.cfg.ingest.batch_size, batch_format="pyarrow")
         )
         parsed = pa.concat_tables(
-            [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-            or [step(LINES.empty_table())]
+            [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows] or [step(LINES.empty_table())]
         )
         good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
         if good.num_rows:
@@ -632,9 +631,7 @@ class Refresher:
             "steps": reports,
             "restored": restored,
             "openalex_snapshot": state.get("openalex_snapshot"),
-            "llm_rows": {
-                s: ledger_after.get(s, 0) - ledger_before.get(s, 0) for s in ledger_after
-            },
+            "llm_rows": {s: ledger_after.get(s, 0) - ledger_before.get(s, 0) for s in ledger_after},
             "downstream": downstream,
             "versions_removed": cleaned,
             "export": (read_manifest(storage, "export") or {}).get("output"),
@@ -668,8 +665,11 @@ def _ledger_rows(storage: Storage) -> dict[str, int]:
 def _print_step(report: StepReport) -> None:
     rec = "; ".join(
         f"{name} +{c.get('update_records', 0):,}/-{c.get('delete_records', 0):,}"
-        + (f" ({c['update_rejected'] + c.get('delete_rejected', 0):,} rejected)"
-           if c.get("update_rejected") or c.get("delete_rejected") else "")
+        + (
+            f" ({c['update_rejected'] + c.get('delete_rejected', 0):,} rejected)"
+            if c.get("update_rejected") or c.get("delete_rejected")
+            else ""
+        )
         for name, c in report.records.items()
     )
     ch = "; ".join(

@@ -184,14 +184,16 @@ class S2DatasetsClient:
                 written += len(chunk)
         except requests.RequestException as exc:
             raise StorageError(
-                f"download of {public_url(url)} broke after {written:,} bytes: "
-                f"{type(exc).__name__}"
+                f"download of {public_url(url)} broke after {written:,} bytes: {type(exc).__name__}"
             ) from None
         finally:
             resp.close()
         expected = resp.headers.get("Content-Length")
-        if expected and expected.isdigit() and int(expected) != written and not resp.headers.get(
-            "Content-Encoding"
+        if (
+            expected
+            and expected.isdigit()
+            and int(expected) != written
+            and not resp.headers.get("Content-Encoding")
         ):
             raise StorageError(
                 f"download of {public_url(url)} ended at {written:,} of {int(expected):,} bytes"

@@ -81,7 +81,10 @@ def print_results(res: dict[str, Any]) -> None:
 
 def eval_command(
     benchmark: Annotated[
-        str | None, typer.Option("--benchmark", help="cpr | beir | analobench | bright")
+        str | None,
+        typer.Option(
+            "--benchmark", help="cpr | cpr-full (whole corpus) | beir | analobench | bright"
+        ),
     ] = None,
     data: Annotated[str | None, typer.Option("--data", help="URI of the benchmark files.")] = None,
     retriever: Annotated[

@@ -7,11 +7,33 @@ fuses the rankings of several generated queries this way.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar, overload
 
 Id = TypeVar("Id", bound=Hashable)
 
 RRF_K = 60
+
+
+@overload
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[Id]],
+    *,
+    k: int = ...,
+    weights: Sequence[float] | None = ...,
+    top_n: int | None = ...,
+    with_scores: Literal[False] = ...,
+) -> list[Id]: ...
+
+
+@overload
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[Id]],
+    *,
+    k: int = ...,
+    weights: Sequence[float] | None = ...,
+    top_n: int | None = ...,
+    with_scores: Literal[True],
+) -> list[tuple[Id, float]]: ...
 
 
 def reciprocal_rank_fusion(
@@ -20,10 +42,12 @@ def reciprocal_rank_fusion(
     k: int = RRF_K,
     weights: Sequence[float] | None = None,
     top_n: int | None = None,
-) -> list[Id]:
+    with_scores: bool = False,
+) -> list[Id] | list[tuple[Id, float]]:
     """Fuse best-first rankings; ties go to the better best rank, then to first appearance.
 
-    A document repeated inside one ranking counts at its first (best) rank only.
+    A document repeated inside one ranking counts at its first (best) rank only. With
+    `with_scores`, (document, fused score) pairs.
     """
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
@@ -43,4 +67,5 @@ def reciprocal_rank_fusion(
             best[doc] = min(best.get(doc, rank), rank)
             seen.setdefault(doc, len(seen))
     fused = sorted(score, key=lambda d: (-score[d], best[d], seen[d]))
-    return fused if top_n is None else fused[:top_n]
+    fused = fused if top_n is None else fused[:top_n]
+    return [(d, score[d]) for d in fused] if with_scores else fused

@@ -154,9 +154,7 @@ def _run_part(
         rewriter = llm_query_rewriter(ev.rewrite, cfg, part.train_pairs)
     if ev.rerank and reranker is None:
         judge = llm_tournament_judge(cfg, dict(zip(part.doc_ids, part.doc_texts)))
-        reranker = TournamentReranker(
-            judge, settings.tournament(ev), max_workers=ev.rerank_workers
-        )
+        reranker = TournamentReranker(judge, settings.tournament(ev), max_workers=ev.rerank_workers)
     texts: list[str | list[str]] = list(part.queries)
     if rewriter is not None:
         texts = rewriter.rewrite(part.queries)
@@ -182,9 +180,7 @@ def _run_part(
     timer.add("index_s", t)
 
     t = time.perf_counter()
-    ranked = rank(
-        part, retriever, texts, top_k=ev.top_k, seed=ev.seed, fusion_k=ev.fusion_k
-    )
+    ranked = rank(part, retriever, texts, top_k=ev.top_k, seed=ev.seed, fusion_k=ev.fusion_k)
     timer.add("retrieve_s", t)
 
     if reranker is not None:

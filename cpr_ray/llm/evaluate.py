@@ -137,16 +137,19 @@ class RewriteTask(LLMTask):
         return {"rewritten": value}, "ok", None
 
 
-def _context(cfg: Config) -> LLMContext:
+def eval_context(cfg: Config) -> LLMContext:
+    """Where evaluation's and search's LLM calls keep their cache and ledger (eval.llm_root)."""
     root = os.path.expanduser(cfg.eval.llm_root)
     storage = Storage(cfg.storage.model_copy(update={"root": root}))
     return LLMContext(cfg.llm, storage, f"eval-{uuid.uuid4().hex[:8]}")
 
 
-def _base_url(llm_cfg: LLMConfig) -> str:
+def endpoint(llm_cfg: LLMConfig) -> str:
+    """The endpoint, or one line saying it must be given (before anything starts)."""
     if not llm_cfg.base_url:
         raise ConfigError(
-            "the LLM reranker and rewriters need llm.base_url (an OpenAI-compatible endpoint)"
+            "the LLM reranker, rewriters and explanations need llm.base_url (an OpenAI-compatible "
+            "endpoint)"
         )
     return llm_cfg.base_url
 
@@ -156,8 +159,8 @@ class LLMTournamentJudge:
 
     def __init__(self, cfg: Config, doc_texts: Mapping[str, str]) -> None:
         self.doc_texts = doc_texts
-        self.base_url = _base_url(cfg.llm)  # fail before starting anything
-        self.ctx = _context(cfg)
+        self.base_url = endpoint(cfg.llm)  # fail before starting anything
+        self.ctx = eval_context(cfg)
         ensure_ray(cfg.ray)
 
     def choose_many(self, requests: list[Any]) -> list[Any]:
@@ -195,8 +198,8 @@ class LLMTournamentJudge:
 class LLMQueryRewriter:
     def __init__(self, kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]) -> None:
         self.name = kind
-        self.base_url = _base_url(cfg.llm)  # fail before starting anything
-        self.ctx = _context(cfg)
+        self.base_url = endpoint(cfg.llm)  # fail before starting anything
+        self.ctx = eval_context(cfg)
         self.examples = (
             "\n\n".join(f"Question: {q}\nPassage: {p[:600]}" for q, p in train_pairs[:FEW_SHOT])
             if kind == "query2doc"

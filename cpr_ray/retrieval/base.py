@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 PAD = -1  # fills a padded matrix of document positions past each row's end
 
@@ -47,3 +49,14 @@ def top_k_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.lexsort((part, -part_scores), axis=-1)  # score desc, then lower index
     idx = np.take_along_axis(part, order, axis=1)
     return idx.astype(np.int64), np.take_along_axis(scores, idx, axis=1)
+
+
+def document_texts(
+    title: pa.Array | pa.ChunkedArray, body: pa.Array | pa.ChunkedArray
+) -> list[str]:
+    """Title and body on two lines (either alone when the other is empty or null): the one text
+    a paper is encoded as, by evaluation (CPR-eval, BEIR) and by the search index alike, so both
+    see the same vectors."""
+    title, body = pc.fill_null(title, ""), pc.fill_null(body, "")
+    sep = pc.if_else(pc.or_(pc.equal(title, ""), pc.equal(body, "")), "", "\n")
+    return pc.binary_join_element_wise(title, sep, body, "").to_pylist()

@@ -6,6 +6,8 @@ benchmarks the union of all pools.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 
 import bm25s
@@ -13,6 +15,7 @@ import numpy as np
 import Stemmer
 
 from cpr_ray.retrieval.base import PAD, top_k_rows
+from cpr_ray.storage import Storage, join
 
 
 class BM25Retriever:
@@ -42,6 +45,29 @@ class BM25Retriever:
         self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
         self._bm25.index(tokens, show_progress=False)
         self._n_docs = len(texts)
+
+    def save(self, storage: Storage, uri: str) -> None:
+        """bm25s's own files (NumPy arrays and JSON, no pickle) under `uri`, on any storage."""
+        assert self._bm25 is not None, "index() first"
+        with tempfile.TemporaryDirectory() as tmp:
+            self._bm25.save(tmp, show_progress=False)
+            for name in sorted(os.listdir(tmp)):
+                with (
+                    open(os.path.join(tmp, name), "rb") as f,
+                    storage.atomic_output(join(uri, name)) as out,
+                ):
+                    out.write(f.read())
+
+    @classmethod
+    def load(cls, storage: Storage, uri: str, k1: float = 1.2, b: float = 0.75) -> BM25Retriever:
+        out = cls(k1, b)
+        with tempfile.TemporaryDirectory() as tmp:
+            for info in storage.list_files(uri):
+                with open(os.path.join(tmp, info.base_name), "wb") as f:
+                    f.write(storage.read_bytes(join(uri, info.base_name)))
+            out._bm25 = bm25s.BM25.load(tmp, show_progress=False)
+        out._n_docs = int(out._bm25.scores["num_docs"])
+        return out
 
     def _scores(self, tokens: list[str]) -> np.ndarray:
         assert self._bm25 is not None, "index() first"

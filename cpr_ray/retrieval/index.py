@@ -11,6 +11,12 @@ them; training sees the same vectors in the same order and faiss seeds its k-mea
 index answers as the saved one did. Never pickle. :func:`save_vectors` writes that form without
 building an index first (a stage that assembles vectors for indexes that its search actors load).
 
+A search can be restricted to some rows (``allowed``, a boolean mask over the index's rows): the
+mask becomes a faiss bitmap selector, so the restriction happens inside the scan and a filtered
+search still returns k rows whenever k rows are allowed (an IVF index that finds fewer in its
+probed lists is searched again over all of them). faiss holds the vectors by position, which is
+what the bitmap addresses; positions are mapped to ids in NumPy.
+
 ``factory_for`` picks Flat below a size and IVF above it; ``device="auto"`` copies the index to
 every GPU faiss sees (a faiss-gpu build), keeping the CPU index for the deep searches a GPU index
 cannot answer (more than ``GPU_MAX_K`` neighbours).
@@ -92,13 +98,13 @@ class VectorIndex:
             raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
         self.factory, self.metric, self.nprobe = factory, metric, nprobe
         faiss_metric = faiss.METRIC_INNER_PRODUCT if metric == "inner_product" else faiss.METRIC_L2
-        self._index = faiss.index_factory(self.dim, f"IDMap2,{factory}", faiss_metric)
+        self._index = faiss.index_factory(self.dim, factory, faiss_metric)
         if not self._index.is_trained:
             self._index.train(self.vectors)
-        self._index.add_with_ids(self.vectors, self.ids)
-        ivf = faiss.try_extract_index_ivf(self._index)
-        if ivf is not None:
-            ivf.nprobe = nprobe
+        self._index.add(self.vectors)
+        self._ivf = faiss.try_extract_index_ivf(self._index)
+        if self._ivf is not None:
+            self._ivf.nprobe = nprobe
         self._gpu = None
         gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
         if device == "cuda" and gpus == 0:
@@ -113,14 +119,46 @@ class VectorIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Ids (n_q, k) int64 and scores (n_q, k) float32, best first; id -1 past what was found.
 
         Scores are inner products, or squared L2 distances (smallest first) for ``l2``.
+        `allowed` (bool, one per row) restricts every query to those rows.
         """
-        index = self._gpu if self._gpu is not None and k <= GPU_MAX_K else self._index
-        scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if allowed is None:
+            index = self._gpu if self._gpu is not None and k <= GPU_MAX_K else self._index
+            scores, rows = index.search(queries, k)
+        else:
+            scores, rows = self._search_allowed(queries, k, allowed)
+        ids = np.where(rows >= 0, self.ids[np.maximum(rows, 0)], -1) if len(self) else rows
         return ids, scores
+
+    def _search_allowed(
+        self, queries: np.ndarray, k: int, allowed: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        import faiss
+
+        allowed = np.asarray(allowed, dtype=bool)
+        if allowed.shape != (len(self),):
+            raise ValueError(f"allowed must have one entry per row ({len(self)}), {allowed.shape}")
+        bits = np.packbits(allowed, bitorder="little")
+        selector = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
+        if self._ivf is None:  # the CPU index: GPU indexes take no selector
+            scores, rows = self._index.search(
+                queries, k, params=faiss.SearchParameters(sel=selector)
+            )
+            return scores, rows
+        params = faiss.SearchParametersIVF(sel=selector, nprobe=self.nprobe)
+        scores, rows = self._index.search(queries, k, params=params)
+        short = (rows < 0).sum(axis=1) > max(0, k - int(allowed.sum()))
+        if short.any():  # the probed lists held too few allowed rows: probe every list
+            everything = faiss.SearchParametersIVF(sel=selector, nprobe=self._ivf.nlist)
+            s2, r2 = self._index.search(np.ascontiguousarray(queries[short]), k, params=everything)
+            scores[short], rows[short] = s2, r2
+        return scores, rows
 
     def save(self, storage: Storage, uri: str) -> None:
         save_vectors(storage, uri, self.ids, self.vectors, self.factory, self.metric, self.nprobe)

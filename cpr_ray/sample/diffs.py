@@ -86,8 +86,10 @@ def make_diff(
     """Write one release step's diff under `out` and a works partition under `openalex`."""
     rng = random.Random(seed)
     pair_list = sorted(
-        {(int(b), int(c)) for b, c in zip(pairs["base_id"].to_pylist(),
-                                           pairs["cited_id"].to_pylist())}
+        {
+            (int(b), int(c))
+            for b, c in zip(pairs["base_id"].to_pylist(), pairs["cited_id"].to_pylist())
+        }
     )
     by_cited: dict[int, list[tuple[int, int]]] = {}
     for p in pair_list:
@@ -129,33 +131,49 @@ def make_diff(
             # no venue: a new paper must not change which venues are the top ones
             publicationvenueid=None,
             venue="",
-            externalids={**(src.get("externalids") or {}), "DOI": doi, "MAG": None,
-                         "PubMed": None, "CorpusId": str(new_id)},
+            externalids={
+                **(src.get("externalids") or {}),
+                "DOI": doi,
+                "MAG": None,
+                "PubMed": None,
+                "CorpusId": str(new_id),
+            },
         )
         up_papers.append(rec)
         if d in abstracts:
             up_abstracts.append({**abstracts[d], "corpusid": new_id, "updated": stamp})
         work = dict(work_of(d) or {})
-        work.update(id=f"https://openalex.org/W{new_id}", doi=f"https://doi.org/{doi}",
-                    ids={"openalex": f"https://openalex.org/W{new_id}"},
-                    updated_date=openalex_date)
+        work.update(
+            id=f"https://openalex.org/W{new_id}",
+            doi=f"https://doi.org/{doi}",
+            ids={"openalex": f"https://openalex.org/W{new_id}"},
+            updated_date=openalex_date,
+        )
         up_works.append(work)
         base = by_cited[d][0][0]
-        up_citations.append({"citingcorpusid": str(base), "citedcorpusid": str(new_id),
-                             "isinfluential": False, "intents": ["methodology"],
-                             "contexts": [f"We adapt the approach of the follow-up study {i}."],
-                             "updated": stamp})
+        up_citations.append(
+            {
+                "citingcorpusid": str(base),
+                "citedcorpusid": str(new_id),
+                "isinfluential": False,
+                "intents": ["methodology"],
+                "contexts": [f"We adapt the approach of the follow-up study {i}."],
+                "updated": stamp,
+            }
+        )
         plan.new_pairs.add((base, new_id))
     for d in take_changed:
-        up_papers.append({**papers[d], "title": f"{papers[d].get('title')} (revised)",
-                          "updated": stamp})
+        up_papers.append(
+            {**papers[d], "title": f"{papers[d].get('title')} (revised)", "updated": stamp}
+        )
         plan.changed_pairs.update(by_cited[d])
         plan.changed_papers.add(d)
     in_pairs = {x for p in pair_list for x in p}
     unpaired = sorted(set(papers) - in_pairs)
     for d in rng.sample(unpaired, unpaired_changes):
-        up_papers.append({**papers[d], "title": f"{papers[d].get('title')} (revised)",
-                          "updated": stamp})
+        up_papers.append(
+            {**papers[d], "title": f"{papers[d].get('title')} (revised)", "updated": stamp}
+        )
         plan.changed_papers.add(d)
     del_papers = [{"corpusid": d} for d in take_deleted]
     for d in take_deleted:
@@ -174,7 +192,10 @@ def make_diff(
     _write(step / "citations" / "update-00000.jsonl.gz", up_citations)
     _write(step / "citations" / "delete-00000.jsonl.gz", del_citations)
     _write(openalex / "works" / f"updated_date={openalex_date}" / "part_0000.gz", up_works)
-    known = json.loads((out / "releases.json").read_text()) if (out / "releases.json").exists() \
+    known = (
+        json.loads((out / "releases.json").read_text())
+        if (out / "releases.json").exists()
         else [releases[0]]
+    )
     (out / "releases.json").write_text(json.dumps(sorted({*known, *releases})))
     return plan

@@ -77,9 +77,7 @@ def cw_distribution(texts: Sequence[str], stop_words: Iterable[str] = STOP_WORDS
     values, freq = np.unique(counts, return_counts=True)
     return {
         "mean": round(float(counts.mean()), 3),
-        "quantiles": {
-            f"p{q}": float(np.percentile(counts, q)) for q in (10, 25, 50, 75, 90)
-        },
+        "quantiles": {f"p{q}": float(np.percentile(counts, q)) for q in (10, 25, 50, 75, 90)},
         "histogram": {str(int(v)): int(f) for v, f in zip(values, freq, strict=True)},
     }
 

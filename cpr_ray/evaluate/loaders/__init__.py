@@ -6,7 +6,7 @@ from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.storage import Storage
 
-BENCHMARKS = ("cpr", "beir", "analobench", "bright")
+BENCHMARKS = ("cpr", "cpr-full", "beir", "analobench", "bright")
 
 
 def load_benchmark(
@@ -14,7 +14,8 @@ def load_benchmark(
 ) -> list[Benchmark]:
     """One benchmark as a list of parts, each evaluated on its own (BRIGHT: one per subset).
 
-    `subset`: CPR-eval — the split table (default ``cpr-eval``); BEIR — the qrels split (default
+    `subset`: CPR-eval (``cpr``: per-query pools; ``cpr-full``: the whole corpus) — the split
+    table (default ``cpr-eval``); BEIR — the qrels split (default
     ``test``); AnaloBench — t2 (default), t2-stories-10, t2-stories-30, t1, …; BRIGHT — comma-
     separated subsets (default: the seven StackExchange ones).
     """
@@ -22,6 +23,10 @@ def load_benchmark(
         from cpr_ray.evaluate.loaders.cpr import load_cpr
 
         return [load_cpr(storage, uri, split=subset or "cpr-eval")]
+    if kind == "cpr-full":
+        from cpr_ray.evaluate.loaders.cpr import load_cpr
+
+        return [load_cpr(storage, uri, split=subset or "cpr-eval", full=True)]
     if kind == "beir":
         from cpr_ray.evaluate.loaders.beir import load_beir
 

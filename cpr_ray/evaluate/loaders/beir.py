@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position
 from cpr_ray.evaluate.loaders.io import read_jsonl
+from cpr_ray.retrieval.base import document_texts
 from cpr_ray.storage import Storage, StorageError, join
 
 CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
@@ -60,10 +60,7 @@ def load_beir(
     qrels = read_qrels(storage.read_text(qrels_uri), qrels_uri)
 
     doc_ids = corpus.column("_id").to_pylist()
-    title = pc.fill_null(corpus.column("title"), "")
-    body = pc.fill_null(corpus.column("text"), "")
-    sep = pc.if_else(pc.or_(pc.equal(title, ""), pc.equal(body, "")), "", "\n")
-    texts = pc.binary_join_element_wise(title, sep, body, "").to_pylist()
+    texts = document_texts(corpus.column("title"), corpus.column("text"))
     index = positions(doc_ids)
 
     qtext = dict(zip(queries.column("_id").to_pylist(), queries.column("text").to_pylist()))

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.evaluate.loaders.io import find_table
-from cpr_ray.retrieval.base import PAD
+from cpr_ray.retrieval.base import PAD, document_texts
 from cpr_ray.storage import Storage, StorageError
 
 GROUPS = ("positive", "shares_query_topic", "shares_positive_topic", "other")
@@ -39,17 +39,22 @@ EVAL_COLUMNS = [
 def doc_texts(corpus: pa.Table) -> tuple[np.ndarray, list[str]]:
     """(corpus ids sorted, texts aligned): title and abstract (where it may be shown)."""
     ids = corpus.column("corpus_id").to_numpy().astype(np.int64)
-    title = pc.fill_null(corpus.column("title"), "")
-    abstract = pc.fill_null(corpus.column("abstract"), "")
-    sep = pc.if_else(pc.equal(abstract, ""), "", "\n")
-    texts = pc.binary_join_element_wise(title, sep, abstract, "").to_pylist()
+    texts = document_texts(corpus.column("title"), corpus.column("abstract"))
     order = np.argsort(ids, kind="stable")
     return ids[order], [texts[i] for i in order]
 
 
 def load_cpr(
-    storage: Storage, root: str, *, split: str = "cpr-eval", max_train_pairs: int = 1000
+    storage: Storage,
+    root: str,
+    *,
+    split: str = "cpr-eval",
+    max_train_pairs: int = 1000,
+    full: bool = False,
 ) -> Benchmark:
+    """CPR-eval as the paper evaluates it (each query ranks its own candidates), or with `full`
+    over the whole exported corpus (`cpr-full`: the positive among every paper, the query's own
+    base paper never returned), the setting the paper names as its limitation."""
     eval_uri = find_table(storage, root, split)
     corpus_uri = find_table(storage, root, "corpus")
     if eval_uri is None or corpus_uri is None:
@@ -123,6 +128,23 @@ def load_cpr(
     col = {c: table.column(c).to_pylist() for c in ("field", "domain", "base_corpus_id")}
 
     train_pairs = _train_pairs(storage, root, corpus_ids, corpus_texts, max_train_pairs)
+    if full:
+        base = np.array(col["base_corpus_id"], dtype=np.int64)[rows]
+        at = np.searchsorted(corpus_ids, base).clip(max=max(len(corpus_ids) - 1, 0))
+        own = [np.array([a] if corpus_ids[a] == b else [], np.int64) for a, b in zip(at, base)]
+        return Benchmark(
+            name="cpr-full",
+            query_ids=[query_ids[i] for i in rows],
+            queries=[queries[i] for i in rows],
+            doc_ids=[str(i) for i in corpus_ids],
+            doc_texts=corpus_texts,
+            qrels=[{int(p): 1} for p in np.searchsorted(corpus_ids, positive[rows])],
+            excluded=own,
+            domains=[col["domain"][i] for i in rows],
+            meta={"field": [col["field"][i] for i in rows]},
+            train_pairs=train_pairs,
+            rejects=rejects,
+        )
     return Benchmark(
         name="cpr",
         query_ids=[query_ids[i] for i in rows],

@@ -1,0 +1,248 @@
+"""`cpr index`, `cpr search` and `cpr serve` (registered on the main app in cpr_ray/cli.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, TextIO
+
+import typer
+from rich.table import Table
+
+from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
+from cpr_ray.config import Config, load_config
+from cpr_ray.errors import InputError, UserError
+from cpr_ray.storage import Storage
+
+LLMUrlOpt = Annotated[
+    str | None,
+    typer.Option("--llm-base-url", help="OpenAI-compatible endpoint for --rerank / --explain."),
+]
+LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name at the endpoint.")]
+
+
+def search_config(
+    profile: str | None,
+    config: str | None,
+    overrides: list[str] | None,
+    flags: dict[str, Any],
+) -> Config:
+    return load_config(
+        profile, config, overrides or [], flags={k: v for k, v in flags.items() if v is not None}
+    )
+
+
+def index_command(
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            "--corpus",
+            help="Export folder, build root or Lance papers table, or a BEIR corpus.jsonl.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Dense model: a local folder or a hub name.")
+    ] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Index folder (path or s3://…).")] = None,
+    bm25: Annotated[
+        bool | None, typer.Option("--bm25/--no-bm25", help="Build BM25 beside it (--hybrid).")
+    ] = None,
+    s3_endpoint: S3EndpointOpt = None,
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Encode a corpus on Ray's encoder actor pools into a sharded faiss index with metadata;
+    into an existing index, encode only new or changed papers and drop deleted ones."""
+    from cpr_ray.search.index import build_index, summary_lines
+
+    flags = {
+        "search.corpus": corpus,
+        "encoder.model": model,
+        "search.out": out,
+        "search.bm25": bm25,
+        "storage.s3_endpoint": s3_endpoint,
+    }
+    try:
+        cfg = search_config(profile, config, set_, flags)
+        manifest = build_index(cfg)
+    except UserError as exc:
+        fail(exc)
+    for line in summary_lines(manifest, str(cfg.search.out)):
+        console.print(line, soft_wrap=True)
+
+
+@contextmanager
+def _logs_to_stderr() -> Iterator[None]:
+    """With --json, standard output carries the JSON lines only: progress and logs go to stderr."""
+    before = console.file
+    console.file = sys.stderr
+    try:
+        yield
+    finally:
+        console.file = before
+
+
+def print_result(result: dict[str, Any]) -> None:
+    title = f"[bold]{result['query_id']}[/]: {result['query']}"
+    if result.get("query_field"):
+        title += f"  (field: {result['query_field']}, {result['query_field_source']})"
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for col in ("#", "score", "corpus id", "year", "field", "domain", "title"):
+        table.add_column(col, justify="right" if col in ("#", "score", "year") else "left")
+    for h in result["hits"]:
+        table.add_row(
+            str(h["rank"]),
+            f"{h['score']:.4f}",
+            str(h["corpus_id"]),
+            "" if h["year"] is None else str(h["year"]),
+            h["field"] or "",
+            h["domain"] or "",
+            h["title"] or "",
+        )
+        exp = h.get("explanation")
+        if "explanation" in h:
+            table.add_row("", "", "", "", "", "", _explanation_text(exp))
+    console.print(table)
+    if not result["hits"]:
+        console.print("  no paper passes the filters")
+
+
+def _explanation_text(exp: dict[str, Any] | None) -> str:
+    if exp is None:
+        return "[dim]no explanation (the LLM gave no valid answer; see the ledger)[/]"
+    maps = "; ".join(f"{m['q_object']} ↔ {m['d_object']}" for m in exp["object_mappings"] or [])
+    rels = "; ".join(r["predicate"] for r in exp["shared_relations"] or [])
+    return (
+        f"[italic]{exp['decision']} ({exp['transfer_type']})[/]: {exp['transfer_path']}"
+        + (f"\nmappings: {maps}" if maps else "")
+        + (f"\nshared relations: {rels}" if rels else "")
+    )
+
+
+def write_jsonl(results: list[dict[str, Any]], stream: TextIO) -> None:
+    for r in results:
+        stream.write(json.dumps(r, ensure_ascii=False) + "\n")
+    stream.flush()
+
+
+def search_command(
+    index: Annotated[str, typer.Argument(help="Index folder from cpr index (path or s3://…).")],
+    query: Annotated[
+        str | None, typer.Argument(help='A research problem, e.g. "How to …".')
+    ] = None,
+    k: Annotated[int | None, typer.Option("-k", "--k", help="Hits per query.")] = None,
+    other_fields_only: Annotated[
+        bool, typer.Option("--other-fields-only", help="Drop hits from the query's own field.")
+    ] = False,
+    exclude_field: Annotated[
+        list[str] | None, typer.Option("--exclude-field", help="Drop hits from this field.")
+    ] = None,
+    field: Annotated[
+        str | None, typer.Option("--field", help="The query's own field (else inferred).")
+    ] = None,
+    before: Annotated[
+        int | None, typer.Option("--before", help="Only papers published before this year.")
+    ] = None,
+    hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse dense and BM25 (RRF).")] = False,
+    rerank: Annotated[
+        str | None, typer.Option("--rerank", help="llm: the tournament reranker.")
+    ] = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Ask the LLM why each hit transfers.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines, one per query.")] = False,
+    queries: Annotated[
+        str | None,
+        typer.Option("--queries", help="File of queries: plain lines, or JSONL query_id/query."),
+    ] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Write the JSON lines here.")] = None,
+    llm_base_url: LLMUrlOpt = None,
+    llm_model: LLMModelOpt = None,
+    s3_endpoint: S3EndpointOpt = None,
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Papers from other fields whose ideas could solve a research problem."""
+    from cpr_ray.search.engine import Query, SearchIndex
+    from cpr_ray.search.run import read_queries, run_search, search_options
+
+    flags = {
+        "search.index": index,
+        "llm.base_url": llm_base_url,
+        "llm.model": llm_model,
+        "storage.s3_endpoint": s3_endpoint,
+    }
+    redirect = _logs_to_stderr() if json_out and out is None else _nothing()
+    with redirect:
+        try:
+            if rerank not in (None, "llm"):
+                raise InputError(f"--rerank {rerank!r}: the only reranker is llm")
+            if (query is None) == (queries is None):
+                raise InputError("give one query, or --queries FILE")
+            cfg = search_config(profile, config, set_, flags)
+            storage = Storage(cfg.storage)
+            asked = (
+                [Query("q1", query)]
+                if query is not None
+                else read_queries(storage.read_text(queries), queries)
+            )
+            opts = search_options(
+                cfg,
+                k=k,
+                other_fields_only=other_fields_only,
+                field=field,
+                exclude_fields=tuple(exclude_field or ()),
+                before=before,
+                hybrid=hybrid,
+            )
+            idx = SearchIndex.load(storage, str(cfg.search.index), device=cfg.encoder.device)
+            results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
+        except UserError as exc:
+            fail(exc)
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as f:
+            write_jsonl(results, f)
+        console.print(f"{len(results)} result line(s) → {out}", soft_wrap=True)
+    if json_out and out is None:
+        write_jsonl(results, sys.stdout)
+    elif not json_out:
+        for r in results:
+            print_result(r)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def serve_command(
+    index: Annotated[str, typer.Argument(help="Index folder from cpr index (path or s3://…).")],
+    host: Annotated[str | None, typer.Option("--host", help="Listen address.")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Listen port.")] = None,
+    llm_base_url: LLMUrlOpt = None,
+    llm_model: LLMModelOpt = None,
+    s3_endpoint: S3EndpointOpt = None,
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run the search service (Ray Serve): POST /search, GET /healthz, OpenAPI at /docs."""
+    from cpr_ray.search.serve import run_locally
+
+    flags = {
+        "search.index": index,
+        "search.serve.host": host,
+        "search.serve.port": port,
+        "llm.base_url": llm_base_url,
+        "llm.model": llm_model,
+        "storage.s3_endpoint": s3_endpoint,
+    }
+    try:
+        cfg = search_config(profile, config, set_, flags)
+        run_locally(cfg)
+    except UserError as exc:
+        fail(exc)

@@ -1,0 +1,272 @@
+"""Searching an index: query vectors against every shard, filters inside the scan, metadata out.
+
+Filters are masks over the index's rows (the field and year columns of ``docs.parquet``) that
+faiss applies while it scans (a bitmap selector), so a filtered search returns k hits whenever k
+documents pass the filter; no over-fetch guess can run short. ``--other-fields-only`` needs the
+query's own field: given, or the majority field of its ``infer_field_k`` nearest papers (their
+summed scores break ties), and each result says which it was. Queries that exclude the same
+fields share one masked search.
+
+Hybrid search fuses the dense and BM25 rankings (each ``hybrid_depth`` deep, both filtered) by
+reciprocal rank fusion; a hit's score is then its fused score.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cpr_ray.errors import ConfigError, InputError
+from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
+from cpr_ray.retrieval.index import VectorIndex
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.search.index import read_manifest
+from cpr_ray.storage import Storage, StorageError, join
+
+HIT_COLUMNS = ("corpus_id", "title", "year", "field", "domain")
+
+
+@dataclass(frozen=True)
+class Query:
+    query_id: str
+    query: str
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    k: int = 10
+    other_fields_only: bool = False
+    field: str | None = None  # the query's own field (else inferred when needed)
+    exclude_fields: tuple[str, ...] = ()
+    before: int | None = None  # only papers published before this year
+    hybrid: bool = False
+    infer_field_k: int = 20
+    hybrid_depth: int = 100
+
+    def filters(self) -> dict[str, Any]:
+        return {
+            "other_fields_only": self.other_fields_only,
+            "exclude_fields": list(self.exclude_fields),
+            "before": self.before,
+        }
+
+
+def merge_top_k(
+    rows: Sequence[np.ndarray], scores: Sequence[np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the k best of several shards' (n_q, k_i) results (row -1: nothing there)."""
+    all_rows = np.concatenate(rows, axis=1)
+    all_scores = np.where(all_rows >= 0, np.concatenate(scores, axis=1), -np.inf)
+    k = min(k, all_rows.shape[1])
+    order = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(all_rows, order, 1), np.take_along_axis(all_scores, order, 1)
+
+
+def majority_field(fields: Sequence[str | None], scores: Sequence[float]) -> str | None:
+    """The most frequent field among a query's nearest papers; ties go to the larger score sum."""
+    count: Counter[str] = Counter()
+    weight: dict[str, float] = defaultdict(float)
+    for f, s in zip(fields, scores):
+        if f is not None:
+            count[f] += 1
+            weight[f] += float(s)
+    if not count:
+        return None
+    return max(count, key=lambda f: (count[f], weight[f]))
+
+
+@dataclass
+class SearchIndex:
+    manifest: dict[str, Any]
+    docs: pa.Table
+    shards: list[VectorIndex]
+    spec: EncoderSpec
+    bm25: Any = None
+    _encoder: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.vids = self.docs["vid"].to_numpy()
+        self.offsets = np.cumsum([0, *(len(s) for s in self.shards)])
+        if self.offsets[-1] != self.docs.num_rows:
+            raise StorageError("the index's shards and docs.parquet disagree on its size")
+        self.columns = {c: self.docs[c].to_pylist() for c in HIT_COLUMNS}
+        fields = pc.dictionary_encode(self.docs["field"].combine_chunks())
+        self.field_names: list[str] = fields.dictionary.to_pylist()
+        self.field_codes = pc.fill_null(fields.indices, -1).to_numpy(zero_copy_only=False)
+        self.years = pc.fill_null(self.docs["year"], 10_000).to_numpy(zero_copy_only=False)
+        self._masks: dict[tuple, np.ndarray | None] = {}
+
+    @classmethod
+    def load(
+        cls, storage: Storage, uri: str, *, device: str = "cpu", batch_size: int = 32
+    ) -> SearchIndex:
+        manifest = read_manifest(storage, uri)
+        if manifest is None:
+            raise StorageError(
+                f"{uri} holds no search index (no index.json): build it with cpr index"
+            )
+        docs = storage.read_parquet(join(uri, manifest["docs"]))
+        shards = [VectorIndex.load(storage, join(uri, s["path"])) for s in manifest["shards"]]
+        enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
+        spec = EncoderSpec(**enc, device=device, batch_size=batch_size)
+        bm25 = None
+        if manifest["bm25"]:
+            from cpr_ray.retrieval.bm25 import BM25Retriever
+
+            bm25 = BM25Retriever.load(storage, join(uri, manifest["bm25"]))
+        return cls(manifest, docs, shards, spec, bm25)
+
+    def __len__(self) -> int:
+        return self.docs.num_rows
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            from cpr_ray.retrieval.encoder import DenseEncoder
+
+            self._encoder = DenseEncoder(self.spec)
+        return self._encoder
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return np.ascontiguousarray(self.encoder.encode_queries(list(texts)), dtype=np.float32)
+
+    # -- filters ---------------------------------------------------------------------------
+
+    def mask(self, exclude: frozenset[str], before: int | None) -> np.ndarray | None:
+        """Rows a search may return; None: all of them."""
+        key = (exclude, before)
+        if key not in self._masks:
+            allowed = None
+            if exclude:
+                codes = [i for i, f in enumerate(self.field_names) if f in exclude]
+                allowed = ~np.isin(self.field_codes, codes) & (self.field_codes >= 0)
+            if before is not None:
+                by_year = self.years < before
+                allowed = by_year if allowed is None else allowed & by_year
+            self._masks[key] = allowed
+        return self._masks[key]
+
+    # -- retrieval -------------------------------------------------------------------------
+
+    def dense(
+        self, q: np.ndarray, k: int, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (n_q, k) into docs (-1: nothing) and inner products, best first."""
+        rows, scores = [], []
+        for shard, start, end in zip(self.shards, self.offsets[:-1], self.offsets[1:]):
+            part = None if allowed is None else allowed[start:end]
+            if part is not None and not part.any():
+                continue
+            ids, s = shard.search(q, min(k, len(shard)), part)
+            at = np.searchsorted(self.vids, ids)
+            rows.append(np.where(ids >= 0, at, -1))
+            scores.append(s)
+        if not rows:
+            return np.full((len(q), 0), -1, np.int64), np.zeros((len(q), 0), np.float32)
+        return merge_top_k(rows, scores, k)
+
+    def lexical(self, texts: Sequence[str], k: int, allowed: np.ndarray | None) -> list[np.ndarray]:
+        scores = self.bm25.scores(texts)  # (n_q, N): filtered before ranking, never after
+        if allowed is not None:
+            scores[:, ~allowed] = -np.inf
+        k = min(k, scores.shape[1])
+        top = (
+            np.argpartition(-scores, k - 1, axis=1)[:, :k] if k else np.zeros((len(texts), 0), int)
+        )
+        out = []
+        for i, row in enumerate(top):
+            row = row[np.isfinite(scores[i, row])]
+            out.append(row[np.argsort(-scores[i, row], kind="stable")])
+        return out
+
+    def infer_fields(self, q: np.ndarray, k: int) -> list[str | None]:
+        rows, scores = self.dense(q, k, None)
+        fields = self.columns["field"]
+        return [
+            majority_field([fields[r] for r in rr if r >= 0], ss[rr >= 0])
+            for rr, ss in zip(rows, scores)
+        ]
+
+    # -- the whole search ------------------------------------------------------------------
+
+    def search(
+        self, queries: Sequence[Query], opts: SearchOptions, vectors: np.ndarray | None = None
+    ) -> list[dict[str, Any]]:
+        """One result per query: its field (when known or needed), filters and hits."""
+        if opts.hybrid and self.bm25 is None:
+            raise ConfigError(
+                "--hybrid needs a BM25 index beside the dense one: rebuild with "
+                "cpr index … --set search.bm25=true"
+            )
+        needs_fields = opts.other_fields_only or opts.exclude_fields
+        if needs_fields and not self.manifest.get("has_fields", True):
+            raise InputError(
+                "this index's corpus has no fields (a BEIR corpus): field filters do not apply"
+            )
+        q = self.encode([x.query for x in queries]) if vectors is None else vectors
+        own: list[str | None] = [opts.field] * len(queries)
+        source = "given" if opts.field else None
+        if opts.other_fields_only and opts.field is None:
+            own, source = self.infer_fields(q, opts.infer_field_k), "inferred"
+        groups: dict[frozenset[str], list[int]] = defaultdict(list)
+        for i, f in enumerate(own):
+            excluded = set(opts.exclude_fields)
+            if opts.other_fields_only and f is not None:
+                excluded.add(f)
+            groups[frozenset(excluded)].append(i)
+        hits: list[list[tuple[int, float]]] = [[] for _ in queries]
+        for excluded, members in groups.items():
+            allowed = self.mask(excluded, opts.before)
+            if opts.hybrid:
+                depth = max(opts.k, opts.hybrid_depth)
+                d_rows, _ = self.dense(q[members], depth, allowed)
+                lex = self.lexical([queries[i].query for i in members], depth, allowed)
+                for i, dr, lr in zip(members, d_rows, lex):
+                    fused = reciprocal_rank_fusion(
+                        [dr[dr >= 0].tolist(), lr.tolist()], top_n=opts.k, with_scores=True
+                    )
+                    hits[i] = [(int(r), s) for r, s in fused]
+            else:
+                rows, scores = self.dense(q[members], opts.k, allowed)
+                for i, rr, ss in zip(members, rows, scores):
+                    hits[i] = [(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0]
+        return [
+            {
+                "query_id": x.query_id,
+                "query": x.query,
+                "query_field": own[i] if (opts.other_fields_only or opts.field) else None,
+                "query_field_source": source if (opts.other_fields_only or opts.field) else None,
+                "filters": opts.filters(),
+                "hits": [self.hit(r, s, n) for n, (r, s) in enumerate(hits[i], start=1)],
+            }
+            for i, x in enumerate(queries)
+        ]
+
+    def hit(self, row: int, score: float, rank: int) -> dict[str, Any]:
+        c = self.columns
+        return {
+            "rank": rank,
+            "corpus_id": c["corpus_id"][row],
+            "score": round(float(score), 6),
+            "title": c["title"][row],
+            "year": c["year"][row],
+            "field": c["field"][row],
+            "domain": c["domain"][row],
+        }
+
+    def text_of(self, corpus_id: Any) -> str:
+        return self.docs["text"][self.row_of(corpus_id)].as_py()
+
+    def row_of(self, corpus_id: Any) -> int:
+        if not hasattr(self, "_row_by_id"):
+            self._row_by_id = {d: i for i, d in enumerate(self.columns["corpus_id"])}
+        return self._row_by_id[corpus_id]
+
+
+__all__ = ["Query", "SearchIndex", "SearchOptions", "majority_field", "merge_top_k"]

@@ -1,0 +1,117 @@
+"""The LLM's part in search: the evaluation suite's tournament reranker, and explanations.
+
+Both go through the LLM layer (`run_llm_task`: cache, ledger, retries, schema-constrained
+answers) under ``eval.llm_root``, so asking again about the same hits pays nothing and `cpr stats`
+on that root shows what search spent.
+
+An explanation is the analogy judgment of the build (B.1) asked of the query and one hit: the
+query stands where the citing paper's title is, the hit where the cited paper is, with no citing
+sentence. What comes back (object mappings, shared relations, transfer type and path, decision)
+is what makes the hit transferable, or says that it is not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from cpr_ray.config import Config
+from cpr_ray.evaluate.protocols import llm_tournament_judge
+from cpr_ray.evaluate.rerank import TournamentReranker
+from cpr_ray.evaluate.settings import tournament
+from cpr_ray.llm.judges import AnalogyJudge
+from cpr_ray.search.engine import SearchIndex
+
+EXPLAINED = (
+    "decision",
+    "transfer_type",
+    "transfer_path",
+    "object_mappings",
+    "shared_relations",
+    "reason",
+)
+
+
+class ExplainHit(AnalogyJudge):
+    """B.1 over (query, hit): its own stage, so its cache and ledger lines are search's."""
+
+    stage = "search-explain"
+
+    def __init__(self) -> None:
+        super().__init__(hold_out_flagged=True)
+
+
+def _key(corpus_id: Any) -> str:
+    return json.dumps(corpus_id)  # 123 and "123" stay apart (S2 ids vs BEIR ids)
+
+
+def rerank(results: list[dict[str, Any]], index: SearchIndex, cfg: Config, k: int) -> None:
+    """Reorder each result's hits by the tournament, in place, and keep the best k."""
+    texts = {
+        _key(h["corpus_id"]): index.text_of(h["corpus_id"]) for r in results for h in r["hits"]
+    }
+    reranker = TournamentReranker(
+        llm_tournament_judge(cfg, texts), tournament(cfg.eval), max_workers=cfg.eval.rerank_workers
+    )
+    candidates = [[_key(h["corpus_id"]) for h in r["hits"]] for r in results]
+    orders = reranker.rerank([r["query"] for r in results], candidates)
+    for result, order in zip(results, orders):
+        by_key = {_key(h["corpus_id"]): h for h in result["hits"]}
+        result["hits"] = [{**by_key[key], "rank": n} for n, key in enumerate(order[:k], start=1)]
+        result["reranked"] = "llm-tournament"
+
+
+def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) -> dict[str, int]:
+    """Attach `explanation` to every hit (None where the LLM gave no valid answer); returns how
+    many answers were ok, invalid or failed."""
+    from cpr_ray.llm.evaluate import endpoint, eval_context
+    from cpr_ray.llm.runner import run_llm_task
+    from cpr_ray.ray_runtime import ensure_ray
+
+    base_url = endpoint(cfg.llm)
+    rows, where = [], []
+    for r in results:
+        for h in r["hits"]:
+            text = index.text_of(h["corpus_id"])
+            rows.append(
+                {
+                    "base_id": str(r["query_id"]),
+                    "cited_id": _key(h["corpus_id"]),
+                    "q_title": r["query"],
+                    "q_abstract": "",
+                    "q_topic": r.get("query_field") or "",
+                    "d_title": h["title"] or "",
+                    "d_abstract": text[len(h["title"] or "") :].strip(),
+                    "d_topic": h.get("field") or "",
+                    "contexts": None,
+                }
+            )
+            where.append(h)
+    counts = {"ok": 0, "invalid": 0, "failed": 0}
+    if not rows:
+        return counts
+    ensure_ray(cfg.ray)
+    table = pa.Table.from_pylist(rows, schema=_INPUT)
+    out = run_llm_task(eval_context(cfg), ExplainHit(), table, base_url=base_url)
+    for hit, answer in zip(where, out.table.to_pylist(), strict=True):
+        counts[answer["status"]] = counts.get(answer["status"], 0) + 1
+        hit["explanation"] = {k: answer[k] for k in EXPLAINED} if answer["status"] == "ok" else None
+    return counts
+
+
+_INPUT = pa.schema(
+    [
+        ("base_id", pa.string()),
+        ("cited_id", pa.string()),
+        ("q_title", pa.string()),
+        ("q_abstract", pa.string()),
+        ("q_topic", pa.string()),
+        ("d_title", pa.string()),
+        ("d_abstract", pa.string()),
+        ("d_topic", pa.string()),
+        ("contexts", pa.list_(pa.string())),
+    ]
+)

@@ -1,0 +1,70 @@
+"""One search request, from its queries to its results: what `cpr search` and the service share."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from cpr_ray.config import Config
+from cpr_ray.errors import InputError
+from cpr_ray.search.engine import Query, SearchIndex, SearchOptions
+
+
+def read_queries(text: str, source: str) -> list[Query]:
+    """Plain lines (ids q1, q2, … by line), or JSON lines with `query_id` and `query`."""
+    out: list[Query] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{source}: line {n} is not valid JSON ({exc.msg})") from None
+            if not isinstance(row.get("query"), str) or not row["query"].strip():
+                raise InputError(f'{source}: line {n} has no "query" text')
+            out.append(Query(str(row.get("query_id", f"q{n}")), row["query"].strip()))
+        else:
+            out.append(Query(f"q{n}", line.strip()))
+    if not out:
+        raise InputError(f"{source}: no query in it")
+    ids = [q.query_id for q in out]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"{source}: query ids are not unique")
+    return out
+
+
+def run_search(
+    index: SearchIndex,
+    queries: list[Query],
+    opts: SearchOptions,
+    cfg: Config,
+    *,
+    rerank: bool = False,
+    explain: bool = False,
+) -> list[dict[str, Any]]:
+    """Search, then (optionally) rerank the top ``search.rerank_depth`` by the LLM tournament
+    and explain each of the k hits left."""
+    from cpr_ray.search import llm_steps
+
+    depth = max(opts.k, cfg.search.rerank_depth) if rerank else opts.k
+    results = index.search(queries, replace(opts, k=depth))
+    if rerank:
+        llm_steps.rerank(results, index, cfg, opts.k)
+    if explain:
+        llm_steps.explain(results, index, cfg)
+    return results
+
+
+def search_options(cfg: Config, **given: Any) -> SearchOptions:
+    """Options from a request or the command line, with the config's defaults and limits."""
+    k = given.pop("k", None) or cfg.search.k
+    if k > cfg.search.max_k:
+        raise InputError(f"k {k} is above the limit search.max_k ({cfg.search.max_k})")
+    return SearchOptions(
+        k=k,
+        infer_field_k=cfg.search.infer_field_k,
+        hybrid_depth=cfg.search.hybrid_depth,
+        **{key: v for key, v in given.items() if v is not None},
+    )

@@ -1,0 +1,377 @@
+"""`cpr index` / `cpr search` on a small corpus: exact answers, filters, shards, increments, BEIR,
+hybrid, the LLM steps through the scripted endpoint, and the command line's two outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpr_ray.config import load_config
+from cpr_ray.errors import ConfigError, InputError, StorageError
+from cpr_ray.retrieval.encoder import DenseEncoder
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.search.engine import Query, SearchIndex, SearchOptions, majority_field, merge_top_k
+from cpr_ray.search.index import build_index
+from cpr_ray.search.run import read_queries, run_search
+from cpr_ray.storage import Storage
+from tests.search_corpus import FIELDS, papers, write_export
+
+N = 400
+QUERIES = [
+    Query("q1", "How to train a neural network classifier on a graph dataset?"),
+    Query("q2", "How do protein folding and gene expression interact?"),
+    Query("q3", "How to price an auction in a labor market?"),
+    Query("q4", "How does entropy govern diffusion towards equilibrium?"),
+]
+
+
+def config(tmp: Path, minilm: str, corpus: Path | str, out: Path | str, **keys):
+    flags = {
+        "search.corpus": str(corpus),
+        "search.out": str(out),
+        "search.index": str(out),
+        "encoder.model": minilm,
+        "eval.llm_root": str(tmp / "llm"),
+        **keys,
+    }
+    return load_config(flags=flags)
+
+
+def texts_of(rows: list[dict]) -> list[str]:
+    return [r["title"] + ("\n" + r["abstract"] if r["abstract"] else "") for r in rows]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, list[dict]]:
+    rows = papers(N)
+    return write_export(tmp_path_factory.mktemp("export"), rows), rows
+
+
+@pytest.fixture(scope="module")
+def built(corpus, minilm, ray_session, tmp_path_factory):
+    """One index with BM25 beside it, and the exact vectors to check it against."""
+    export, rows = corpus
+    tmp = tmp_path_factory.mktemp("index")
+    cfg = config(tmp, minilm, export, tmp / "idx", **{"search.bm25": True})
+    manifest = build_index(cfg)
+    enc = DenseEncoder(EncoderSpec(minilm))
+    docs = enc.encode_docs(texts_of(rows))
+    return cfg, manifest, rows, docs, enc
+
+
+def exact(docs, q, k, allowed=None):
+    scores = q @ docs.T
+    if allowed is not None:
+        scores = np.where(allowed[None, :], scores, -np.inf)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(scores, order, 1)
+
+
+def assert_same_ranking(ids, scores, want_ids, want_scores):
+    """Same ids in the same order, except where two scores tie to float precision."""
+    np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+    for got, want, s in zip(ids, want_ids, want_scores):
+        for i, (a, b) in enumerate(zip(got, want)):
+            if a != b:
+                near = [abs(s[i] - s[j]) < 1e-5 for j in (i - 1, i + 1) if 0 <= j < len(s)]
+                assert any(near), (got, want)
+
+
+def test_index_answers_as_exact_search_with_metadata(built):
+    cfg, manifest, rows, docs, enc = built
+    assert manifest["n_docs"] == N and len(manifest["shards"]) == 1
+    assert manifest["build"] == {**manifest["build"], "encoded": N, "reused": 0, "deleted": 0}
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    results = index.search(QUERIES, SearchOptions(k=10))
+    q = enc.encode_queries([x.query for x in QUERIES])
+    order, want = exact(docs, q, 10)
+    ids = [[h["corpus_id"] for h in r["hits"]] for r in results]
+    scores = np.array([[h["score"] for h in r["hits"]] for r in results])
+    assert_same_ranking(ids, scores, [[rows[i]["corpus_id"] for i in o] for o in order], want)
+    by_id = {r["corpus_id"]: r for r in rows}
+    for result in results:
+        for n, h in enumerate(result["hits"], start=1):
+            paper = by_id[h["corpus_id"]]
+            assert h["rank"] == n
+            assert (h["title"], h["year"], h["field"], h["domain"]) == (
+                paper["title"],
+                paper["year"],
+                paper["field"],
+                paper["domain"],
+            )
+    # the nearest papers of a biology question are biology papers
+    assert results[1]["hits"][0]["field"].startswith("Biochemistry")
+
+
+def test_filters_run_inside_the_search(built):
+    cfg, _, rows, docs, enc = built
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    fields = np.array([r["field"] for r in rows])
+    years = np.array([r["year"] for r in rows])
+    q = enc.encode_queries([x.query for x in QUERIES])
+    cs = "Computer Science"
+
+    # the query's own field given: no hit from it, k hits, exactly the filtered exact search
+    res = index.search(QUERIES, SearchOptions(k=25, other_fields_only=True, field=cs))
+    order, want = exact(docs, q, 25, fields != cs)
+    for r, o, w in zip(res, order, want):
+        assert len(r["hits"]) == 25 and all(h["field"] != cs for h in r["hits"])
+        assert (r["query_field"], r["query_field_source"]) == (cs, "given")
+        assert_same_ranking(
+            [[h["corpus_id"] for h in r["hits"]]],
+            np.array([[h["score"] for h in r["hits"]]]),
+            [[rows[i]["corpus_id"] for i in o]],
+            w[None],
+        )
+
+    # inferred: the majority field of the 20 nearest papers, and never returned
+    res = index.search(QUERIES, SearchOptions(k=10, other_fields_only=True, infer_field_k=20))
+    near, near_scores = exact(docs, q, 20)
+    for r, o, s in zip(res, near, near_scores):
+        own = majority_field([rows[i]["field"] for i in o], s)
+        assert (r["query_field"], r["query_field_source"]) == (own, "inferred")
+        assert len(r["hits"]) == 10 and all(h["field"] != own for h in r["hits"])
+    assert res[0]["query_field"] == cs and res[2]["query_field"].startswith("Economics")
+
+    # excluded fields and a date: all three filters at once, k hits still
+    excluded = ("Physics and Astronomy", "Economics, Econometrics and Finance")
+    res = index.search(QUERIES, SearchOptions(k=30, exclude_fields=excluded, before=2005))
+    allowed = ~np.isin(fields, excluded) & (years < 2005)
+    assert allowed.sum() > 30
+    for r in res:
+        assert len(r["hits"]) == 30
+        assert all(h["field"] not in excluded and h["year"] < 2005 for h in r["hits"])
+
+    # fewer than k pass: all of them, nothing else
+    res = index.search(QUERIES[:1], SearchOptions(k=100, before=1991))
+    assert (years < 1991).sum() < 100
+    assert sorted(h["corpus_id"] for h in res[0]["hits"]) == sorted(
+        rows[i]["corpus_id"] for i in np.flatnonzero(years < 1991)
+    )
+
+
+def test_sharded_index_on_s3_answers_as_one_shard(built, corpus, minilm, s3_endpoint, s3_bucket):
+    cfg, _, _, _, _ = built
+    export, _ = corpus
+    out = f"s3://{s3_bucket}/index"
+    sharded = config(
+        Path(str(export)),
+        minilm,
+        export,
+        out,
+        **{"search.shard_size": 64, "storage.s3_endpoint": s3_endpoint},
+    )
+    manifest = build_index(sharded)
+    assert len(manifest["shards"]) == -(-N // 64)
+    one = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    many = SearchIndex.load(Storage(sharded.storage), out)
+    opts = SearchOptions(k=40, exclude_fields=("Computer Science",), before=2015)
+    for a, b in zip(one.search(QUERIES, opts), many.search(QUERIES, opts)):
+        assert [h["corpus_id"] for h in a["hits"]] == [h["corpus_id"] for h in b["hits"]]
+        np.testing.assert_allclose(
+            [h["score"] for h in a["hits"]], [h["score"] for h in b["hits"]], atol=1e-6
+        )
+
+
+def test_reindex_encodes_only_what_changed(corpus, minilm, ray_session, tmp_path):
+    _, rows = corpus
+    export = write_export(tmp_path / "v1", rows[:200])
+    cfg = config(tmp_path, minilm, export, tmp_path / "idx")
+    first = build_index(cfg)
+    assert first["build"]["encoded"] == 200
+    # a refresh: 3 papers changed, 5 deleted, 4 new
+    changed = [dict(r) for r in rows[:200]]
+    for r in changed[:3]:
+        r["abstract"] = "We now study quantum entropy and galaxy diffusion instead."
+    changed = changed[:195] + papers(4, seed=9, start_id=10**6)
+    export2 = write_export(tmp_path / "v2", changed)
+    second = build_index(config(tmp_path, minilm, export2, tmp_path / "idx"))
+    assert second["build"] == {
+        **second["build"],
+        "reason": "same encoder",
+        "encoded": 7,
+        "reused": 192,
+        "deleted": 5,
+    }
+    assert second["generation"] == 2
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["g0002", "index.json"]
+    # the updated index answers as a fresh one of the new corpus
+    index = SearchIndex.load(Storage(cfg.storage), str(tmp_path / "idx"))
+    enc = DenseEncoder(EncoderSpec(minilm))
+    docs = enc.encode_docs(texts_of(changed))
+    q = enc.encode_queries([x.query for x in QUERIES])
+    order, want = exact(docs, q, 15)
+    res = index.search(QUERIES, SearchOptions(k=15))
+    assert_same_ranking(
+        [[h["corpus_id"] for h in r["hits"]] for r in res],
+        np.array([[h["score"] for h in r["hits"]] for r in res]),
+        [[changed[i]["corpus_id"] for i in o] for o in order],
+        want,
+    )
+    # another model: everything is encoded again
+    third = build_index(
+        config(tmp_path, minilm, export2, tmp_path / "idx", **{"encoder.max_length": 64})
+    )
+    assert third["build"]["reason"] == "encoder changed" and third["build"]["encoded"] == 199
+
+
+def test_beir_corpus_keeps_its_ids_and_evaluation_vectors(minilm, ray_session, tmp_path):
+    from cpr_ray.evaluate.loaders.beir import load_beir
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    docs = [
+        {"_id": f"doc-{i}", "title": r["title"], "text": r["abstract"] or ""}
+        for i, r in enumerate(papers(60, seed=3))
+    ]
+    (beir / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "x", "text": "protein folding"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nx\tdoc-2\t1\n")
+    cfg = config(tmp_path, minilm, beir / "corpus.jsonl", tmp_path / "idx")
+    manifest = build_index(cfg)
+    assert manifest["id_type"] == "string" and not manifest["has_fields"]
+    index = SearchIndex.load(Storage(cfg.storage), str(tmp_path / "idx"))
+    res = index.search([Query("x", "protein folding")], SearchOptions(k=5))
+    assert all(h["corpus_id"].startswith("doc-") for h in res[0]["hits"])
+    # the vectors `cpr eval --benchmark beir` ranks with
+    bench = load_beir(Storage(cfg.storage), str(beir))
+    want = DenseEncoder(EncoderSpec(minilm)).encode_docs(bench.doc_texts)
+    got = np.concatenate([s.vectors for s in index.shards])
+    order = [index.row_of(d) for d in bench.doc_ids]
+    np.testing.assert_allclose(got[order], want, atol=1e-5)
+    with pytest.raises(InputError, match="no fields"):
+        index.search([Query("x", "y")], SearchOptions(other_fields_only=True))
+
+
+def test_hybrid_fuses_bm25_and_dense(built):
+    cfg, _, rows, _, _ = built
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    # "setting 123" is in one abstract only: BM25 finds it, dense alone does not rank it first
+    target = next(r for r in rows if r["abstract"] and "setting 123." in r["abstract"])
+    query = [Query("h", "What happens in setting 123?")]
+    hybrid = index.search(query, SearchOptions(k=10, hybrid=True))[0]["hits"]
+    assert len(hybrid) == 10 and target["corpus_id"] in [h["corpus_id"] for h in hybrid[:3]]
+    assert hybrid[0]["score"] <= 2 / 61 + 1e-9  # reciprocal rank fusion scores
+    filtered = index.search(query, SearchOptions(k=10, hybrid=True, before=target["year"]))
+    assert target["corpus_id"] not in [h["corpus_id"] for h in filtered[0]["hits"]]
+    assert all(h["year"] < target["year"] for h in filtered[0]["hits"])
+
+
+def test_hybrid_needs_bm25(corpus, minilm, ray_session, tmp_path):
+    export, _ = corpus
+    cfg = config(tmp_path, minilm, write_export(tmp_path / "e", papers(20)), tmp_path / "idx")
+    build_index(cfg)
+    index = SearchIndex.load(Storage(cfg.storage), str(tmp_path / "idx"))
+    with pytest.raises(ConfigError, match="search.bm25=true"):
+        index.search(QUERIES, SearchOptions(hybrid=True))
+    with pytest.raises(StorageError, match="no search index"):
+        SearchIndex.load(Storage(cfg.storage), str(tmp_path / "nothing"))
+
+
+def test_rerank_and_explain_through_the_llm_layer(built, llm):
+    cfg, _, _, _, _ = built
+    cfg = cfg.model_copy(
+        update={
+            "llm": cfg.llm.model_copy(
+                update={"base_url": llm.base_url, "model": "scripted", "actors": 1}
+            ),
+            "search": cfg.search.model_copy(update={"rerank_depth": 12}),
+        }
+    )
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    opts = SearchOptions(k=3, other_fields_only=True)
+    results = run_search(index, QUERIES[:2], opts, cfg, rerank=True, explain=True)
+    for r in results:
+        assert r["reranked"] == "llm-tournament" and len(r["hits"]) == 3
+        assert [h["rank"] for h in r["hits"]] == [1, 2, 3]
+        assert all(h["field"] != r["query_field"] for h in r["hits"])
+        for h in r["hits"]:
+            exp = h["explanation"]
+            assert exp is not None and exp["decision"] in (
+                "observed_analogy",
+                "potential_analogy",
+                "not_analogy",
+            )
+            assert {"object_mappings", "shared_relations", "transfer_path"} <= set(exp)
+    asked = llm.stats()
+    again = run_search(index, QUERIES[:2], opts, cfg, rerank=True, explain=True)
+    assert llm.stats() == asked  # the cache answers a repeated search
+    assert [h["corpus_id"] for h in again[0]["hits"]] == [
+        h["corpus_id"] for h in results[0]["hits"]
+    ]
+
+
+def test_query_files_and_merge_helpers():
+    assert read_queries("How to a?\n\nHow to b?\n", "f") == [
+        Query("q1", "How to a?"),
+        Query("q3", "How to b?"),
+    ]
+    jsonl = '{"query_id": "a", "query": "x"}\n{"query_id": "b", "query": "y"}\n'
+    assert [q.query_id for q in read_queries(jsonl, "f")] == ["a", "b"]
+    with pytest.raises(InputError, match="line 1 has no"):
+        read_queries('{"query_id": "a"}\n', "f")
+    with pytest.raises(InputError, match="not unique"):
+        read_queries('{"query_id": "a", "query": "x"}\n{"query_id": "a", "query": "y"}', "f")
+    rows, scores = merge_top_k(
+        [np.array([[1, 2, -1]]), np.array([[7, 8, 9]])],
+        [np.array([[0.9, 0.5, 0.0]]), np.array([[0.7, 0.6, 0.1]])],
+        4,
+    )
+    assert rows.tolist() == [[1, 7, 8, 2]]
+    assert majority_field(["a", "b", "b", None], [1.0, 0.1, 0.1, 5.0]) == "b"
+    assert majority_field(["a", "b"], [0.2, 0.9]) == "b"  # a tie goes to the larger score sum
+    assert set(FIELDS) == {
+        "Computer Science",
+        "Physics and Astronomy",
+        "Biochemistry, Genetics and Molecular Biology",
+        "Economics, Econometrics and Finance",
+    }
+
+
+def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
+    cfg, _, _, _, _ = built
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(
+        "\n".join(json.dumps({"query_id": q.query_id, "query": q.query}) for q in QUERIES)
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cpr_ray.cli",
+            "search",
+            str(cfg.search.index),
+            "--queries",
+            str(queries),
+            "--json",
+            "-k",
+            "7",
+            "--other-fields-only",
+            "--before",
+            "2010",
+            "--set",
+            f"eval.llm_root={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["query_id"] for r in lines] == [q.query_id for q in QUERIES]
+    for r in lines:
+        assert r["query_field_source"] == "inferred" and len(r["hits"]) == 7
+        assert {"corpus_id", "score", "title", "field", "year"} <= set(r["hits"][0])
+        assert all(h["year"] < 2010 and h["field"] != r["query_field"] for h in r["hits"])
+    bad = subprocess.run(
+        [sys.executable, "-m", "cpr_ray.cli", "search", str(cfg.search.index), "x", "-k", "5000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "search.max_k" in bad.stdout and "Traceback" not in bad.stderr
