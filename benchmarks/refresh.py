@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         llm.latency(args.llm_latency_ms)
         llm.negatives(1)  # most pooled candidates are not usable, as with a real model
-        cfg = config(
-            root, raw, llm.base_url, s2.api_url, args.in_flight, args.base_per_field
-        )
+        cfg = config(root, raw, llm.base_url, s2.api_url, args.in_flight, args.base_per_field)
         storage = Storage(cfg.storage)
         started = time.perf_counter()
         run_build(cfg)
@@ -112,9 +110,17 @@ def main(argv: list[str] | None = None) -> None:
         pairs = pq.read_table(require_manifest(storage, "mine")["tables"]["pairs"]["uri"])
         hit = max(1, round(args.share * pairs.num_rows))
         plan = make_diff(
-            raw / "s2", raw / "openalex", s2.root, pairs, releases=(OLD, NEW),
-            new=max(1, hit // 2), changed=max(1, hit // 4), deleted=max(1, hit // 8),
-            deleted_citations=max(1, hit // 8), unpaired_changes=hit, openalex_date="2026-12-01",
+            raw / "s2",
+            raw / "openalex",
+            s2.root,
+            pairs,
+            releases=(OLD, NEW),
+            new=max(1, hit // 2),
+            changed=max(1, hit // 4),
+            deleted=max(1, hit // 8),
+            deleted_citations=max(1, hit // 8),
+            unpaired_changes=hit,
+            openalex_date="2026-12-01",
         )
         started = time.perf_counter()
         summary = refresh(cfg)
@@ -133,8 +139,11 @@ def main(argv: list[str] | None = None) -> None:
         "diff_share": round(diff_share, 4),
         "llm_latency_ms": args.llm_latency_ms,
         "rebuild": {"seconds": round(rebuild_s, 1), "llm_answers": rebuild_calls},
-        "refresh": {"seconds": round(refresh_s, 1), "llm_answers": refresh_calls,
-                    "llm_by_stage": {s: n for s, n in summary["llm_rows"].items() if n}},
+        "refresh": {
+            "seconds": round(refresh_s, 1),
+            "llm_answers": refresh_calls,
+            "llm_by_stage": {s: n for s, n in summary["llm_rows"].items() if n},
+        },
     }
     call_share = refresh_calls / rebuild_calls if rebuild_calls else float("nan")
     wall_share = refresh_s / rebuild_s

@@ -851,7 +851,7 @@ class ServeConfig(_Section):
     )
     max_queued_requests: int = Field(
         16,
-        ge=0,
+        ge=1,
         description="Requests waiting for a replica; past it the service answers 503 at once "
         "instead of queueing without bound.",
     )

@@ -47,15 +47,20 @@ def quiet_ray_console() -> None:
             handler.setLevel(logging.WARNING)
 
 
-def ensure_ray(cfg: RayConfig) -> None:
-    """Join the configured cluster, or start a local Ray sized by config; idempotent."""
+def ensure_ray(cfg: RayConfig, *, log_to_driver: bool = True) -> None:
+    """Join the configured cluster, or start a local Ray sized by config; idempotent.
+
+    `log_to_driver=False` leaves workers' output in Ray's log files only (a long-running
+    service's access lines)."""
     if ray.is_initialized():
         return
     quiet_ray_console()
     runtime_env = {"env_vars": {k: os.environ[k] for k in QUIET_ENV}}
     quiet = {"logging_level": logging.WARNING, "runtime_env": runtime_env}
     if cfg.address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=True, **quiet)
+        ray.init(
+            address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=log_to_driver, **quiet
+        )
         return
     kwargs: dict[str, object] = {"include_dashboard": False}
     if cfg.num_cpus:
@@ -69,7 +74,7 @@ def ensure_ray(cfg: RayConfig) -> None:
         logging.ERROR
     )
     # the dry run has no GPU: declare none so no operator can wait forever for one
-    ray.init(num_gpus=0, **quiet, **kwargs)
+    ray.init(num_gpus=0, log_to_driver=log_to_driver, **quiet, **kwargs)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = True
     ctx.print_on_execution_start = False

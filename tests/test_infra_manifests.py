@@ -35,7 +35,7 @@ NAMESPACE = "cpr-ray"
 GPU_NODE_RESOURCE = "cpr_gpu_node"
 BUCKET = "my-cpr-bucket"
 READ_ONLY_PREFIXES = {"s2", "configs"}
-READ_WRITE_PREFIXES = {"builds", "models", "eval"}
+READ_WRITE_PREFIXES = {"builds", "models", "eval", "index"}
 OBJECT_WRITES = {
     "s3:PutObject",
     "s3:DeleteObject",
@@ -49,10 +49,13 @@ SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
 
 def _load_manifests() -> list[tuple[str, dict]]:
-    """(where, document) for every YAML document under infra/, then every manifest embedded in
-    a ConfigMap's data (a `*.yaml` key holding a Kubernetes object)."""
+    """(where, document) for every YAML document under infra/ (but serve/, Ray Serve's own
+    format, checked by tests/test_search_service.py), then every manifest embedded in a
+    ConfigMap's data (a `*.yaml` key holding a Kubernetes object)."""
     found = []
     for path in sorted(INFRA.rglob("*.yaml")):
+        if path.parent.name == "serve":
+            continue
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc is not None:
                 found.append((f"{path.relative_to(INFRA)}#{i}", doc))
@@ -440,7 +443,7 @@ def test_launcher_and_trust_policies_are_narrow():
     script = (INFRA / "launcher" / "node-env.sh").read_text()
     prefix = re.search(r'CPR_SSM_PREFIX="\$\{CPR_SSM_PREFIX:-([^}]+)\}"', script).group(1)
     read = set(re.findall(r'_cpr_ssm_value "\$CPR_SSM_PREFIX/(\w+)"', script))
-    assert read == {"S2_API_KEY", "OPENAI_API_KEY"}
+    assert read == {"S2_API_KEY", "OPENAI_API_KEY", "CPR_SEARCH_API_KEY"}
     (secrets,) = _statements(INFRA / "launcher" / "iam-policy-secrets.json")
     assert secrets["Action"] == ["ssm:GetParameter"]
     assert {r.split(":parameter", 1)[1] for r in secrets["Resource"]} == {

@@ -16,8 +16,8 @@ read the service log). Replicas autoscale between ``min_replicas`` and ``max_rep
 builds it from :func:`app_builder` with the same config keys.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: FastAPI reads the endpoints' annotations as types in
+# the replica, where string annotations would not resolve (cloudpickle carries no module globals)
 import hmac
 import logging
 import os
@@ -54,7 +54,7 @@ class SearchRequest(BaseModel):
     explain: bool = False
 
     @model_validator(mode="after")
-    def _one_form(self) -> SearchRequest:
+    def _one_form(self) -> "SearchRequest":
         if (self.query is None) == (self.queries is None):
             raise ValueError('give "query" or "queries", not both and not neither')
         return self
@@ -243,8 +243,10 @@ def run_locally(cfg: Config) -> None:
 
     limits = cfg.search.serve
     app = build_app(cfg)
-    ensure_ray(cfg.ray)
-    serve.start(http_options={"host": limits.host, "port": limits.port})
+    ensure_ray(cfg.ray, log_to_driver=False)  # replicas' access logs stay in Ray's log files
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    quiet = {"log_level": "WARNING"}  # the controller's and proxy's INFO lines, on the console
+    serve.start(http_options={"host": limits.host, "port": limits.port}, logging_config=quiet)
     serve.run(app, name="cpr-search", route_prefix="/")
     url = f"http://{limits.host}:{limits.port}"
     console.print(

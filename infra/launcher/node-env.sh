@@ -22,4 +22,7 @@ print(reply["Parameter"]["Value"])
 S2_API_KEY="$(_cpr_ssm_value "$CPR_SSM_PREFIX/S2_API_KEY")" || return 1
 OPENAI_API_KEY="$(_cpr_ssm_value "$CPR_SSM_PREFIX/OPENAI_API_KEY")" || return 1
 export S2_API_KEY OPENAI_API_KEY
+# the search service's client key (infra/serve/search.yaml: search.serve.api_key_env)
+CPR_SEARCH_API_KEY="$(_cpr_ssm_value "$CPR_SSM_PREFIX/CPR_SEARCH_API_KEY")" || return 1
+export CPR_SEARCH_API_KEY
 unset -f _cpr_ssm_value

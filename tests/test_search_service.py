@@ -1,0 +1,170 @@
+"""The search service end to end on loopback: `cpr serve` in its own process (its own local Ray),
+answered over HTTP; and the cluster's Serve config file checked by Serve's own schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cpr_ray.config import load_config
+from cpr_ray.search.index import build_index
+from tests.conftest import _free_port
+from tests.search_corpus import papers, write_export
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "test-key-not-a-secret"
+
+
+def post(url: str, body: bytes | dict, key: str | None = KEY, timeout: float = 60):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json", **({"x-api-key": key} if key else {})}
+    req = urllib.request.Request(url + "/search", data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode()
+        try:
+            return exc.code, json.loads(text)
+        except json.JSONDecodeError:
+            return exc.code, {"raw": text}
+
+
+@pytest.fixture(scope="module")
+def service(minilm, ray_session, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("service")
+    export = write_export(tmp / "export", papers(120))
+    cfg = load_config(
+        flags={
+            "search.corpus": str(export),
+            "search.out": str(tmp / "idx"),
+            "encoder.model": minilm,
+        }
+    )
+    build_index(cfg)
+    port = _free_port()
+    log = open(tmp / "serve.log", "w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cpr_ray.cli",
+            "serve",
+            str(tmp / "idx"),
+            "--port",
+            str(port),
+            "--set",
+            "search.serve.max_ongoing_requests=1",
+            "--set",
+            "search.serve.max_queued_requests=1",
+            "--set",
+            "search.serve.max_queries=32",
+            "--set",
+            "search.serve.max_body_bytes=4096",
+            "--set",
+            "search.serve.api_key_env=CPR_TEST_SEARCH_KEY",
+            "--set",
+            "ray.num_cpus=2",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "CPR_TEST_SEARCH_KEY": KEY, "RAY_ADDRESS": ""},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+                health = json.loads(resp.read())
+                break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(
+                    "cpr serve did not come up:\n" + (tmp / "serve.log").read_text()[-4000:]
+                )
+            time.sleep(1)
+    yield url, health, proc, tmp / "serve.log"
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+@pytest.mark.slow
+def test_service_answers_validates_and_sheds_load(service):
+    url, health, proc, log = service
+    assert health == {**health, "status": "ok", "documents": 120}
+
+    status, body = post(url, {"query": "How to fold a protein?", "k": 5, "other_fields_only": True})
+    assert status == 200
+    [result] = body["results"]
+    assert result["query_field_source"] == "inferred" and len(result["hits"]) == 5
+    assert all(h["field"] != result["query_field"] for h in result["hits"])
+    assert {"corpus_id", "score", "title", "field", "year"} <= set(result["hits"][0])
+
+    # the caller's mistakes: a message naming what is wrong, no stack trace
+    status, body = post(url, {"query": "x", "k": 0, "colour": "red"})
+    assert status == 422 and "k:" in body["error"] and "colour" in body["error"]
+    status, body = post(url, {"query": "x", "k": 5000})
+    assert status == 422 and "search.max_k" in body["error"]
+    status, body = post(url, {"queries": [{"query": "a"}] * 33})
+    assert status == 422 and "max_queries" in json.dumps(body)
+    status, body = post(url, b"{not json")
+    assert status == 422 and "Traceback" not in json.dumps(body)
+    status, body = post(url, {"query": "x" * 3900, "k": 3} | {"pad": "y" * 400})
+    assert status == 413 and "max_body_bytes" in body["error"]
+    status, body = post(url, {"query": "x"}, key=None)
+    assert status == 401
+    status, body = post(url, {"query": "x"}, key="wrong")
+    assert status == 401
+
+    # below the limit (one request at a time): every request answered
+    batch = {
+        "queries": [
+            {"query_id": f"q{i}", "query": f"How to study market price {i}?"} for i in range(32)
+        ],
+        "k": 50,
+    }
+    assert [post(url, batch)[0] for _ in range(3)] == [200, 200, 200]
+    # over it (1 running + 1 queued): the rest are refused at once with 503, none fails
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(lambda _: post(url, batch)[0], range(16)))
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
+
+    # SIGTERM stops the service and its Serve application
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert "search service stopped" in log.read_text()
+
+
+def test_cluster_serve_config_builds_with_serves_schema(monkeypatch):
+    from ray.serve.schema import ServeDeploySchema
+
+    from cpr_ray.search.serve import app_builder
+
+    text = (ROOT / "infra" / "serve" / "search.yaml").read_text()
+    deploy = ServeDeploySchema.model_validate(yaml.safe_load(text))
+    [application] = deploy.applications
+    assert application.import_path == "cpr_ray.search.serve:app_builder"
+    assert application.route_prefix == "/"
+    args = dict(application.args)
+    assert args["index"].startswith("s3://")
+    # the builder turns those args into an application (the index is only read by replicas)
+    assert "search.serve.api_key_env=CPR_SEARCH_API_KEY" in args["set"]
+    monkeypatch.setenv("CPR_SEARCH_API_KEY", "k")
+    app = app_builder(args)
+    assert type(app).__name__ == "Application"
