@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh clean
+.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh bench-search bench-search-load clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ bench-pool: install
 
 bench-refresh: install
 	$(PY) benchmarks/refresh.py
+
+bench-search: install
+	$(PY) benchmarks/search.py
+
+bench-search-load: install
+	$(PY) benchmarks/search_load.py
 
 clean:
 	rm -rf $(DRY_RUN_OUT) .pytest_cache

@@ -375,3 +375,33 @@ def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
         timeout=300,
     )
     assert bad.returncode == 2 and "search.max_k" in bad.stdout and "Traceback" not in bad.stderr
+
+
+def test_ivf_shards_filter_inside_faiss_and_never_run_short(built, tmp_path):
+    """IVF shards (faiss with the mask as a selector): all lists probed it answers as the exact
+    index; one list probed, a filtered search still returns k hits, all passing the filter."""
+    from cpr_ray.search.index import publish
+
+    cfg, manifest, _, _, _ = built
+    storage = Storage(cfg.storage)
+    exact_index = SearchIndex.load(storage, cfg.search.index)
+    vectors = np.concatenate([s.vectors for s in exact_index.shards])
+    opts = SearchOptions(k=20, other_fields_only=True, before=2000)
+    want = exact_index.search(QUERIES, opts)
+    for nprobe, out in ((1000, tmp_path / "all"), (1, tmp_path / "one")):
+        search = cfg.search.model_copy(
+            update={"shard_size": 200, "ivf_min_vectors": 100, "nprobe": nprobe}
+        )
+        extra = {k: manifest[k] for k in ("encoder", "source")}
+        publish(
+            storage, str(out), exact_index.docs, vectors, search, generation=1, build={}, **extra
+        )
+        ivf = SearchIndex.load(storage, str(out))
+        assert not ivf.exact and {s.factory for s in ivf.shards} == {"IVF5,Flat"}
+        got = ivf.search(QUERIES, opts)
+        for g, w in zip(got, want):
+            assert g["query_field"] == w["query_field"]
+            assert len(g["hits"]) == 20
+            assert all(h["year"] < 2000 and h["field"] != g["query_field"] for h in g["hits"])
+            if nprobe == 1000:
+                assert [h["corpus_id"] for h in g["hits"]] == [h["corpus_id"] for h in w["hits"]]

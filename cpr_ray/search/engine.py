@@ -1,11 +1,15 @@
 """Searching an index: query vectors against every shard, filters inside the scan, metadata out.
 
-Filters are masks over the index's rows (the field and year columns of ``docs.parquet``) that
-faiss applies while it scans (a bitmap selector), so a filtered search returns k hits whenever k
-documents pass the filter; no over-fetch guess can run short. ``--other-fields-only`` needs the
-query's own field: given, or the majority field of its ``infer_field_k`` nearest papers (their
-summed scores break ties), and each result says which it was. Queries that exclude the same
-fields share one masked search.
+Filters are masks over the index's rows (the field and year columns of ``docs.parquet``) applied
+while the shards are scanned, so a filtered search returns k hits whenever k documents pass the
+filter; no over-fetch guess can run short. Flat (exact) shards are scanned by one BLAS product
+of a chunk of queries with the shard's vectors, the mask applied to the scores before the top k;
+IVF shards are searched by faiss with the mask as a bitmap selector.
+
+``--other-fields-only`` needs the query's own field: given, or the majority field of its
+``infer_field_k`` nearest papers (their summed scores break ties), and each result says which it
+was. Over exact shards one scan gives both the nearest papers and the filtered hits; otherwise
+queries that exclude the same fields share one masked search.
 
 Hybrid search fuses the dense and BM25 rankings (each ``hybrid_depth`` deep, both filtered) by
 reciprocal rank fusion; a hit's score is then its fused score.
@@ -14,7 +18,7 @@ reciprocal rank fusion; a hit's score is then its fused score.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +28,14 @@ import pyarrow.compute as pc
 
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
+from cpr_ray.retrieval.base import top_k_rows
 from cpr_ray.retrieval.index import VectorIndex
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.search.index import read_manifest
 from cpr_ray.storage import Storage, StorageError, join
 
 HIT_COLUMNS = ("corpus_id", "title", "year", "field", "domain")
+SCAN_FLOATS = 1 << 25  # scores held at once by a one-scan search (128 MiB)
 
 
 @dataclass(frozen=True)
@@ -154,16 +160,57 @@ class SearchIndex:
 
     # -- retrieval -------------------------------------------------------------------------
 
+    @property
+    def exact(self) -> bool:
+        return all(shard.factory == "Flat" for shard in self.shards)
+
+    def _chunks(self, q: np.ndarray) -> Iterator[tuple[slice, list[tuple[np.ndarray, int, int]]]]:
+        """Flat shards' scores, a chunk of queries at a time: (queries, [(scores (c, n_shard),
+        first row, end row)]) — one BLAS product per shard and chunk, the work faiss's flat
+        search does, without its per-query heaps (measured faster here: benchmarks/search.py)."""
+        widest = max((len(s) for s in self.shards), default=1)
+        chunk = max(1, SCAN_FLOATS // widest)
+        spans = list(zip(self.shards, self.offsets[:-1], self.offsets[1:]))
+        for c0 in range(0, len(q), chunk):
+            qc = q[c0 : c0 + chunk]
+            yield slice(c0, c0 + len(qc)), [(qc @ sh.vectors.T, a, b) for sh, a, b in spans]
+
+    @staticmethod
+    def _best(
+        scored: list[tuple[np.ndarray, int, int]],
+        k: int,
+        allowed: np.ndarray | None = None,
+        exclude: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k best rows of chunk scores, masked in place: `allowed` over all rows, `exclude`
+        (each query's field code, the rows' codes) drops a query's own field."""
+        rows, scores = [], []
+        for s, start, end in scored:
+            if allowed is not None:
+                s[:, ~allowed[start:end]] = -np.inf
+            if exclude is not None:
+                own, codes = exclude
+                s[codes[start:end][None, :] == own[:, None]] = -np.inf
+            idx, val = top_k_rows(s, k)
+            rows.append(np.where(np.isfinite(val), idx + start, -1))
+            scores.append(val)
+        return merge_top_k(rows, scores, k)
+
     def dense(
         self, q: np.ndarray, k: int, allowed: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Rows (n_q, k) into docs (-1: nothing) and inner products, best first."""
+        if self.exact:
+            parts = [self._best(scored, k, allowed) for _, scored in self._chunks(q)]
+            if not parts:
+                return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         rows, scores = [], []
         for shard, start, end in zip(self.shards, self.offsets[:-1], self.offsets[1:]):
             part = None if allowed is None else allowed[start:end]
             if part is not None and not part.any():
                 continue
-            ids, s = shard.search(q, min(k, len(shard)), part)
+            ids, s = shard.search(q, min(k, len(shard)), part)  # faiss, the mask as a selector
             at = np.searchsorted(self.vids, ids)
             rows.append(np.where(ids >= 0, at, -1))
             scores.append(s)
@@ -184,6 +231,31 @@ class SearchIndex:
             row = row[np.isfinite(scores[i, row])]
             out.append(row[np.argsort(-scores[i, row], kind="stable")])
         return out
+
+    def _inferred_one_scan(
+        self, q: np.ndarray, opts: SearchOptions
+    ) -> tuple[list[str | None], list[list[tuple[int, float]]]]:
+        """--other-fields-only with the field inferred, over exact shards: one product of the
+        query vectors with each shard gives both the nearest papers (hence the field) and the
+        filtered hits, where two searches would scan every shard twice."""
+        base = self.mask(frozenset(opts.exclude_fields), opts.before)
+        fields = self.columns["field"]
+        code = {f: i for i, f in enumerate(self.field_names)}
+        own: list[str | None] = []
+        hits: list[list[tuple[int, float]]] = []
+        for _, scored in self._chunks(q):
+            rows, best = self._best(scored, opts.infer_field_k)  # unmasked: scores kept
+            chunk_own = [
+                majority_field([fields[r] for r in rr if r >= 0], ss[rr >= 0])
+                for rr, ss in zip(rows, best)
+            ]
+            own_codes = np.array([code[f] if f is not None else -2 for f in chunk_own])
+            rows, best = self._best(scored, opts.k, base, (own_codes, self.field_codes))
+            own.extend(chunk_own)
+            hits.extend(
+                [(int(r), float(v)) for r, v in zip(rr, vv) if r >= 0] for rr, vv in zip(rows, best)
+            )
+        return own, hits
 
     def infer_fields(self, q: np.ndarray, k: int) -> list[str | None]:
         rows, scores = self.dense(q, k, None)
@@ -212,15 +284,20 @@ class SearchIndex:
         q = self.encode([x.query for x in queries]) if vectors is None else vectors
         own: list[str | None] = [opts.field] * len(queries)
         source = "given" if opts.field else None
-        if opts.other_fields_only and opts.field is None:
-            own, source = self.infer_fields(q, opts.infer_field_k), "inferred"
+        inferred = opts.other_fields_only and opts.field is None
+        one_scan = inferred and not opts.hybrid and self.exact
+        hits: list[list[tuple[int, float]]] = [[] for _ in queries]
         groups: dict[frozenset[str], list[int]] = defaultdict(list)
-        for i, f in enumerate(own):
+        if one_scan:
+            own, hits = self._inferred_one_scan(q, opts)
+            source = "inferred"
+        elif inferred:
+            own, source = self.infer_fields(q, opts.infer_field_k), "inferred"
+        for i, f in enumerate([] if one_scan else own):
             excluded = set(opts.exclude_fields)
             if opts.other_fields_only and f is not None:
                 excluded.add(f)
             groups[frozenset(excluded)].append(i)
-        hits: list[list[tuple[int, float]]] = [[] for _ in queries]
         for excluded, members in groups.items():
             allowed = self.mask(excluded, opts.before)
             if opts.hybrid:

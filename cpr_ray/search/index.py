@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cpr_ray.config import Config
-from cpr_ray.errors import ConfigError, StorageError
+from cpr_ray.config import Config, SearchConfig
+from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.evaluate.settings import retriever_options
 from cpr_ray.retrieval.index import factory_for, save_vectors
 from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
@@ -188,6 +188,8 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     spec = retriever_options(cfg).encoder_spec(model)
     record = encoder_record(spec)
     docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
+    if docs_in.table.num_rows == 0:
+        raise InputError(f"{docs_in.uri} holds no documents: nothing to index")
     previous = read_manifest(storage, out_uri)
     prev_docs = None
     reason = "new index"
@@ -233,59 +235,82 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     if new_vectors is not None:
         vectors[todo] = new_vectors
 
-    gen = _generation(previous)
-    gen_dir = f"g{gen:04d}"
+    deleted = 0
+    if prev_docs is not None:
+        kept = np.isin(prev_docs["vid"].to_numpy(), table["vid"].to_numpy())
+        deleted = int((~kept).sum())
+    build = {
+        "reason": reason,
+        "encoded": int(len(todo)),
+        "reused": int((keep >= 0).sum()),
+        "deleted": deleted,
+    }
+    return publish(
+        storage,
+        out_uri,
+        table,
+        vectors,
+        cfg.search,
+        encoder=record,
+        source={"uri": docs_in.uri, "kind": docs_in.kind},
+        generation=_generation(previous),
+        build={**build, "seconds": round(time.perf_counter() - started, 1)},
+    )
+
+
+def publish(
+    storage: Storage,
+    out_uri: str,
+    table: pa.Table,
+    vectors: np.ndarray,
+    search: SearchConfig,
+    *,
+    encoder: dict[str, Any],
+    source: dict[str, str],
+    generation: int,
+    build: dict[str, Any],
+) -> dict[str, Any]:
+    """Write generation `generation` of the index (documents in vid order, their vectors in the
+    same order), then the manifest that points at it, then remove older generations."""
+    gen_dir = f"g{generation:04d}"
     storage.delete_dir(join(out_uri, gen_dir))  # what a killed run of this generation left
-    size = cfg.search.shard_size
+    size = search.shard_size
+    vids = table["vid"].to_numpy()
     shards = []
     for i, start in enumerate(range(0, table.num_rows, size)):
         rows = slice(start, start + size)
         n = min(size, table.num_rows - start)
-        factory = factory_for(n, cfg.search.ivf_min_vectors)
+        factory = factory_for(n, search.ivf_min_vectors)
         path = f"{gen_dir}/shard-{i:05d}"
         save_vectors(
-            storage,
-            join(out_uri, path),
-            table["vid"].to_numpy()[rows],
-            vectors[rows],
-            factory,
-            nprobe=cfg.search.nprobe,
+            storage, join(out_uri, path), vids[rows], vectors[rows], factory, nprobe=search.nprobe
         )
         shards.append({"path": path, "rows": n, "factory": factory})
     storage.write_parquet(table, join(out_uri, gen_dir, DOCS))
     bm25 = None
-    if cfg.search.bm25:
+    if search.bm25:
         from cpr_ray.retrieval.bm25 import BM25Retriever
 
         lexical = BM25Retriever()
         lexical.index(table["text"].to_pylist())
         bm25 = f"{gen_dir}/{BM25_DIR}"
         lexical.save(storage, join(out_uri, bm25))
-    deleted = 0
-    if prev_docs is not None:
-        kept = np.isin(prev_docs["vid"].to_numpy(), table["vid"].to_numpy())
-        deleted = int((~kept).sum())
+    id_type = "string" if pa.types.is_string(table.schema.field("corpus_id").type) else "int64"
     manifest = {
         "format": FORMAT,
-        "generation": gen,
+        "generation": generation,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "source": {"uri": docs_in.uri, "kind": docs_in.kind},
-        "id_type": docs_in.id_type,
-        "encoder": record,
-        "dim": int(dim),
+        "source": source,
+        "id_type": id_type,
+        "encoder": encoder,
+        "dim": int(vectors.shape[1]),
         "metric": "inner_product",
         "n_docs": table.num_rows,
         "docs": f"{gen_dir}/{DOCS}",
         "shards": shards,
         "bm25": bm25,
         "has_fields": table["field"].null_count < table.num_rows,
-        "build": {
-            "reason": reason,
-            "encoded": int(len(todo)),
-            "reused": int((keep >= 0).sum()),
-            "deleted": deleted,
-            "seconds": round(time.perf_counter() - started, 1),
-        },
+        "build": build,
     }
     storage.write_json(join(out_uri, MANIFEST), manifest)
     for old_gen in storage.list_dirs(out_uri):
