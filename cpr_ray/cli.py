@@ -157,6 +157,36 @@ def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
     return summary["model"]
 
 
+def search_export(cfg: Config, export: str, model: str | None) -> None:
+    """The dry run's search step: the exported corpus indexed with the model just evaluated (a
+    rerun encodes nothing again), and one CPR-eval query searched in other fields only."""
+    from cpr_ray.search.commands import print_result
+    from cpr_ray.search.engine import Query, SearchIndex
+    from cpr_ray.search.index import build_index
+    from cpr_ray.search.index import summary_lines as index_lines
+    from cpr_ray.search.run import run_search, search_options
+
+    if model is None:
+        return
+    out = join(str(cfg.storage.root), "index")
+    search_cfg = load_config(
+        "dry-run",
+        overrides=[f"storage.root={cfg.storage.root}"],
+        flags={"search.corpus": export, "search.out": out, "encoder.model": model},
+    )
+    console.rule("search: the exported corpus indexed, one CPR-eval query in other fields")
+    manifest = build_index(search_cfg)
+    for line in index_lines(manifest, out):
+        console.print(line, soft_wrap=True)
+    storage = Storage(search_cfg.storage)
+    first = storage.read_parquet(join(export, "cpr-eval.parquet"), ["query_id", "query"])
+    query = Query(first["query_id"][0].as_py(), first["query"][0].as_py())
+    index = SearchIndex.load(storage, out)
+    opts = search_options(search_cfg, k=5, other_fields_only=True)
+    print_result(run_search(index, [query], opts, search_cfg)[0])
+    console.print(f'try: cpr search {out} "How to …" --other-fields-only', soft_wrap=True)
+
+
 def _print_manifests(manifests: dict[str, dict[str, Any]]) -> None:
     table = Table(title="stages", title_justify="left")
     for col in ("stage", "run", "seconds", "table", "rows", "uri"):
@@ -202,7 +232,9 @@ def dry_run(
         _print_manifests(manifests)
         export = manifests["export"]
         if export["tables"]["cpr-eval"]["rows"]:
-            evaluate_export(export["output"], fine_tune(cfg, manifests))
+            fine_tuned = fine_tune(cfg, manifests)
+            evaluate_export(export["output"], fine_tuned)
+            search_export(cfg, export["output"], fine_tuned or minilm_path())
         else:
             console.print(
                 "CPR-eval of this dry run is empty (no query survived the LLM stages): nothing "

@@ -81,6 +81,11 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     table = first[first.index("CPR-eval of this dry run") :]
     for label in ("BM25", "MiniLM"):
         assert re.search(rf"{label}\s*│\s*{len(cpr_eval)}\s*│\s*[01]\.\d{{3}}", table), table
+    assert "corpus R@100" in table and "cpr eval --benchmark cpr-full" in table
+
+    # then the exported corpus is indexed and one query searched in the other fields
+    assert f"{len(split['corpus'])} documents (export" in first
+    assert re.search(r"\(field: [^,]+, inferred\)", first), first[-3000:]
 
     # it trains MiniLM for a few steps on 2 workers and evaluates it beside the untrained one
     synthesized = manifest(out, "synthesize-queries")["tables"]["multi-query"]["rows"]
@@ -99,3 +104,4 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     assert second.count("skipped") >= len(STAGES), second[-3000:]
     assert "to ask gemma" not in second and "to ask gemma" in first
     assert ("already trained" in second) == trained
+    assert re.search(r"\b0 encoded, \d+ kept from the previous index", second), second[-3000:]

@@ -90,7 +90,7 @@ def print_result(result: dict[str, Any]) -> None:
     if result.get("query_field"):
         title += f"  (field: {result['query_field']}, {result['query_field_source']})"
     table = Table(title=title, title_justify="left", show_lines=False)
-    for col in ("#", "score", "corpus id", "year", "field", "domain", "title"):
+    for col in ("#", "score", "corpus id", "year", "field", "title"):
         table.add_column(col, justify="right" if col in ("#", "score", "year") else "left")
     for h in result["hits"]:
         table.add_row(
@@ -99,12 +99,11 @@ def print_result(result: dict[str, Any]) -> None:
             str(h["corpus_id"]),
             "" if h["year"] is None else str(h["year"]),
             h["field"] or "",
-            h["domain"] or "",
             h["title"] or "",
         )
         exp = h.get("explanation")
         if "explanation" in h:
-            table.add_row("", "", "", "", "", "", _explanation_text(exp))
+            table.add_row("", "", "", "", "", _explanation_text(exp))
     console.print(table)
     if not result["hits"]:
         console.print("  no paper passes the filters")
