@@ -9,7 +9,16 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
+from cpr_ray.command_line import (
+    ConfigOpt,
+    LLMModelOpt,
+    LLMUrlOpt,
+    ProfileOpt,
+    S3EndpointOpt,
+    SetOpt,
+    console,
+    fail,
+)
 from cpr_ray.config import Config, load_config
 from cpr_ray.corpus.refresh import refresh as refresh_corpus
 from cpr_ray.corpus.refresh import summary_lines
@@ -31,15 +40,6 @@ app = typer.Typer(
 )
 
 ForceOpt = Annotated[bool, typer.Option("--force", help="Rerun stages even if already published.")]
-LLMUrlOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--llm-base-url",
-        help="OpenAI-compatible endpoint for the LLM stages (key from $OPENAI_API_KEY, or the "
-        "variable named by llm.api_key_env).",
-    ),
-]
-LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name at the endpoint.")]
 
 PLACEHOLDER_NOTICE = (
     "[bold yellow]note:[/] the LLM stages of this dry run are answered by the embedded Gemma 3 "
@@ -72,6 +72,8 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
     reads and the trained model is what it evaluates."""
     from cpr_ray.evaluate.commands import print_results
     from cpr_ray.evaluate.runner import run_eval
+    from cpr_ray.evaluate.settings import retriever_options
+    from cpr_ray.retrieval import make_retriever
 
     model = minilm_path()
     runs: list[tuple[str, str, str | None]] = [("BM25", "bm25", None)]
@@ -83,6 +85,7 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
         runs.append(("MiniLM fine-tuned", "dense", fine_tuned))
     results = []
     for _, retriever, encoder in runs:
+        loaded = None  # one model load for both benchmarks
         for benchmark in ("cpr", "cpr-full"):
             cfg = load_config(
                 flags={
@@ -92,7 +95,8 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
                     "encoder.model": encoder,
                 }
             )
-            results.append(run_eval(cfg))
+            loaded = loaded or make_retriever(retriever, encoder, retriever_options(cfg))
+            results.append(run_eval(cfg, retriever=loaded))
             print_results(results[-1])
     table = Table(title="CPR-eval of this dry run", title_justify="left")
     columns = ("retriever", "queries", "R@10", "95% CI", "random", "× random")

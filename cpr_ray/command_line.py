@@ -31,6 +31,15 @@ SetOpt = Annotated[
     typer.Option("--set", help="Override a config key, e.g. --set ingest.num_buckets=16"),
 ]
 S3EndpointOpt = Annotated[str | None, typer.Option("--s3-endpoint", help="S3-compatible endpoint.")]
+LLMUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--llm-base-url",
+        help="OpenAI-compatible endpoint for the LLM steps (key from $OPENAI_API_KEY, or the "
+        "variable named by llm.api_key_env).",
+    ),
+]
+LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name at the endpoint.")]
 
 
 def fail(exc: Exception) -> NoReturn:

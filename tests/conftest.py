@@ -26,6 +26,10 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "cpr-test")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "cpr-test-secret")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+# ranx, the reference our metrics and fusion are checked against, compiles its kernels with
+# numba on first use: ~45 s in a fresh venv, for runs of a few hundred rankings that its plain
+# Python (the same code, interpreted) scores in a second
+os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 

@@ -296,8 +296,9 @@ def test_cli_errors_are_one_line(tmp_path):
         app, ["eval", "--benchmark", "nope", "--data", str(tmp_path), "--retriever", "bm25"]
     )
     assert result.exit_code == 2
-    assert "eval.benchmark: Input should be 'cpr', 'beir', 'analobench' or 'bright'" in (
-        result.output
+    assert (
+        "eval.benchmark: Input should be 'cpr', 'cpr-full', 'beir', 'analobench' or 'bright'"
+        in (result.output)
     )
     result = cli.invoke(app, ["eval", "--data", str(tmp_path), "--retriever", "bm25"])
     assert result.exit_code == 2 and "benchmark: required but not set" in result.output

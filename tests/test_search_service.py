@@ -98,8 +98,10 @@ def service(minilm, ray_session, tmp_path_factory):
                 )
             time.sleep(1)
     yield url, health, proc, tmp / "serve.log"
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed test left of it
+    except ProcessLookupError:
+        pass
     log.close()
 
 
@@ -134,19 +136,19 @@ def test_service_answers_validates_and_sheds_load(service):
     # below the limit (one request at a time): every request answered
     batch = {
         "queries": [
-            {"query_id": f"q{i}", "query": f"How to study market price {i}?"} for i in range(32)
+            {"query_id": f"q{i}", "query": f"How to study market price {i}?"} for i in range(16)
         ],
         "k": 50,
     }
     assert [post(url, batch)[0] for _ in range(3)] == [200, 200, 200]
     # over it (1 running + 1 queued): the rest are refused at once with 503, none fails
-    with ThreadPoolExecutor(16) as pool:
-        statuses = list(pool.map(lambda _: post(url, batch)[0], range(16)))
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(lambda _: post(url, batch)[0], range(12)))
     assert set(statuses) <= {200, 503}, statuses
     assert statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
 
-    # SIGTERM stops the service and its Serve application
-    os.killpg(proc.pid, signal.SIGTERM)
+    # SIGTERM (to the command, as a process manager sends it) stops the service and its Ray
+    proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     assert "search service stopped" in log.read_text()
 

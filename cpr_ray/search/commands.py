@@ -6,21 +6,24 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, TextIO
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
+from cpr_ray.command_line import (
+    ConfigOpt,
+    LLMModelOpt,
+    LLMUrlOpt,
+    ProfileOpt,
+    S3EndpointOpt,
+    SetOpt,
+    console,
+    fail,
+)
 from cpr_ray.config import Config, load_config
 from cpr_ray.errors import InputError, UserError
 from cpr_ray.storage import Storage
-
-LLMUrlOpt = Annotated[
-    str | None,
-    typer.Option("--llm-base-url", help="OpenAI-compatible endpoint for --rerank / --explain."),
-]
-LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name at the endpoint.")]
 
 
 def search_config(
@@ -32,6 +35,18 @@ def search_config(
     return load_config(
         profile, config, overrides or [], flags={k: v for k, v in flags.items() if v is not None}
     )
+
+
+def reader_flags(
+    index: str, llm_base_url: str | None, llm_model: str | None, s3_endpoint: str | None
+) -> dict[str, Any]:
+    """The config keys that `cpr search` and `cpr serve` set alike."""
+    return {
+        "search.index": index,
+        "llm.base_url": llm_base_url,
+        "llm.model": llm_model,
+        "storage.s3_endpoint": s3_endpoint,
+    }
 
 
 def index_command(
@@ -121,10 +136,9 @@ def _explanation_text(exp: dict[str, Any] | None) -> str:
     )
 
 
-def write_jsonl(results: list[dict[str, Any]], stream: TextIO) -> None:
-    for r in results:
-        stream.write(json.dumps(r, ensure_ascii=False) + "\n")
-    stream.flush()
+def jsonl(results: list[dict[str, Any]]) -> str:
+    """The `--json` form: one line per query."""
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
 
 
 def search_command(
@@ -169,12 +183,7 @@ def search_command(
     from cpr_ray.search.engine import Query, SearchIndex
     from cpr_ray.search.run import read_queries, run_search, search_options
 
-    flags = {
-        "search.index": index,
-        "llm.base_url": llm_base_url,
-        "llm.model": llm_model,
-        "storage.s3_endpoint": s3_endpoint,
-    }
+    flags = reader_flags(index, llm_base_url, llm_model, s3_endpoint)
     redirect = _logs_to_stderr() if json_out and out is None else _nothing()
     with redirect:
         try:
@@ -203,11 +212,15 @@ def search_command(
         except UserError as exc:
             fail(exc)
     if out is not None:
-        with open(out, "w", encoding="utf-8") as f:
-            write_jsonl(results, f)
+        try:
+            with storage.atomic_output(out) as f:
+                f.write(jsonl(results).encode())
+        except UserError as exc:
+            fail(exc)
         console.print(f"{len(results)} result line(s) → {out}", soft_wrap=True)
     if json_out and out is None:
-        write_jsonl(results, sys.stdout)
+        sys.stdout.write(jsonl(results))
+        sys.stdout.flush()
     elif not json_out:
         for r in results:
             print_result(r)
@@ -233,12 +246,9 @@ def serve_command(
     from cpr_ray.search.serve import run_locally
 
     flags = {
-        "search.index": index,
+        **reader_flags(index, llm_base_url, llm_model, s3_endpoint),
         "search.serve.host": host,
         "search.serve.port": port,
-        "llm.base_url": llm_base_url,
-        "llm.model": llm_model,
-        "storage.s3_endpoint": s3_endpoint,
     }
     try:
         cfg = search_config(profile, config, set_, flags)
