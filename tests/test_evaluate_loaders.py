@@ -158,6 +158,27 @@ def test_cpr_loader_reads_from_s3(tmp_path, s3_endpoint, s3_bucket):
     assert bench.n_queries == 4 and (bench.pools != PAD).sum() == 4 * 13
 
 
+def test_cpr_full_ranks_the_whole_corpus_without_the_base_paper(tmp_path):
+    made = make_cpr_export(tmp_path / "export", n_queries=5)
+    rows = made["rows"]
+    base = made["corpus"][3]["corpus_id"]  # one query's base paper is in the corpus
+    rows[0]["base_corpus_id"] = base
+    table = pq.read_table(tmp_path / "export" / "cpr-eval" / "part-0.parquet").to_pylist()
+    table[0]["base_corpus_id"] = base
+    schema = pq.read_schema(tmp_path / "export" / "cpr-eval" / "part-0.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(table, schema=schema),
+        tmp_path / "export" / "cpr-eval" / "part-0.parquet",
+    )
+    (full,) = load_benchmark("cpr-full", local(), str(tmp_path / "export"))
+    assert full.name == "cpr-full" and full.pools is None and full.pool_groups is None
+    assert full.doc_ids == sorted(str(c["corpus_id"]) for c in made["corpus"])  # every paper
+    for i, row in enumerate(rows):
+        assert full.qrels[i] == {full.doc_ids.index(str(row["positive_id"])): 1}
+    assert [list(e) for e in full.excluded] == [[full.doc_ids.index(str(base))], [], [], [], []]
+    assert list(full.pool_sizes()) == [len(full.doc_ids) - 1] + [len(full.doc_ids)] * 4
+
+
 def test_analobench_t2_on_the_real_files(reference):
     bench = load_analobench(local(), str(reference / "analobench"), subset="t2")
     assert bench.n_queries == 340 and bench.pools.shape == (340, 200)

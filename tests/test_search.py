@@ -21,7 +21,7 @@ from cpr_ray.search.run import read_queries, run_search
 from cpr_ray.storage import Storage
 from tests.search_corpus import FIELDS, papers, write_export
 
-N = 400
+N = 300
 QUERIES = [
     Query("q1", "How to train a neural network classifier on a graph dataset?"),
     Query("q2", "How do protein folding and gene expression interact?"),
@@ -260,7 +260,7 @@ def test_hybrid_fuses_bm25_and_dense(built):
     query = [Query("h", "What happens in setting 123?")]
     hybrid = index.search(query, SearchOptions(k=10, hybrid=True))[0]["hits"]
     assert len(hybrid) == 10 and target["corpus_id"] in [h["corpus_id"] for h in hybrid[:3]]
-    assert hybrid[0]["score"] <= 2 / 61 + 1e-9  # reciprocal rank fusion scores
+    assert hybrid[0]["score"] <= 2 / 61 + 1e-6  # reciprocal rank fusion scores (6 decimals)
     filtered = index.search(query, SearchOptions(k=10, hybrid=True, before=target["year"]))
     assert target["corpus_id"] not in [h["corpus_id"] for h in filtered[0]["hits"]]
     assert all(h["year"] < target["year"] for h in filtered[0]["hits"])
@@ -389,7 +389,7 @@ def test_ivf_shards_filter_inside_faiss_and_never_run_short(built, tmp_path):
             storage, str(out), exact_index.docs, vectors, search, generation=1, build={}, **extra
         )
         ivf = SearchIndex.load(storage, str(out))
-        assert not ivf.exact and {s.factory for s in ivf.shards} == {"IVF5,Flat"}
+        assert not ivf.exact and all(s.factory.startswith("IVF") for s in ivf.shards)
         got = ivf.search(QUERIES, opts)
         for g, w in zip(got, want):
             assert g["query_field"] == w["query_field"]
@@ -397,3 +397,36 @@ def test_ivf_shards_filter_inside_faiss_and_never_run_short(built, tmp_path):
             assert all(h["year"] < 2000 and h["field"] != g["query_field"] for h in g["hits"])
             if nprobe == 1000:
                 assert [h["corpus_id"] for h in g["hits"]] == [h["corpus_id"] for h in w["hits"]]
+
+
+def test_the_builds_lance_papers_table_indexes_like_its_export(
+    corpus, minilm, ray_session, tmp_path
+):
+    """The build's papers table (a Lance dataset, found from the build root's ingest manifest)
+    gives the same documents and vectors as an export of the same papers."""
+    import lance
+    import pyarrow as pa
+
+    from cpr_ray.dataset.format import CORPUS
+
+    _, rows = corpus
+    papers = pa.Table.from_pylist(rows[:40], schema=CORPUS)
+    lance.write_dataset(papers, str(tmp_path / "papers.lance"))
+    assert lance.dataset(str(tmp_path / "papers.lance")).version == 1
+    papers_uri = str(tmp_path / "papers.lance")
+    (tmp_path / "root" / "ingest").mkdir(parents=True)
+    (tmp_path / "root" / "ingest" / "_MANIFEST.json").write_text(
+        json.dumps({"tables": {"papers": {"uri": papers_uri, "format": "lance", "version": 1}}})
+    )
+    from_lance = build_index(config(tmp_path, minilm, tmp_path / "root", tmp_path / "a"))
+    assert from_lance["source"]["kind"] == "papers" and from_lance["n_docs"] == 40
+    export = write_export(tmp_path / "export", rows[:40])
+    build_index(config(tmp_path, minilm, export, tmp_path / "b"))
+    storage = Storage(load_config().storage)
+    a, b = (SearchIndex.load(storage, str(tmp_path / n)) for n in ("a", "b"))
+    assert (
+        a.docs.drop_columns([])
+        .select(["corpus_id", "text", "field"])
+        .equals(b.docs.select(["corpus_id", "text", "field"]))
+    )
+    np.testing.assert_allclose(a.shards[0].vectors, b.shards[0].vectors, atol=1e-6)

@@ -109,6 +109,10 @@ def service(minilm, ray_session, tmp_path_factory):
 def test_service_answers_validates_and_sheds_load(service):
     url, health, proc, log = service
     assert health == {**health, "status": "ok", "documents": 120}
+    with urllib.request.urlopen(url + "/openapi.json", timeout=10) as resp:
+        schema = json.loads(resp.read())
+    assert {"/search", "/healthz"} <= set(schema["paths"])
+    assert "SearchRequest" in json.dumps(schema["components"])
 
     status, body = post(url, {"query": "How to fold a protein?", "k": 5, "other_fields_only": True})
     assert status == 200

@@ -6,7 +6,8 @@ Three inputs, told apart by what is at the URI:
   given (strings), no field or year is known;
 - our export (a folder with a ``corpus`` table): S2 corpus ids, title and abstract, year, field,
   domain and topics;
-- the build's Lance ``papers`` table (its URI, or the build root whose ingest manifest names it):
+- the build's Lance ``papers`` table (its URI, or the build root whose ingest manifest names it,
+  at the version the manifest records):
   the same columns for the whole corpus, before any sampling.
 
 Every document is encoded as its title and text on two lines (``document_texts``), the way
@@ -25,6 +26,7 @@ import pyarrow.compute as pc
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.evaluate.loaders.io import find_table, read_jsonl
 from cpr_ray.retrieval.base import document_texts
+from cpr_ray.stage import manifest_uri, require_manifest
 from cpr_ray.storage import Storage, join
 
 BEIR_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
@@ -111,10 +113,13 @@ def _unique(table: pa.Table, uri: str) -> pa.Table:
 
 
 def _lance_uri(storage: Storage, uri: str) -> str | None:
+    """A Lance table's own URI, or the papers table a build root's ingest manifest publishes
+    (checked as every stage checks it: a refresh that stopped before its commit is refused)."""
     if storage.exists(join(uri, "_versions")):
         return uri
-    if storage.is_file(join(uri, "manifests", "ingest.json")):
-        return storage.read_json(join(uri, "manifests", "ingest.json"))["tables"]["papers"]["uri"]
+    root = Storage(storage.cfg.model_copy(update={"root": uri}))
+    if storage.is_file(manifest_uri(root, "ingest")):
+        return require_manifest(root, "ingest")["tables"]["papers"]["uri"]
     return None
 
 
@@ -135,5 +140,5 @@ def load_documents(storage: Storage, uri: str) -> Documents:
         return _ours(papers.to_table(columns=OUR_COLUMNS), "papers", lance_uri)
     raise StorageError(
         f"{uri} holds no corpus to index: expected a BEIR corpus.jsonl, an export folder with a "
-        "corpus table, a Lance papers table, or a build root (manifests/ingest.json)"
+        "corpus table, a Lance papers table, or a build root (ingest/_MANIFEST.json)"
     )
