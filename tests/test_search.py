@@ -433,3 +433,31 @@ def test_the_builds_lance_papers_table_indexes_like_its_export(
     assert got.equals(export.sort_by("corpus_id").select(["corpus_id", "text", "field"]))
     want = DenseEncoder(EncoderSpec(minilm)).encode_docs(got["text"].to_pylist())
     np.testing.assert_allclose(index.shards[0].vectors, want, atol=1e-5)
+
+
+def test_bad_corpora_are_one_clear_error_before_any_work(tmp_path):
+    from cpr_ray.search.documents import load_documents
+
+    storage = Storage(load_config().storage)
+    with pytest.raises(StorageError, match="does not exist"):
+        load_documents(storage, str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StorageError, match="holds no corpus to index"):
+        load_documents(storage, str(tmp_path / "empty"))
+    rows = papers(3)
+    dup = write_export(tmp_path / "dup", [rows[0], rows[1], {**rows[2], "corpus_id": 1000}])
+    with pytest.raises(InputError, match="not unique"):
+        load_documents(storage, str(dup))
+    (tmp_path / "cols").mkdir()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table({"corpus_id": [1], "title": ["t"]}), tmp_path / "cols" / "corpus.parquet"
+    )
+    with pytest.raises(InputError, match="needs column"):
+        load_documents(storage, str(tmp_path / "cols"))
+    none = write_export(tmp_path / "none", [])
+    cfg = load_config(flags={"search.corpus": str(none), "search.out": str(tmp_path / "i")})
+    with pytest.raises(InputError, match="no documents"):
+        build_index(cfg)
