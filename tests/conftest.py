@@ -168,6 +168,11 @@ class ScriptedLLM:
     def latency(self, ms: float) -> None:
         self._post("/_latency", {"ms": ms})
 
+    def fault_rates(self, seed: int = 0, **rates: float) -> None:
+        """Answer that share of requests with each fault kind, at random: `fault_rates(**{"429":
+        0.01, "500": 0.01})`."""
+        self._post("/_fault_rates", {"seed": seed, **rates})
+
     def negatives(self, score: int) -> None:
         """Grade passages judged without mappings (N2 negatives) `score`, as a real model
         grades most pooled candidates, so a negatives walk ends in a round or two."""

@@ -12,7 +12,9 @@ Faults are queued through `POST /_faults` and consumed by the next requests, in 
 {"kind": "429", "retry_after": 1}, {"kind": "500"}, {"kind": "timeout", "seconds": 5},
 {"kind": "invalid_json"}, {"kind": "truncate"}, {"kind": "inconsistent"}.
 `GET /_stats` counts requests per schema; `POST /_reset` clears faults and counts;
-`POST /_latency {"ms": 200}` adds a fixed delay to every answer; `POST /_negatives {"score": 1}`
+`POST /_latency {"ms": 200}` adds a fixed delay to every answer; `POST /_fault_rates
+{"429": 0.01, "500": 0.01, "seed": 0}` makes that share of requests (drawn at random, seeded)
+answer 429 (Retry-After 1) or 500 when no queued fault is due; `POST /_negatives {"score": 1}`
 grades every passage judged without mappings (the N2 negatives grader) with that score, so a
 negatives walk ends as it does with a real model (most candidates are not usable), not after
 the whole pool.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import time
 from collections import Counter
@@ -192,6 +195,8 @@ class Script:
         self.latency_s = 0.0
         self.unmapped_score: int | None = None  # set: the grade of passages without mappings
         self.arrivals: list[float] = []  # wall time of each chat request, for rate checks
+        self.fault_rates: dict[str, float] = {}
+        self.rng = random.Random(0)
 
 
 def _reply(content: str, finish: str, prompt: str) -> dict[str, Any]:
@@ -266,6 +271,11 @@ def _next_fault(script: Script) -> dict[str, Any] | None:
 
     Kind `pass` answers normally, so a queue can script exactly which requests misbehave."""
     if not script.faults:
+        draw = script.rng.random()
+        for kind, rate in script.fault_rates.items():
+            if draw < rate:
+                return {"kind": kind, "retry_after": 1}
+            draw -= rate
         return None
     fault = script.faults[0] if script.faults[0].get("always") else script.faults.pop(0)
     return None if fault["kind"] == "pass" else fault
@@ -307,6 +317,14 @@ async def latency(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def fault_rates(request: web.Request) -> web.Response:
+    body = await request.json()
+    script = request.app["script"]
+    script.rng = random.Random(body.pop("seed", 0))
+    script.fault_rates = {kind: float(rate) for kind, rate in body.items()}
+    return web.json_response({"ok": True})
+
+
 async def negatives(request: web.Request) -> web.Response:
     request.app["script"].unmapped_score = (await request.json())["score"]
     return web.json_response({"ok": True})
@@ -322,6 +340,7 @@ def app() -> web.Application:
     application.router.add_post("/_reset", reset)
     application.router.add_post("/_latency", latency)
     application.router.add_post("/_negatives", negatives)
+    application.router.add_post("/_fault_rates", fault_rates)
     application.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
     return application
 

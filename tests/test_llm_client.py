@@ -24,8 +24,14 @@ def _client(llm, **cfg):
 
 def _ask(client, answer=AnalogyJudgment, prompt=ANALOGY_PROMPT, **kw):
     usage = Usage()
-    out = asyncio.run(client.ask("judge_analogy", prompt, answer, usage=usage, **kw))
-    return out, usage
+
+    async def ask():
+        try:
+            return await client.ask("judge_analogy", prompt, answer, usage=usage, **kw)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(ask()), usage
 
 
 def test_valid_answer_first_time(llm):
@@ -122,4 +128,4 @@ def test_lenient_parse_strict_validation():
 def test_bad_key_stops_with_config_error(llm):
     bad = LLMClient(LLMConfig(model="x", max_retries=0), base_url=f"{llm.url}/nowhere")
     with pytest.raises(LLMConfigError, match="no model 'x' or no chat endpoint"):
-        asyncio.run(bad.ask("judge_analogy", "x", Usefulness, usage=Usage()))
+        _ask(bad, Usefulness, "x")

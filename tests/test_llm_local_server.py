@@ -133,9 +133,12 @@ def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
                 **pair_texts(pair), q_topic=pair["q_topic"], d_topic=pair["d_topic"]
             )
             start = time.perf_counter()
-            out = await client.ask(
-                "judge-analogy", prompt, AnalogyJudgment, usage=Usage(), check=analogy_problems
-            )
+            try:
+                out = await client.ask(
+                    "judge-analogy", prompt, AnalogyJudgment, usage=Usage(), check=analogy_problems
+                )
+            finally:
+                await client.aclose()
             assert out.status == "ok", out.error
             return time.perf_counter() - start, out.value.decision
 

@@ -106,7 +106,7 @@ def test_http_500_every_time_publishes_nothing_and_a_rerun_asks_again(build, llm
     llm.faults({"kind": "500", "always": True})
     line = fails(build, llm.base_url)
     assert f"{ROWS} of {ROWS} calls to {llm.base_url} failed" in line
-    assert "InternalServerError" in line and "llm.max_failure_rate=20%" in line
+    assert "HTTP 500: " in line and "llm.max_failure_rate=20%" in line
 
     llm.reset()  # the endpoint is fixed
     code, out = cpr_build(build, llm.base_url)
@@ -122,10 +122,12 @@ def test_a_refused_key_stops_at_the_first_401_not_per_row(build, llm):
 
 
 def test_a_key_refused_mid_stage_stops_the_stage(build, llm):
-    """The probe passes (no /models auth), then chat requests are refused: one line, exit 2."""
+    """The probe passes (no /models auth), then chat requests are refused: one line, exit 2.
+    One request at a time, so that what is sent after the first refusal can be counted."""
     llm.faults(*[{"kind": "401"}] * 50)
-    assert "refused the API key (HTTP 401)" in fails(build, llm.base_url)
-    assert llm.stats()["total"] < ROWS  # stopped, not asked row by row
+    one_at_a_time = ("--set", "llm.actors=1", "--set", "llm.max_in_flight=1")
+    assert "refused the API key (HTTP 401)" in fails(build, llm.base_url, *one_at_a_time)
+    assert llm.stats()["total"] == 1  # stopped at the first refusal, not asked row by row
 
 
 def test_an_html_page_with_http_200_is_an_endpoint_error(build, llm):

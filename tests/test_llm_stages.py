@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -94,6 +96,18 @@ def test_analogy_judge_many_rows_then_zero_calls_on_rerun(tmp_path, llm):
     assert ledger.num_rows == 41 and set(ledger["status"].to_pylist()) == {"ok", "invalid"}
 
 
+def test_one_actor_pool_serves_the_whole_stage_and_every_actor_works(tmp_path, llm):
+    """200 rows, reported every 64: one pool of two actors answers all of them (a pool per
+    report would start actors again each time; one input block would idle all but one)."""
+    run = _run(tmp_path, llm, max_in_flight=2, actors=2)
+    out = run_llm_task(run, UsefulnessGrader(), _grader_rows(200), base_url=llm.base_url)
+    assert out.stats["new_ok"] == 200
+    parts = sorted(Path(ledger_uri(run.storage, "score-positives")).glob("*.parquet"))
+    actors = {p.stem.rsplit("-", 2)[1] for p in parts}  # parts are named {run}-{actor}-{n}
+    assert len(actors) == 2, [p.name for p in parts]
+    assert sum(pq.read_metadata(p).num_rows for p in parts) == 200
+
+
 def test_failures_are_recorded_then_retried_on_the_next_run(tmp_path, llm):
     llm.faults(*[{"kind": "500"}] * 6)
     run = _run(tmp_path, llm, max_retries=1, max_failure_rate=1.0, max_in_flight=1, actors=1)
@@ -123,7 +137,7 @@ def test_failure_rate_stops_the_stage_with_a_clear_message(tmp_path, llm):
     with pytest.raises(
         LLMStageError,
         match=r"score-positives: \d+ of \d+ calls to http://127.0.0.1:\d+/v1 failed .* "
-        r"llm.max_failure_rate=20%\): gave up after 1 attempts: InternalServerError.*Nothing was "
+        r"llm.max_failure_rate=20%\): gave up after 1 attempts: HTTP 500.*Nothing was "
         r"published",
     ):
         run_llm_task(run, UsefulnessGrader(), _grader_rows(30), base_url=llm.base_url)

@@ -23,12 +23,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-import openai
 from pydantic import BaseModel, ValidationError
 
 from cpr_ray.config import LLMConfig
 from cpr_ray.errors import LLMConfigError
 from cpr_ray.llm.answers import constrained_schema
+from cpr_ray.llm.http import (
+    ChatEndpoint,
+    ChatReply,
+    EndpointStatusError,
+    EndpointUnreachable,
+    NotChatCompletion,
+)
 
 M = TypeVar("M", bound=BaseModel)
 Status = Literal["ok", "invalid", "failed"]
@@ -105,8 +111,7 @@ def response_format(
     return {"type": "json_schema", "json_schema": {"name": answer.__name__, "schema": schema}}
 
 
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    value = exc.response.headers.get("retry-after") if exc.response is not None else None
+def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -120,6 +125,8 @@ def probe_endpoint(cfg: LLMConfig, base_url: str) -> None:
     """One cheap request before a stage starts its actors: an endpoint that is not listening,
     refuses the key or is not an OpenAI-compatible API at all stops the stage in seconds, with
     one line naming it, instead of every row failing after its retries."""
+    import openai  # the SDK is only needed here; actors import this module and never probe
+
     client = openai.OpenAI(
         base_url=base_url,
         api_key=os.environ.get(cfg.api_key_env) or "not-needed",
@@ -167,22 +174,25 @@ class LLMClient:
         *,
         base_url: str,
         api_key: str | None = None,
-        openai_client: openai.AsyncOpenAI | None = None,
         limiter: RateLimiter | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
         self.cfg = cfg
         self.base_url = base_url
-        self._client = openai_client or openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=api_key or os.environ.get(cfg.api_key_env) or "not-needed",
-            max_retries=0,  # retries are ours: counted, jittered, Retry-After aware
-            timeout=cfg.timeout_s,
+        self._endpoint = ChatEndpoint(
+            base_url,
+            api_key or os.environ.get(cfg.api_key_env) or "not-needed",
+            cfg.timeout_s,
+            connections=cfg.max_in_flight,
         )
         self._limiter = limiter
         self._sleep = sleep
         self._rng = rng or random.Random()
+
+    async def aclose(self) -> None:
+        """Close the connections of the current event loop's session."""
+        await self._endpoint.aclose()
 
     def backoff(self, retry: int) -> float:
         """Equal-jitter exponential back-off: half the capped step, plus up to half again."""
@@ -198,7 +208,7 @@ class LLMClient:
         max_tokens: int,
         usage: Usage,
         pin: tuple[tuple[str, Any], ...] = (),
-    ) -> Any:
+    ) -> ChatReply:
         last: Exception | None = None
         for retry in range(self.cfg.max_retries + 1):
             if self._limiter is not None:
@@ -207,31 +217,30 @@ class LLMClient:
                 )
             usage.calls += 1
             try:
-                reply = await self._client.chat.completions.create(
-                    model=model,
-                    messages=messages,
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    response_format=response_format(answer, self.cfg.response_format, pin),
+                return await self._endpoint.complete(
+                    {
+                        "model": model,
+                        "messages": messages,
+                        "temperature": temperature,
+                        "max_tokens": max_tokens,
+                        "response_format": response_format(answer, self.cfg.response_format, pin),
+                    }
                 )
-                if not getattr(reply, "choices", None):  # HTML or prose with HTTP 200
-                    raise _not_openai(self.base_url, reply)
-                return reply
-            except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            except NotChatCompletion as exc:  # HTML or prose with HTTP 200
+                raise _not_openai(self.base_url, exc.body) from None
+            except EndpointUnreachable as exc:
                 last, wait = exc, None
-            except openai.APIStatusError as exc:
-                if exc.status_code in (401, 403):
-                    raise _refused_key(self.cfg, self.base_url, exc.status_code) from None
-                if exc.status_code == 404:
+            except EndpointStatusError as exc:
+                if exc.status in (401, 403):
+                    raise _refused_key(self.cfg, self.base_url, exc.status) from None
+                if exc.status == 404:
                     raise LLMConfigError(
                         f"{self.base_url} has no model {model!r} or no chat endpoint (HTTP 404); "
                         "check llm.base_url and llm.model"
                     ) from None
-                if exc.status_code not in RETRYABLE_STATUS:
-                    raise LLMRequestError(
-                        f"HTTP {exc.status_code} from the endpoint: {str(exc)[:300]}"
-                    ) from None
-                last, wait = exc, _retry_after(exc)
+                if exc.status not in RETRYABLE_STATUS:
+                    raise LLMRequestError(f"{exc} (not retried)") from None
+                last, wait = exc, _retry_after(exc.retry_after)
             if retry == self.cfg.max_retries:
                 break
             delay = min(wait, MAX_RETRY_AFTER_S) if wait is not None else self.backoff(retry)
@@ -239,8 +248,7 @@ class LLMClient:
             usage.backoffs.append(delay)
             await self._sleep(delay)
         raise LLMRequestError(
-            f"gave up after {self.cfg.max_retries + 1} attempts: {type(last).__name__}: "
-            f"{str(last)[:300]}"
+            f"gave up after {self.cfg.max_retries + 1} attempts: {str(last)[:300]}"
         )
 
     async def ask(
@@ -265,12 +273,10 @@ class LLMClient:
                 )
             except LLMRequestError as exc:
                 return Outcome(None, "failed", str(exc), text or None)
-            if reply.usage is not None:
-                usage.prompt_tokens += reply.usage.prompt_tokens or 0
-                usage.completion_tokens += reply.usage.completion_tokens or 0
-            choice = reply.choices[0]
-            text = choice.message.content or ""
-            if choice.finish_reason == "length":
+            usage.prompt_tokens += reply.prompt_tokens
+            usage.completion_tokens += reply.completion_tokens
+            text = reply.text
+            if reply.finish_reason == "length":
                 value, problem = (
                     None,
                     (

@@ -27,8 +27,8 @@ import time
 import uuid
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from contextlib import suppress
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ KEY = "request_key"
 ACTOR_CPUS = 0.25  # the actors wait on the network; a quarter CPU each leaves room for the rest
 FLUSH_S = 0.5  # an answer reaches storage at most this long after it arrives
 FLUSH_ROWS = 256  # or as soon as this many are pending
+CALLS_PER_ACTOR = 4  # batches (each 2 × max_in_flight rows) an actor works on at once
 
 LEDGER = pa.schema(
     [
@@ -175,15 +176,19 @@ class LLMActor:
         # actor at once, and the in-flight limit is the actor's, not the batch's
         self._sem: asyncio.Semaphore | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._refused: UserError | None = None
 
     async def _one(self, sem: asyncio.Semaphore, row: dict[str, Any]) -> dict[str, Any]:
         async with sem:
+            if self._refused is not None:  # another batch of this actor was refused: send no more
+                raise self._refused
             usage = Usage()
             started = time.perf_counter()
             try:
                 out, status, error = await self.task.run(self.client, row, usage)
-            except UserError:
-                raise  # the endpoint refuses us as configured: stop the stage, not the row
+            except UserError as exc:
+                self._refused = exc  # the endpoint refuses us as configured: stop the stage
+                raise
             except Exception as exc:  # a bug or surprise in one row must not fail the batch
                 out, status = self.task.empty_output(), "failed"
                 error = f"{type(exc).__name__}: {exc}"[:500]
@@ -338,7 +343,7 @@ def run_llm_task(
     limiter = None
     if cfg.requests_per_second or cfg.tokens_per_minute:
         limiter = ClusterRateLimiter(cfg.requests_per_second, cfg.tokens_per_minute).start()
-    chunk = max(cfg.actors * cfg.max_in_flight * 8, 64)
+    report_every = max(cfg.actors * cfg.max_in_flight * 8, 64)
     call_id = uuid.uuid4().hex[:8]  # one run may call several times (tournament rounds)
     sink = AnswerSink(
         storage.cfg, cache, ledger_uri(storage, task.stage), f"{run.run_id}-{call_id}"
@@ -347,24 +352,33 @@ def run_llm_task(
     counts = {"ok": 0, "invalid": 0, "failed": 0}
     tokens = {"prompt": 0, "completion": 0}
     ledgers: list[pa.Table] = []
-    for start in range(0, todo.num_rows, chunk):
-        part = todo.slice(start, chunk)
-        out = _ask(task, cfg, part, base_url=base_url, limiter=limiter, sink=sink)
-        ledgers.append(out.select(LEDGER.names))
-        answered.append(out)
-        for status in counts:
-            counts[status] += pc.sum(pc.equal(out["status"], status)).as_py() or 0
-        tokens["prompt"] += pc.sum(out["prompt_tokens"]).as_py() or 0
-        tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
-        done = sum(counts.values())
-        console.print(
-            f"  {task.stage}: {done:,}/{todo.num_rows:,} asked — ok {counts['ok']:,}, invalid "
-            f"{counts['invalid']:,}, failed {counts['failed']:,}; tokens {tokens['prompt']:,} in "
-            f"/ {tokens['completion']:,} out"
-        )
-        last = start + chunk >= todo.num_rows
-        if last or done >= cfg.min_calls_for_failure_rate:  # early when many calls say so
-            _check_rates(task.stage, cfg, counts, out, base_url, ledger_uri(storage, task.stage))
+    recent: list[pa.Table] = []  # answers since the last report: the sample a stop quotes
+    reported = 0
+    with ask_pool(task, cfg, todo, base_url=base_url, limiter=limiter, sink=sink) as answers:
+        for out in answers:
+            ledgers.append(out.select(LEDGER.names))
+            answered.append(out)
+            recent.append(out)
+            for status in counts:
+                counts[status] += pc.sum(pc.equal(out["status"], status)).as_py() or 0
+            tokens["prompt"] += pc.sum(out["prompt_tokens"]).as_py() or 0
+            tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
+            done = sum(counts.values())
+            last = done >= todo.num_rows
+            if done - reported < report_every and not last:
+                continue
+            reported = done
+            console.print(
+                f"  {task.stage}: {done:,}/{todo.num_rows:,} asked — ok {counts['ok']:,}, "
+                f"invalid {counts['invalid']:,}, failed {counts['failed']:,}; tokens "
+                f"{tokens['prompt']:,} in / {tokens['completion']:,} out"
+            )
+            if last or done >= cfg.min_calls_for_failure_rate:  # early when many calls say so
+                sample = pa.concat_tables(recent)
+                _check_rates(
+                    task.stage, cfg, counts, sample, base_url, ledger_uri(storage, task.stage)
+                )
+            recent = []
 
     results = pa.concat_tables(answered).select([*task.output_schema.names, *ANSWER_COLUMNS])
     results = _first_per_key(results)
@@ -385,21 +399,34 @@ def run_llm_task(
     return TaskRun(table, stats)
 
 
-def _ask(
+@contextmanager
+def ask_pool(
     task: LLMTask,
     cfg: LLMConfig,
-    part: pa.Table,
+    rows: pa.Table,
     *,
     base_url: str,
     limiter: RateLimiter | None,
     sink: AnswerSink,
-) -> pa.Table:
-    """One chunk through a pool of LLM actors; a refusal by the endpoint stops it as one line."""
+) -> Iterator[Iterator[pa.Table]]:
+    """Every row of `rows` through one pool of LLM actors, answered blocks as they complete.
+
+    One pool serves the whole table: starting actors costs seconds, which per chunk of a few
+    hundred rows would be most of a stage's time. Leaving the block early (a rate check that
+    stops the stage) shuts the pool down; a refusal by the endpoint surfaces as its one line.
+    """
     schema = result_schema(task)
+    actors = max(1, min(cfg.actors, rows.num_rows))
+    batch = max(1, min(cfg.max_in_flight * 2, -(-rows.num_rows // cfg.actors)))
+    # one block per batch: a single block would go to one actor and leave the others idle
+    blocks = [rows.slice(i, batch) for i in range(0, rows.num_rows, batch)]
+    if not blocks:
+        yield iter(())
+        return
     with user_errors_from_ray(), warnings.catch_warnings():
         # Ray 2.60 deprecates remote args in map_batches but names no parameter for restarts
         warnings.simplefilter("ignore", DeprecationWarning)
-        ds = ray.data.from_arrow(part).map_batches(
+        ds = ray.data.from_arrow(blocks).map_batches(
             LLMActor,
             fn_constructor_kwargs={
                 "task": task,
@@ -408,14 +435,17 @@ def _ask(
                 "limiter": limiter,
                 "sink": sink,
             },
-            compute=ray.data.ActorPoolStrategy(size=max(1, min(cfg.actors, part.num_rows))),
-            batch_size=max(1, min(cfg.max_in_flight * 2, -(-part.num_rows // cfg.actors))),
+            # several batches at once per actor, so its semaphore stays full across batch ends
+            compute=ray.data.ActorPoolStrategy(
+                size=actors, max_concurrent_calls_per_actor=CALLS_PER_ACTOR
+            ),
+            batch_size=batch,
             batch_format="pyarrow",
             num_cpus=ACTOR_CPUS,
             ray_remote_args_fn=_no_restarts,
         )
-        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+        stream = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
+        yield (t.cast(schema) for t in stream if t.num_rows)
 
 
 def _no_restarts() -> dict[str, Any]:
