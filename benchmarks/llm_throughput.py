@@ -15,8 +15,7 @@ set-up in the process is paid before timing, as earlier stages pay it in a build
 the bound, and CPU milliseconds per request of the actor processes and of the scripted server,
 read from the kernel's process accounting: an actor is CPU-bound on a slow core, so the share
 alone does not travel between machines, while ms/request does. `--ray-data-llm` adds
-`ray.data.llm`'s HTTP
-processor at the same concurrency (slow: minutes). Usage:
+`ray.data.llm`'s HTTP processor at the same concurrency (slow: minutes). Usage:
 
     python benchmarks/llm_throughput.py [--rows 10000] [--latency-ms 200] [--in-flight 64]
         [--actors 1] [--fault-rows 20000] [--skip-faults] [--ray-data-llm]
