@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"duckdb (single process): {t_duck:8.1f} s  {lines / t_duck:12,.0f} lines/s")
     print(f"ray ingest stage:        {t_ray:8.1f} s  {lines / t_ray:12,.0f} lines/s")
     print(f"ratio ray/duckdb throughput: {t_duck / t_ray:.2f}x")
+    print(f"ray ingest phases (s): {s['phase_seconds']}")
     return 0
 
 

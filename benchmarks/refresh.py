@@ -59,7 +59,6 @@ def config(
             "llm.max_rows_per_stage=null",
             "ingest.num_buckets=8",
             "ingest.max_reject_rate=0.05",  # the synthetic shards carry malformed lines
-            "mining.num_buckets=8",
             "mining.min_venue_papers=20",
             f"mining.base_per_field={base_per_field}",
             "pooling.poolers=[{name: bm25, kind: bm25}]",

@@ -11,6 +11,7 @@ valid rows dropped by rule, so both are counted from file footers without anothe
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as pds
@@ -20,6 +21,7 @@ import ray
 from cpr_ray.storage import Storage, join
 
 BUCKET = "_bucket"
+T = TypeVar("T")
 REJECTED = -1
 SKIPPED = -2
 
@@ -79,6 +81,34 @@ def read_bucket(storage: Storage, uri: str, bucket: int, schema: pa.Schema) -> p
         return schema.empty_table()
     table = ds.to_table()
     return table.select(schema.names).cast(schema) if table.num_rows else schema.empty_table()
+
+
+def write_partitions(table: pa.Table, uri: str, storage: Storage, part: str) -> None:
+    """One task's rows (with a `_bucket` column) into every bucket folder of `uri` they fall in,
+    as `_bucket=j/part-{part}-0.parquet`: a task's share of a re-bucketing, with no shuffle
+    through the object store. A retried task overwrites its own files."""
+    loc = storage.resolve(uri)
+    pds.write_dataset(
+        table,
+        loc.path,
+        filesystem=loc.fs,
+        format="parquet",
+        partitioning=pds.partitioning(pa.schema([(BUCKET, pa.int32())]), flavor="hive"),
+        basename_template=f"part-{part}-{{i}}.parquet",
+        existing_data_behavior="overwrite_or_ignore",
+        create_dir=not loc.is_s3,
+    )
+
+
+def _call(fn: Callable[[int], T], k: int) -> T:
+    return fn(k)
+
+
+def run_buckets(num_buckets: int, fn: Callable[[int], T], num_cpus: float) -> list[T]:
+    """`fn(k)` for every bucket k, one Ray task each (`fn` shipped once), in bucket order."""
+    task = ray.remote(num_cpus=num_cpus)(_call)
+    ref = ray.put(fn)
+    return ray.get([task.remote(ref, k) for k in range(num_buckets)])
 
 
 def _run(batch: pa.Table, fn: Callable[[int], pa.Table]) -> pa.Table:

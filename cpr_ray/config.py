@@ -159,9 +159,6 @@ class MiningConfig(_Section):
         True, description="Keep pairs with no citing sentence (flagged has_context=false)."
     )
     seed: int = Field(0, description="Seed of the per-field sampling order.")
-    num_buckets: int = Field(
-        8, ge=1, le=65536, description="Key buckets of the per-build corpus snapshot."
-    )
 
     @model_validator(mode="after")
     def _years_in_order(self) -> MiningConfig:
@@ -824,8 +821,13 @@ class RefreshConfig(_Section):
         description="After the corpus, rerun the build's later stages (they pay only for what "
         "changed); false applies the diffs only.",
     )
-    compact: bool = Field(
-        True, description="Compact the corpus tables' small fragments after applying diffs."
+    rebucket_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Rewrite a corpus table into its key-bucket fragments (which also compacts "
+        "it) once the fragments refreshes appended, which mix buckets and which every mining "
+        "bucket scans, hold more than this share of its rows; 0: after every refresh, 1: never.",
     )
     retain_versions_days: float = Field(
         7.0,

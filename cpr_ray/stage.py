@@ -46,6 +46,14 @@ class Phases:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self._lap = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or since the start) is phase `name`: for a stage
+        written as one sequence of steps."""
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._lap, 2)
+        self._lap = now
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:

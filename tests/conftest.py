@@ -19,7 +19,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+
+from cpr_ray.mining import reference as whole_table
+from cpr_ray.mining.stages import PAPER_COLUMNS
 
 # before Ray starts, so its workers inherit them; dummy credentials for the loopback S3 only
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "cpr-test")
@@ -265,3 +269,31 @@ def s2_api(tmp_path: Path) -> Iterator[S2StandIn]:
     yield handle
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def assert_equals_whole_table_mining(storage, cfg, manifest) -> None:
+    """The stage's base papers, pairs (every column) and universe are exactly those of one
+    DuckDB process over the whole tables at the versions the ingest manifest records."""
+    tables = storage.read_json(f"{storage.root}/ingest/_MANIFEST.json")["tables"]
+    whole = whole_table.mine_whole(
+        *whole_table.load_tables(
+            tables["papers"]["uri"],
+            tables["citations"]["uri"],
+            tables["venues"]["uri"],
+            versions=(tables["papers"]["version"], tables["citations"]["version"]),
+            paper_columns=PAPER_COLUMNS,
+        ),
+        cfg.mining,
+        threads=2,
+    )
+    base = _read_parquet(storage, manifest["tables"]["base_papers"]["uri"])
+    assert sorted(base["corpus_id"].to_pylist()) == sorted(whole.base["corpus_id"].to_pylist())
+    assert _read_parquet(storage, manifest["tables"]["pairs"]["uri"]).equals(whole.pairs)
+    universe = _read_parquet(storage, manifest["tables"]["universe"]["uri"])["corpus_id"]
+    assert sorted(universe.to_pylist()) == whole.universe.to_pylist()
+    assert manifest["tables"]["universe"]["rows"] == len(whole.universe)
+
+
+def _read_parquet(storage, uri):
+    loc = storage.resolve(uri)
+    return pq.read_table(loc.path, filesystem=loc.fs)

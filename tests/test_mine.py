@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import duckdb
 import lance
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from cpr_ray.config import load_config, sample_dir
+from cpr_ray.corpus import layout
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.mining.stages import mine, venues
 from cpr_ray.sample.synthetic import generate
 from cpr_ray.storage import Storage, StorageError
 
-from .conftest import upload_tree
+from .conftest import assert_equals_whole_table_mining, upload_tree
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -77,7 +79,6 @@ def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path):
         f"input.s2={synthetic}/s2",
         f"input.openalex={synthetic}/openalex",
         "ingest.num_buckets=3",
-        "mining.num_buckets=3",
         "mining.base_per_field=4",
         "ingest.max_reject_rate=0.01",
     ]
@@ -111,6 +112,7 @@ def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path):
     pairs = _read(storage, manifest["tables"]["pairs"]["uri"])
     got = set(zip(pairs["base_id"].to_pylist(), pairs["cited_id"].to_pylist()))
     assert got == set(expected) and len(got) > 10
+    assert_equals_whole_table_mining(storage, cfg, manifest)
     with_context = {(r["base_id"], r["cited_id"]) for r in pairs.to_pylist() if r["has_context"]}
     assert 0 < len(with_context) < len(got)
 
@@ -132,6 +134,39 @@ def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path):
         set(zip(strict_pairs["base_id"].to_pylist(), strict_pairs["cited_id"].to_pylist()))
         == with_context
     )
+
+
+def test_ingest_writes_every_bucket_as_fragments_of_its_own(synthetic, tmp_path):
+    """The layout mining reads: each fragment holds one key bucket, and the record says which."""
+    cfg = load_config(
+        "dry-run",
+        overrides=[
+            f"storage.root={tmp_path}",
+            f"input.s2={synthetic}/s2",
+            f"input.openalex={synthetic}/openalex",
+            "ingest.num_buckets=3",
+            "ingest.lance_fragment_rows=1000",
+            "ingest.max_reject_rate=0.01",
+        ],
+        env={},
+    )
+    storage = Storage(cfg.storage)
+    tables = ingest(cfg, storage)["tables"]
+    for name, key in (("papers", "corpus_id"), ("citations", "citing_id")):
+        recorded = layout.BucketLayout.from_dict(tables[name]["layout"])
+        assert (recorded.key, recorded.num_buckets) == (key, 3)
+        ds = lance.dataset(tables[name]["uri"])
+        fragments = ds.get_fragments()
+        assert len(fragments) >= 3 + (name == "citations") * 3  # 10,000 citations per bucket
+        for fragment in fragments:
+            bucket = recorded.files[fragment.metadata.data_files()[0].path]
+            keys = fragment.to_table(columns=[key])[key]
+            assert set(pc.remainder(keys, 3).to_pylist()) == {bucket}
+        p = layout.plan(recorded, storage, tables[name]["uri"], tables[name]["version"])
+        assert p.mixed == [] and p.rows == ds.count_rows()
+        for k in range(3):
+            rows = layout.read_bucket(p, storage, k, [key])[key]
+            assert len(rows) == pc.sum(pc.equal(pc.remainder(ds.to_table()[key], 3), k)).as_py()
 
 
 def test_mine_before_ingest_says_what_to_run(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 
 from cpr_ray import leases
 from cpr_ray.config import load_config, sample_dir
+from cpr_ray.corpus import layout
 from cpr_ray.corpus.refresh import refresh
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
@@ -29,7 +30,7 @@ from cpr_ray.sample.diffs import make_diff
 from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
 
-from .conftest import S2StandIn, start_s2_standin
+from .conftest import S2StandIn, assert_equals_whole_table_mining, start_s2_standin
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -170,6 +171,11 @@ def scenario(tmp_path_factory, scripted_llm):
         scripted_llm.negatives(1)
         openalex = copy_openalex(tmp / "openalex")
         cfg = {n: config(tmp / n, openalex, s2, scripted_llm) for n in ("full", "killed")}
+        # `full` keeps the fragments its upserts append (mining scans them in every bucket);
+        # `killed` has its tables rewritten into buckets after every refresh
+        for name, share in (("full", 1.0), ("killed", 0.0)):
+            shared = cfg[name].refresh.model_copy(update={"rebucket_share": share})
+            cfg[name] = cfg[name].model_copy(update={"refresh": shared})
         storage = {n: Storage(c.storage) for n, c in cfg.items()}
         run_build(cfg["full"])
         run_build(cfg["killed"], ["ingest"])
@@ -269,6 +275,35 @@ def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_delet
     assert summary["versions_removed"]["papers"] > 0
     assert again["versions_removed"].startswith("skipped: 1 build(s) hold a lease")
     assert scenario["api_after_again"]["api"] == scenario["api_calls"] + 1  # one look at latest
+
+
+@pytest.mark.slow
+def test_mining_after_a_refresh_reads_the_fragments_it_added_and_equals_whole_table_mining(
+    scenario,
+):
+    """The refresh's upserts append fragments that mix buckets; mining scans them in every
+    bucket with the bucket predicate and still gives what one DuckDB query over the refreshed
+    tables gives."""
+
+    def plans(storage):
+        tables = require_manifest(storage, "ingest")["tables"]
+        return {
+            name: layout.plan(
+                layout.BucketLayout.from_dict(tables[name]["layout"]),
+                storage,
+                tables[name]["uri"],
+                tables[name]["version"],
+            )
+            for name in ("papers", "citations")
+        }
+
+    storage = scenario["storage"]["full"]
+    assert all(p.mixed and p.mixed_rows > 0 for p in plans(storage).values())
+    # past refresh.rebucket_share (0 there), the tables are rewritten into one-bucket fragments
+    assert not any(p.mixed for p in plans(scenario["storage"]["killed"]).values())
+    assert_equals_whole_table_mining(
+        storage, scenario["cfg"]["full"], require_manifest(storage, "mine")
+    )
 
 
 @pytest.mark.slow

@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any
 
 import lance
-import lance_ray
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -31,15 +30,18 @@ import pyarrow.fs as pafs
 import ray
 from rich.table import Table
 
-from cpr_ray import buckets, schemas
-from cpr_ray.buckets import bucket_uri, map_buckets, read_bucket, write_bucketed
+from cpr_ray import buckets, duck, schemas
+from cpr_ray.buckets import bucket_uri, map_buckets, read_bucket, run_buckets, write_bucketed
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
+from cpr_ray.corpus.layout import BucketPlan, write_bucketed_table
+from cpr_ray.corpus.layout import plan as plan_buckets
+from cpr_ray.corpus.layout import read_bucket as read_lance_bucket
 from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
 from cpr_ray.errors import InputError
-from cpr_ray.stage import StageOutput, StageRun, console, read_manifest, run_stage
+from cpr_ray.stage import Phases, StageOutput, StageRun, console, read_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
 STAGE = "ingest"
@@ -202,6 +204,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     threads = max(1, int(cpus))  # DuckDB inside a task uses the CPUs the task reserved
     staging = join(run.out, "_staging")
     rows_per_file = _rows_per_file(cfg)
+    phase = Phases()
 
     def stage_uri(name: str) -> str:
         return join(run.out, KEPT_INPUTS[name]) if name in KEPT_INPUTS else join(staging, name)
@@ -228,6 +231,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
             storage.delete_dir(stage_uri(name))
             _parse_input(run, item, step, stage_uri(name), quarantined[name])
 
+    phase.lap("parse")
     counts = {name: buckets.count_split(storage, stage_uri(name)) for name in inputs}
     rejects_uri = _collect_rejects(storage, stage_uri, inputs, join(run.out, "rejects"))
     _check_reject_rates(cfg, counts, rejects_uri)
@@ -240,6 +244,8 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
             "empty_shards": len(item.empty),
             "quarantined_shards": len(quarantined.get(name, {})),
         }
+
+    phase.lap("rejects_duplicates")
 
     # 2. S2 identifiers → key buckets; then match keys bucket by bucket ----------------------
     good_paper_dirs = [
@@ -272,6 +278,8 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     )
     write_bucketed(map_buckets(n, match, cpus), stage_uri("matches"), storage, rows_per_file)
 
+    phase.lap("link")
+
     # 3. assemble papers and citations per corpus-id bucket, into Lance ----------------------
     matches_schema = linking.match_keys(
         s2_keys_schema.empty_table(), match.keywords["works_schema"].empty_table(), n
@@ -286,20 +294,39 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     papers_uri = join(run.out, "papers.lance")
     citations_uri = join(run.out, "citations.lance")
     lance_opts = storage.lance_options()
-    for name, uri, bucket_fn, schema in (
-        ("papers", papers_uri, _papers_bucket, schemas.PAPERS),
-        ("citations", citations_uri, _citations_bucket, schemas.CITATIONS),
+    layouts = {}
+    for name, uri, bucket_fn, schema, key in (
+        ("papers", papers_uri, _papers_bucket, schemas.PAPERS, "corpus_id"),
+        # citations bucketed by the citing paper: mining joins a paper with what it cites
+        ("citations", citations_uri, _citations_bucket, schemas.CITATIONS, "citing_id"),
     ):
-        console.print(f"  assembling {name}")
-        ds = map_buckets(n, partial(bucket_fn, storage=storage, side=side, threads=threads), cpus)
-        _write_corpus_table(ds, uri, schema, cfg.ingest.lance_fragment_rows, lance_opts)
+        console.print(f"  assembling {name} into {n} bucket(s) of Lance fragments")
+        layouts[name], _ = write_bucketed_table(
+            n,
+            partial(bucket_fn, storage=storage, side=side, threads=threads),
+            uri,
+            schema,
+            key=key,
+            fragment_rows=cfg.ingest.lance_fragment_rows,
+            storage=storage,
+            cpus=cpus,
+        )
+
+    phase.lap("assemble")
 
     # 4. venues: small tables, joined once -----------------------------------------------------
     venues_uri = join(run.out, "venues.parquet")
+    papers_plan = plan_buckets(
+        layouts["papers"],
+        storage,
+        papers_uri,
+        lance.dataset(papers_uri, storage_options=lance_opts).version,
+    )
     venues = build_venues(
-        storage, papers_uri, stage_uri("publication-venues"), stage_uri("sources")
+        storage, papers_plan, stage_uri("publication-venues"), stage_uri("sources"), cpus
     )
     storage.write_parquet(venues, venues_uri)
+    phase.lap("venues")
 
     papers_tbl = lance.dataset(papers_uri, storage_options=lance_opts)
     n_papers = papers_tbl.count_rows()
@@ -312,6 +339,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         filter="context_source IS NOT NULL"
     )
     storage.delete_dir(staging)
+    phase.lap("counts")
 
     stats = {
         "inputs": counts,
@@ -332,6 +360,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
             for name, shards in quarantined.items()
             for uri, detail in shards.items()
         ],
+        "phase_seconds": phase.seconds,
     }
     _print_summary(stats)
     return StageOutput(
@@ -342,12 +371,14 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
                 "format": "lance",
                 "rows": n_papers,
                 "version": papers_tbl.version,
+                "layout": layouts["papers"].as_dict(),
             },
             "citations": {
                 "uri": citations_uri,
                 "format": "lance",
                 "rows": n_citations,
                 "version": lance.dataset(citations_uri, storage_options=lance_opts).version,
+                "layout": layouts["citations"].as_dict(),
             },
             "venues": {"uri": venues_uri, "format": "parquet", "rows": venues.num_rows},
             "rejects": {"uri": rejects_uri, "format": "parquet", "rows": stats["rejects"]},
@@ -361,23 +392,6 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
             },
         },
         stats=stats,
-    )
-
-
-def _write_corpus_table(
-    ds: ray.data.Dataset, uri: str, schema: pa.Schema, fragment_rows: int, opts: dict[str, str]
-) -> None:
-    """A mutable corpus table: Lance with stable row ids, so the nightly refresh can upsert
-    into it and ask which rows changed (TABLES_NOTES); fragments sized for parallel scans."""
-    lance_ray.write_lance(
-        ds,
-        uri,
-        schema=schema,
-        mode="create",
-        enable_stable_row_ids=True,
-        storage_options=opts,
-        min_rows_per_file=fragment_rows,
-        max_rows_per_file=fragment_rows,
     )
 
 
@@ -426,28 +440,25 @@ def _citations_bucket(
     return linking.assemble_citations(_side(storage, side, "citations", k), recovered, threads)
 
 
-def build_venues(storage: Storage, papers_uri: str, venues_uri: str, sources_uri: str) -> pa.Table:
+def _venue_field_counts(k: int, *, papers: BucketPlan, storage: Storage) -> pa.Table:
+    rows = read_lance_bucket(papers, storage, k, ["venue_id", "field_id"])
+    return duck.query("SELECT venue_id, field_id, count(*) AS n FROM rows GROUP BY ALL", rows=rows)
+
+
+def build_venues(
+    storage: Storage, papers: BucketPlan, venues_uri: str, sources_uri: str, cpus: float = 1.0
+) -> pa.Table:
     """The venues table: S2 venues and OpenAlex sources (parsed lists, bucket 0), and how many
-    papers each venue has per field — counted again by each refresh."""
-    counts = (
-        ray.data.read_lance(
-            papers_uri, columns=["venue_id", "field_id"], storage_options=storage.lance_options()
-        )
-        .groupby(["venue_id", "field_id"], num_partitions=4)
-        .count()
+    papers each venue has per field — counted per key bucket of the papers table, again by each
+    refresh."""
+    parts = run_buckets(
+        papers.layout.num_buckets,
+        partial(_venue_field_counts, papers=papers, storage=storage),
+        cpus,
     )
-    refs = counts.to_arrow_refs()
-    tables = [t for t in ray.get(refs) if t.num_rows]
-    field_counts = (
-        pa.concat_tables(tables).rename_columns(["venue_id", "field_id", "n"])
-        if tables
-        else pa.table(
-            {
-                "venue_id": pa.array([], pa.string()),
-                "field_id": pa.array([], pa.int32()),
-                "n": pa.array([], pa.int64()),
-            }
-        )
+    field_counts = duck.query(
+        "SELECT venue_id, field_id, sum(n)::BIGINT AS n FROM parts GROUP BY ALL",
+        parts=pa.concat_tables(parts),
     )
     venues = _read_small(storage, venues_uri, "publication-venues")
     sources = _read_small(storage, sources_uri, "sources")

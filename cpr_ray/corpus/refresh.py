@@ -45,7 +45,7 @@ import ray
 from cpr_ray import buckets, leases
 from cpr_ray.buckets import BUCKET, write_bucketed
 from cpr_ray.config import Config
-from cpr_ray.corpus import linking, records, updates
+from cpr_ray.corpus import layout, linking, records, updates
 from cpr_ray.corpus.ingest import (
     KEPT_INPUTS,
     TEXT_SUFFIXES,
@@ -136,6 +136,19 @@ class Corpus:
             )
         self.papers_uri = tables["papers"]["uri"]
         self.citations_uri = tables["citations"]["uri"]
+        self.layouts = {
+            name: layout.BucketLayout.from_dict(tables[name]["layout"])
+            for name in ("papers", "citations")
+            if "layout" in tables[name]
+        }
+
+    def bucket_layout(self, name: str) -> layout.BucketLayout:
+        if name not in self.layouts:
+            raise StorageError(
+                f"the corpus under {self.storage.root} was ingested by a version that wrote no "
+                f"bucket layout for {name}; rebuild it once with cpr build --stages ingest --force"
+            )
+        return self.layouts[name]
 
     def table(self, name: str) -> lance.LanceDataset:
         uri = self.papers_uri if name == "papers" else self.citations_uri
@@ -370,17 +383,24 @@ class Refresher:
         venues_uri = join(
             manifest["output"], f"venues-{_slug(state['release'])}-{len(state['applied'])}.parquet"
         )
+        papers = corpus.table("papers")
         venues = build_venues(
             self.storage,
-            corpus.papers_uri,
+            layout.plan(corpus.bucket_layout("papers"), self.storage, papers.uri, papers.version),
             manifest["tables"]["s2_venues"]["uri"],
             manifest["tables"]["openalex_sources"]["uri"],
+            self.cfg.ingest.cpus_per_task,
         )
         self.storage.write_parquet(venues, venues_uri)
         tables = dict(manifest["tables"])
         for name in ("papers", "citations"):
             ds = corpus.table(name)
-            tables[name] = {**tables[name], "version": ds.version, "rows": ds.count_rows()}
+            tables[name] = {
+                **tables[name],
+                "version": ds.version,
+                "rows": ds.count_rows(),
+                "layout": corpus.bucket_layout(name).as_dict(),
+            }
         tables["venues"] = {**tables["venues"], "uri": venues_uri, "rows": venues.num_rows}
         if report.label:
             state = {**state, "applied": [*state["applied"], report.as_dict()]}
@@ -613,9 +633,7 @@ class Refresher:
             storage.delete_dir(join(self.work, "downloads", _slug(one.to_release)))
             _print_step(report)
         reports = state["applied"][before:]
-        if rc.compact and reports:
-            for name in ("papers", "citations"):
-                corpus.table(name).optimize.compact_files()
+        if reports and self._rebucket(corpus):
             manifest = self._commit(manifest, corpus, state, StepReport(""))
         downstream: dict[str, Any] = {}
         if rc.downstream:
@@ -638,6 +656,32 @@ class Refresher:
         }
         _print_summary(summary)
         return summary
+
+    def _rebucket(self, corpus: Corpus) -> bool:
+        """Rewrite each table whose appended, bucket-mixing fragments passed
+        `refresh.rebucket_share` back into one-bucket fragments (`corpus.layout`); the next
+        commit records the new layout. Lance's own compaction would merge fragments of
+        different buckets, so it is not used."""
+        rewritten = False
+        for name in ("papers", "citations"):
+            found = corpus.bucket_layout(name)
+            ds = corpus.table(name)
+            p = layout.plan(found, self.storage, ds.uri, ds.version)
+            if not p.mixed or p.mixed_rows <= self.cfg.refresh.rebucket_share * p.rows:
+                continue
+            console.print(
+                f"  {name}: {p.mixed_rows:,} of {p.rows:,} rows in fragments that mix buckets "
+                f"(> refresh.rebucket_share={self.cfg.refresh.rebucket_share:.0%}); rewriting "
+                f"the table into its {found.num_buckets} key buckets"
+            )
+            corpus.layouts[name] = layout.rewrite(
+                p,
+                self.storage,
+                fragment_rows=self.cfg.ingest.lance_fragment_rows,
+                cpus=self.cfg.ingest.cpus_per_task,
+            )
+            rewritten = True
+        return rewritten
 
     def _cleanup(self, corpus: Corpus, own_lease: str) -> dict[str, int] | str:
         """Old versions go once past retention, unless some build is reading the root now."""

@@ -1,26 +1,29 @@
 """The `venues` and `mine` stages: top venues → base papers → cross-topic pairs + pooling universe.
 
-The corpus tables are Lance (ordered by nothing useful for joins), so `mine` first writes a
-per-build snapshot of papers bucketed by corpus id and of citations bucketed by citing id; every
-join after that is bucket k against bucket k with DuckDB in one Ray task, and the small sides
-(top venues, base papers) are broadcast. See ../shared/reference/PERF_NOTES.md for why.
+Ingest writes the corpus tables in key buckets (`corpus.layout`: papers by corpus id, citations
+by citing id, each bucket its own Lance fragments), so every join is bucket k against bucket k
+with DuckDB in one Ray task, reading only that bucket's fragments; the small sides (top venues,
+base papers) are broadcast. Three passes: (1) per bucket of citing papers, the eligible base
+papers and the ids of the pooling universe; (2) per bucket, the citations of the drawn base
+papers, written to the buckets of the papers they cite; (3) per bucket of cited papers, the
+topic-disjoint pairs and the universe rows. See ../shared/reference/PERF_NOTES.md for why.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-import ray
 from rich.table import Table
 
 from cpr_ray import duck
-from cpr_ray.buckets import BUCKET, map_buckets, read_bucket, write_bucketed
-from cpr_ray.config import Config
+from cpr_ray.buckets import BUCKET, read_bucket, run_buckets, write_partitions
+from cpr_ray.config import Config, MiningConfig
+from cpr_ray.corpus import layout
+from cpr_ray.errors import StorageError
 from cpr_ray.mining import rules
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
@@ -37,9 +40,6 @@ PAPER_COLUMNS = [
     "domain_id",
     "domain",
 ]
-SNAPSHOT_CITATIONS = pa.schema(
-    [("citing_id", pa.int64()), ("cited_id", pa.int64()), ("has_context", pa.bool_())]
-)
 
 
 def _run_venues(run: StageRun, venues_uri: str) -> StageOutput:
@@ -94,113 +94,39 @@ def venues(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
 # -- mine --------------------------------------------------------------------------------------
 
 
-def _paper_snapshot_batch(batch: pa.Table, num_buckets: int) -> pa.Table:
-    bucket = pc.cast(pc.remainder(batch["corpus_id"], num_buckets), pa.int32())
-    return batch.append_column(BUCKET, bucket)
+@dataclass(frozen=True)
+class _Corpus:
+    """The two corpus tables as bucket plans (see `corpus.layout`), passed to bucket tasks."""
+
+    storage: Storage
+    papers: layout.BucketPlan
+    citations: layout.BucketPlan
+
+    def papers_of(self, k: int) -> pa.Table:
+        return layout.read_bucket(self.papers, self.storage, k, PAPER_COLUMNS)
+
+    def citations_of(self, k: int, columns: list[str], where: str | None = None) -> pa.Table:
+        return layout.read_bucket(self.citations, self.storage, k, columns, where)
+
+    def citations_schema(self, columns: list[str]) -> pa.Schema:
+        return layout.schema(self.citations, self.storage, columns)
 
 
-def _citation_snapshot_batch(batch: pa.Table, num_buckets: int, citing: pa.Array) -> pa.Table:
-    """Only citations *from* top-venue papers can yield a pair or a universe member: keep those,
-    as (citing, cited, has a citing sentence). Their text is fetched later for the few pairs."""
-    keep = batch.filter(pc.is_in(batch["citing_id"], value_set=citing))
-    bucket = pc.cast(pc.remainder(keep["citing_id"], num_buckets), pa.int32())
-    return pa.table(
-        {
-            "citing_id": keep["citing_id"],
-            "cited_id": keep["cited_id"],
-            "has_context": rules.has_citing_sentence(keep),
-            BUCKET: bucket,
-        }
-    )
-
-
-def _snapshot(
-    storage: Storage,
-    lance_uri: str,
-    columns: list[str],
-    fn: Any,
-    out: str,
-    **kwargs: Any,
-) -> None:
-    ds = ray.data.read_lance(lance_uri, columns=columns, storage_options=storage.lance_options())
-    ds = ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow")
-    write_bucketed(ds, out, storage, min_rows_per_file=50_000)
-
-
-def _gather(ds: ray.data.Dataset, schema: pa.Schema) -> pa.Table:
-    """Small per-bucket results (bounded by config) to the driver."""
-    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
-
-
-class _Sides:
-    """Schemas and locations of the snapshot tables, passed to per-bucket tasks."""
-
-    def __init__(self, storage: Storage, root: str, papers: pa.Schema, citations: pa.Schema):
-        self.storage, self.root = storage, root
-        self.schemas = {"papers": papers, "citations": citations}
-
-    def read(self, name: str, k: int, schema: pa.Schema | None = None) -> pa.Table:
-        return read_bucket(self.storage, join(self.root, name), k, schema or self.schemas[name])
-
-
-def _eligible_bucket(
-    k: int, *, sides: _Sides, top: pa.Table, cfg: Config, cap: int | None
-) -> pa.Table:
-    citations = sides.read("citations", k)
-    with_context = citations.filter(citations["has_context"]).select(["citing_id"])
-    papers = sides.read("papers", k)
-    options = rules.eligibility(cfg.mining)
-    return rules.eligible_base_papers(papers, top, with_context, per_field_cap=cap, **options)
-
-
-CANDIDATE_SQL = """
-SELECT c.citing_id AS base_id, c.cited_id, NULL::VARCHAR[] AS contexts,
-       NULL::VARCHAR AS context_source, NULL::VARCHAR[] AS intents,
-       NULL::BOOLEAN AS is_influential, b.topic_ids AS base_topics, b.top_topic AS base_top_topic,
-       b.field_id AS base_field_id, b.field AS base_field, b.domain AS base_domain,
-       b.primary_field_id AS base_primary_field_id, b.primary_domain_id AS base_primary_domain_id,
-       CAST(c.cited_id % {n} AS INTEGER) AS _bucket
-FROM citations c JOIN base b ON b.corpus_id = c.citing_id
-"""
-
-
-def _candidates_bucket(k: int, *, sides: _Sides, base: pa.Table, num_buckets: int) -> pa.Table:
-    mine = base.filter(pc.equal(pc.remainder(base["corpus_id"], num_buckets), k))
-    return duck.query(
-        CANDIDATE_SQL.format(n=num_buckets), citations=sides.read("citations", k), base=mine
-    )
-
-
-def _attach_citation_text(storage: Storage, citations_uri: str, pairs: pa.Table) -> pa.Table:
-    """Citing sentences, intents and influence of the (few) mined pairs, read from Lance with the
-    base ids pushed down."""
-    text = lance.dataset(citations_uri, storage_options=storage.lance_options()).to_table(
-        columns=[
-            "citing_id",
-            "cited_id",
-            "contexts",
-            "context_source",
-            "intents",
-            "is_influential",
-        ],
-        filter=pc.field("citing_id").isin(pc.unique(pairs["base_id"])),
-    )
-    out = duck.query(
-        """SELECT p.* REPLACE (c.contexts AS contexts, c.context_source AS context_source,
-                              c.intents AS intents, c.is_influential AS is_influential,
-                              len(coalesce(c.contexts, [])) > 0 AS has_context)
-           FROM pairs p LEFT JOIN text c ON c.citing_id = p.base_id AND c.cited_id = p.cited_id
-           ORDER BY p.base_id, p.cited_id""",
-        pairs=pairs,
-        text=text,
-    )
-    return out.cast(rules.PAIR_SCHEMA)
-
-
-def _pairs_bucket(k: int, *, sides: _Sides, candidates_schema: pa.Schema) -> pa.Table:
-    candidates = sides.read("candidates", k, candidates_schema)
-    return rules.cross_topic_pairs(candidates, sides.read("papers", k))
+def _corpus(storage: Storage, ingest_m: dict[str, Any]) -> _Corpus:
+    plans = {}
+    for name in ("papers", "citations"):
+        table = ingest_m["tables"][name]
+        if "layout" not in table:
+            raise StorageError(
+                f"the corpus under {storage.root} was ingested by a version that wrote no "
+                f"bucket layout for {name}: mining reads buckets from it; rebuild it once with "
+                "cpr build --stages ingest --force"
+            )
+        found = layout.BucketLayout.from_dict(table["layout"])
+        plans[name] = layout.plan(found, storage, table["uri"], table["version"])
+    if plans["papers"].layout.num_buckets != plans["citations"].layout.num_buckets:
+        raise StorageError("the papers and citations tables are bucketed differently: re-ingest")
+    return _Corpus(storage, plans["papers"], plans["citations"])
 
 
 UNIVERSE_IDS_SQL = """
@@ -212,6 +138,71 @@ SELECT DISTINCT id, CAST(id % {n} AS INTEGER) AS _bucket FROM (
 )
 """
 
+
+@dataclass(frozen=True)
+class _EligibleAndIds:
+    """Pass 1, one bucket of citing papers: its eligible base papers (capped per field) go back
+    to the driver; the ids of the pooling universe it finds are written to their own buckets."""
+
+    corpus: _Corpus
+    top: pa.Table
+    mining: MiningConfig
+    ids_uri: str
+
+    def __call__(self, k: int) -> pa.Table:
+        papers = self.corpus.papers_of(k)
+        citations = self.corpus.citations_of(k, ["citing_id", "cited_id", "context_source"])
+        with_context = citations.filter(rules.has_citing_sentence(citations)).select(["citing_id"])
+        ids = duck.query(
+            UNIVERSE_IDS_SQL.format(n=self.corpus.papers.layout.num_buckets),
+            papers=papers,
+            citations=citations.select(["citing_id", "cited_id"]),
+            top=self.top.select(["venue_id"]),
+        )
+        write_partitions(ids, self.ids_uri, self.corpus.storage, str(k))
+        return rules.eligible_base_papers(
+            papers,
+            self.top,
+            with_context,
+            per_field_cap=self.mining.base_per_field,
+            **rules.eligibility(self.mining),
+        )
+
+
+CANDIDATE_SQL = """
+SELECT c.citing_id AS base_id, c.cited_id, c.contexts, c.context_source, c.intents,
+       c.is_influential, b.topic_ids AS base_topics, b.top_topic AS base_top_topic,
+       b.field_id AS base_field_id, b.field AS base_field, b.domain AS base_domain,
+       b.primary_field_id AS base_primary_field_id, b.primary_domain_id AS base_primary_domain_id,
+       CAST(c.cited_id % {n} AS INTEGER) AS _bucket
+FROM citations c JOIN base b ON b.corpus_id = c.citing_id
+"""
+CANDIDATE_COLUMNS = ["citing_id", "cited_id", "contexts", "context_source", "intents"]
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """Pass 2, one bucket of citing papers: the citations of its base papers, text included,
+    read with the ids pushed into Lance and written to the buckets of the cited papers."""
+
+    corpus: _Corpus
+    base: pa.Table
+    out: str
+
+    def __call__(self, k: int) -> int:
+        n = self.corpus.citations.layout.num_buckets
+        mine = self.base.filter(pc.equal(pc.remainder(self.base["corpus_id"], n), k))
+        if not mine.num_rows:
+            return 0
+        ids = ", ".join(str(i) for i in mine["corpus_id"].to_pylist())
+        citations = self.corpus.citations_of(
+            k, [*CANDIDATE_COLUMNS, "is_influential"], f"citing_id IN ({ids})"
+        )
+        candidates = duck.query(CANDIDATE_SQL.format(n=n), citations=citations, base=mine)
+        write_partitions(candidates, self.out, self.corpus.storage, str(k))
+        return candidates.num_rows
+
+
 UNIVERSE_SCHEMA = pa.schema(
     [
         ("corpus_id", pa.int64()),
@@ -222,31 +213,37 @@ UNIVERSE_SCHEMA = pa.schema(
         ("in_top_venue", pa.bool_()),
     ]
 )
+UNIVERSE_SQL = """
+SELECT p.corpus_id, p.year, p.publication_date, p.field_id, p.domain_id,
+       p.venue_id IN (SELECT venue_id FROM top) AS in_top_venue
+FROM papers p JOIN (SELECT DISTINCT id FROM ids) i ON i.id = p.corpus_id
+WHERE p.abstract_length > 0 AND p.publication_date IS NOT NULL
+"""
 
 
-def _universe_ids_bucket(k: int, *, sides: _Sides, top: pa.Table, num_buckets: int) -> pa.Table:
-    return duck.query(
-        UNIVERSE_IDS_SQL.format(n=num_buckets),
-        papers=sides.read("papers", k),
-        citations=sides.read("citations", k),
-        top=top.select(["venue_id"]),
-    )
+@dataclass(frozen=True)
+class _PairsAndUniverse:
+    """Pass 3, one bucket of cited papers: topic-disjoint pairs of the candidates citing them
+    (back to the driver), and the universe members among them (written as one part)."""
 
+    corpus: _Corpus
+    top: pa.Table
+    candidates_uri: str
+    candidates_schema: pa.Schema
+    ids_uri: str
+    universe_uri: str
 
-def _universe_bucket(k: int, *, sides: _Sides, ids_schema: pa.Schema, top: pa.Table) -> pa.Table:
-    sql = """
-    SELECT p.corpus_id, p.year, p.publication_date, p.field_id, p.domain_id,
-           p.venue_id IN (SELECT venue_id FROM top) AS in_top_venue
-    FROM papers p JOIN (SELECT DISTINCT id FROM ids) i ON i.id = p.corpus_id
-    WHERE p.abstract_length > 0 AND p.publication_date IS NOT NULL
-    """
-    out = duck.query(
-        sql,
-        papers=sides.read("papers", k),
-        ids=sides.read("universe_ids", k, ids_schema),
-        top=top.select(["venue_id"]),
-    )
-    return out.cast(UNIVERSE_SCHEMA)
+    def __call__(self, k: int) -> tuple[pa.Table, int]:
+        storage = self.corpus.storage
+        papers = self.corpus.papers_of(k)
+        candidates = read_bucket(storage, self.candidates_uri, k, self.candidates_schema)
+        pairs = rules.cross_topic_pairs(candidates, papers)
+        ids = read_bucket(storage, self.ids_uri, k, pa.schema([("id", pa.int64())]))
+        universe = duck.query(
+            UNIVERSE_SQL, papers=papers, ids=ids, top=self.top.select(["venue_id"])
+        ).cast(UNIVERSE_SCHEMA)
+        storage.write_parquet(universe, join(self.universe_uri, f"part-{k:05d}.parquet"))
+        return pairs, universe.num_rows
 
 
 def pair_statistics(pairs: pa.Table) -> dict[str, Any]:
@@ -291,89 +288,57 @@ def pair_statistics(pairs: pa.Table) -> dict[str, Any]:
 
 def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any]) -> StageOutput:
     cfg, storage, m = run.cfg, run.storage, run.cfg.mining
-    n = m.num_buckets
     cpus = cfg.ingest.cpus_per_task
-    snap = join(run.out, "_snapshot")
+    work = join(run.out, "_work")
     phase = Phases()
 
-    with phase("snapshot"):
-        opts = storage.lance_options()
-        papers_uri = ingest_m["tables"]["papers"]["uri"]
-        citations_uri = ingest_m["tables"]["citations"]["uri"]
+    with phase("plan"):
+        corpus = _corpus(storage, ingest_m)
+        n = corpus.papers.layout.num_buckets
         top = storage.read_parquet(venues_m["tables"]["top_venues"]["uri"])
-        # ids of top-venue papers: pushed down to Lance; broadcast to the citation scan
-        top_papers = (
-            lance.dataset(papers_uri, storage_options=opts)
-            .to_table(columns=["corpus_id"], filter=pc.field("venue_id").isin(top["venue_id"]))[
-                "corpus_id"
-            ]
-            .combine_chunks()
-        )
+        mixed = {name: getattr(corpus, name) for name in ("papers", "citations")}
         console.print(
-            f"  snapshot: papers, and citations of {len(top_papers):,} top-venue papers, into {n} "
-            "key buckets"
+            f"  reading the corpus in its {n} key buckets; rows in fragments a refresh added "
+            "(scanned by every bucket): "
+            + ", ".join(f"{name} {p.mixed_rows:,} of {p.rows:,}" for name, p in mixed.items())
         )
-        _snapshot(
-            storage,
-            papers_uri,
-            PAPER_COLUMNS,
-            _paper_snapshot_batch,
-            join(snap, "papers"),
-            num_buckets=n,
-        )
-        _snapshot(
-            storage,
-            citations_uri,
-            ["citing_id", "cited_id", "context_source"],
-            _citation_snapshot_batch,
-            join(snap, "citations"),
-            num_buckets=n,
-            citing=top_papers,
-        )
-        lance_schema = lance.dataset(papers_uri, storage_options=opts).schema
-        paper_schema = pa.schema([lance_schema.field(c) for c in PAPER_COLUMNS])
-        sides = _Sides(storage, snap, paper_schema, SNAPSHOT_CITATIONS)
 
     with phase("base_papers"):
-        # base papers: per bucket eligible (capped when a per-field count is set), then sample
+        # pass 1 per bucket of citing papers: eligible (capped per field) + universe ids
         console.print("  base papers: eligibility per bucket, then the same number per field")
-        eligible_schema = _eligible_bucket(
-            0, sides=_EmptySides(sides), top=top, cfg=cfg, cap=None
-        ).schema
-        eligible = _gather(
-            map_buckets(
-                n,
-                partial(_eligible_bucket, sides=sides, top=top, cfg=cfg, cap=m.base_per_field),
-                cpus,
-            ),
-            eligible_schema,
-        )
+        ids_uri = join(work, "universe_ids")
+        eligible_parts = run_buckets(n, _EligibleAndIds(corpus, top, m, ids_uri), cpus)
+        eligible = pa.concat_tables(eligible_parts)
         base, report = rules.sample_per_field(eligible, m.base_per_field)
 
-    with phase("pairs"):
-        # candidate citations of base papers, re-bucketed by cited id; then topic-disjoint pairs
+    with phase("candidates"):
+        # pass 2: citations of base papers (with their text), to the buckets of the cited
         console.print(f"  pairs: citations of {base.num_rows:,} base papers, topic-disjoint")
-        write_bucketed(
-            map_buckets(
-                n, partial(_candidates_bucket, sides=sides, base=base, num_buckets=n), cpus
-            ),
-            join(snap, "candidates"),
-            storage,
-            10_000,
-        )
+        candidates_uri = join(work, "candidates")
+        run_buckets(n, _Candidates(corpus, base, candidates_uri), cpus)
+
+    with phase("pairs_universe"):
+        # pass 3 per bucket of cited papers: topic-disjoint pairs, and the pooling universe
+        console.print("  pooling universe: top-venue papers and what they cite")
+        universe_uri = join(run.out, "universe")
         candidates_schema = duck.query(
             CANDIDATE_SQL.format(n=n),
-            citations=SNAPSHOT_CITATIONS.empty_table(),
+            citations=corpus.citations_schema([*CANDIDATE_COLUMNS, "is_influential"]).empty_table(),
             base=base.schema.empty_table(),
         ).schema
         candidates_schema = candidates_schema.remove(candidates_schema.get_field_index(BUCKET))
-        found = _gather(
-            map_buckets(
-                n, partial(_pairs_bucket, sides=sides, candidates_schema=candidates_schema), cpus
+        found = run_buckets(
+            n,
+            _PairsAndUniverse(
+                corpus, top, candidates_uri, candidates_schema, ids_uri, universe_uri
             ),
-            rules.PAIR_SCHEMA,
+            cpus,
         )
-        pairs_all = _attach_citation_text(storage, citations_uri, found)
+        pairs_all = duck.query(
+            "SELECT * FROM pairs ORDER BY base_id, cited_id",
+            pairs=pa.concat_tables([p for p, _ in found]),
+        ).cast(rules.PAIR_SCHEMA)
+        universe_rows = sum(u for _, u in found)
         n_pairs = pairs_all.num_rows
         without_context = n_pairs - (pc.sum(pairs_all["has_context"]).as_py() or 0)
         pairs = (
@@ -384,30 +349,9 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
         pairs_uri = join(run.out, "pairs.parquet")
         storage.write_parquet(pairs, pairs_uri)
 
-    with phase("universe"):
-        # pooling universe: top-venue papers and the papers they cite, with abstract and date
-        console.print("  pooling universe: top-venue papers and what they cite")
-        write_bucketed(
-            map_buckets(
-                n, partial(_universe_ids_bucket, sides=sides, top=top, num_buckets=n), cpus
-            ),
-            join(snap, "universe_ids"),
-            storage,
-            50_000,
-        )
-        ids_schema = pa.schema([("id", pa.int64())])
-        universe_uri = join(run.out, "universe")
-        uloc = storage.resolve(universe_uri)
-        map_buckets(
-            n, partial(_universe_bucket, sides=sides, ids_schema=ids_schema, top=top), cpus
-        ).write_parquet(uloc.path, filesystem=uloc.fs, try_create_dir=not uloc.is_s3)
-        universe_rows = (
-            pq.ParquetDataset(uloc.path, filesystem=uloc.fs).read(columns=["corpus_id"]).num_rows
-        )
-
     base_uri = join(run.out, "base_papers.parquet")
     storage.write_parquet(base, base_uri)
-    storage.delete_dir(snap)
+    storage.delete_dir(work)
 
     stats = pair_statistics(pairs)
     stats.update(
@@ -435,16 +379,6 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
         },
         stats=stats,
     )
-
-
-class _EmptySides(_Sides):
-    """Stands in for the snapshot when only an output schema is wanted."""
-
-    def __init__(self, sides: _Sides):
-        super().__init__(sides.storage, sides.root, **sides.schemas)
-
-    def read(self, name: str, k: int, schema: pa.Schema | None = None) -> pa.Table:
-        return (schema or self.schemas[name]).empty_table()
 
 
 def _print_mining(stats: dict[str, Any]) -> None:
