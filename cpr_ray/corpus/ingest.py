@@ -16,6 +16,7 @@ with no records at all is an error that names it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,14 @@ import ray
 from rich.table import Table
 
 from cpr_ray import buckets, duck, schemas
-from cpr_ray.buckets import bucket_uri, map_buckets, read_bucket, run_buckets, write_bucketed
+from cpr_ray.buckets import (
+    bucket_uri,
+    map_buckets,
+    read_bucket,
+    run_buckets,
+    write_bucketed,
+    write_partitions,
+)
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
 from cpr_ray.corpus.layout import BucketPlan, write_bucketed_table
@@ -160,26 +168,50 @@ class ParseWorks(ParseRecords):
         return linking.work_keys(super().__call__(lines), self.num_buckets, self.threads)
 
 
-def _read_lines(run: StageRun, item: InputSet, quarantined: Mapping[str, str]) -> ray.data.Dataset:
-    """The lines of every shard of `item`, one shard per task, streamed (see `shards`)."""
-    reader = ReadShards(run.storage, run.cfg.ingest.on_corrupt_shard, dict(quarantined))
-    return ray.data.from_items(
-        [{"path": f} for f in item.files], override_num_blocks=len(item.files)
-    ).map_batches(
-        reader, batch_size=1, batch_format="pyarrow", num_cpus=run.cfg.ingest.cpus_per_task
-    )
+@dataclass(frozen=True)
+class ParseShard:
+    """One Ray task per shard: stream its lines, parse them in batches with DuckDB, and write
+    the rows straight into the bucket folders of `out` (`buckets.write_partitions`), so lines and
+    rows never pass through the object store. Parsed rows are held until about one file per
+    bucket is due. A retried task rewrites its own files (named by shard and part)."""
+
+    files: tuple[str, ...]
+    reader: ReadShards
+    step: ParseRecords
+    out: str
+    batch_lines: int
+    rows_per_file: int
+
+    def __call__(self, k: int) -> None:
+        storage = self.reader.storage
+        lines: list[pa.Table] = []
+        parsed: list[pa.Table] = []
+        n_lines = n_parsed = part = 0
+        flush_at = self.rows_per_file * (self.step.num_buckets + 2)
+        shard = self.reader(pa.table({"path": [self.files[k]]}))
+        for table in itertools.chain(shard, [None]):  # None: the end, flush what is left
+            if table is not None:
+                lines.append(table)
+                n_lines += table.num_rows
+                if n_lines < self.batch_lines:
+                    continue
+            if lines:
+                parsed.append(self.step(pa.concat_tables(lines)))
+                n_parsed += parsed[-1].num_rows
+                lines, n_lines = [], 0
+            if parsed and (n_parsed >= flush_at or table is None):
+                name = f"{k:05d}-{part:04d}"
+                write_partitions(pa.concat_tables(parsed), self.out, storage, name)
+                parsed, n_parsed, part = [], 0, part + 1
 
 
 def _parse_input(
     run: StageRun, item: InputSet, step: ParseRecords, out: str, quarantined: Mapping[str, str]
 ) -> None:
-    ds = _read_lines(run, item, quarantined).map_batches(
-        step,
-        batch_size=run.cfg.ingest.batch_size,
-        batch_format="pyarrow",
-        num_cpus=run.cfg.ingest.cpus_per_task,
-    )
-    write_bucketed(ds, out, run.storage, _rows_per_file(run.cfg))
+    reader = ReadShards(run.storage, run.cfg.ingest.on_corrupt_shard, dict(quarantined))
+    batch = run.cfg.ingest.batch_size
+    parse = ParseShard(item.files, reader, step, out, batch, _rows_per_file(run.cfg))
+    run_buckets(len(item.files), parse, run.cfg.ingest.cpus_per_task)
 
 
 def _rows_per_file(cfg: Config) -> int:
