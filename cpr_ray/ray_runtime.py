@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
+
+# imported here, not on first use: importing ray.data configures its console log handler on the
+# sys.stderr of that moment, which inside a CLI call made from Python (tests, notebooks) is a
+# stream that is closed once the call returns; later datasets would then log into it
+import ray.data  # noqa: F401
 from ray.exceptions import RayTaskError
 
 from cpr_ray.config import RayConfig
