@@ -31,10 +31,13 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from cpr_ray.config import SearchConfig, StorageConfig  # noqa: E402
+from cpr_ray.config import SearchConfig  # noqa: E402
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions  # noqa: E402
 from cpr_ray.search.index import publish  # noqa: E402
-from cpr_ray.storage import Storage  # noqa: E402
+from cpr_ray.storage import (
+    Storage,  # noqa: E402
+    StorageConfig,  # noqa: E402
+)
 
 DIM = 384
 FIELDS = [f"Field {i:02d}" for i in range(20)]

@@ -21,48 +21,18 @@ from typing import Any, ClassVar, Literal, get_args
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from cpr_ray.errors import ConfigError
+from cpr_ray.errors import ConfigError, StorageError
+from cpr_ray.sections import Section as _Section
+from cpr_ray.storage import Storage, StorageConfig
 
 ENV_PREFIX = "CPR_"
 ENV_NESTING = "__"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # fields that say how a stage runs, not what it computes: left out of the stage fingerprint
-    # (`Config.section_hash`), so e.g. the local judge's new port each run reruns nothing
-    operational: ClassVar[frozenset[str]] = frozenset()
-
-    def fingerprint(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude=set(self.operational))
-
-
-class StorageConfig(_Section):
-    root: str | None = Field(
-        None,
-        description="URI every build stage writes under: a local path, file://… or s3://…. "
-        "Required by the build; evaluation writes to eval.out instead.",
-    )
-    s3_endpoint: str | None = Field(
-        None,
-        description="Endpoint override for S3-compatible stores (MinIO, moto, Ceph), "
-        "e.g. http://127.0.0.1:9000. Leave unset for AWS.",
-    )
-    s3_region: str | None = Field(None, description="S3 region; unset uses the AWS default chain.")
-    s3_virtual_addressing: bool = Field(
-        False,
-        description="Use virtual-host style bucket addressing. S3-compatible stores usually "
-        "need the default path style.",
-    )
-    s3_anonymous: bool = Field(False, description="Read public buckets without credentials.")
 
 
 class RayConfig(_Section):
@@ -178,14 +148,6 @@ class LLMStageConfig(_Section):
         "(the dry run pins the passing answers so every later stage gets rows); never for a "
         "real judge. Pinned answers are cached apart from unpinned ones.",
     )
-
-    @field_validator("pin")
-    @classmethod
-    def _pinnable(cls, pin: dict[str, Any]) -> dict[str, Any]:
-        from cpr_ray.llm.answers import check_pin
-
-        check_pin(pin)
-        return pin
 
 
 class Price(_Section):
@@ -1109,8 +1071,6 @@ def _config_text(
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         return path.read_text()
-    from cpr_ray.errors import StorageError
-    from cpr_ray.storage import Storage  # storage builds on this module
 
     data = _profile_dict(profile) if profile else {}
     for dotted, value in _env_overrides(env):

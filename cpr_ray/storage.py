@@ -14,15 +14,39 @@ import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from pydantic import Field
 
-from cpr_ray.config import StorageConfig
 from cpr_ray.errors import StorageError
+from cpr_ray.sections import Section
+
+if TYPE_CHECKING:
+    import lance
+
+
+class StorageConfig(Section):
+    root: str | None = Field(
+        None,
+        description="URI every build stage writes under: a local path, file://… or s3://…. "
+        "Required by the build; evaluation writes to eval.out instead.",
+    )
+    s3_endpoint: str | None = Field(
+        None,
+        description="Endpoint override for S3-compatible stores (MinIO, moto, Ceph), "
+        "e.g. http://127.0.0.1:9000. Leave unset for AWS.",
+    )
+    s3_region: str | None = Field(None, description="S3 region; unset uses the AWS default chain.")
+    s3_virtual_addressing: bool = Field(
+        False,
+        description="Use virtual-host style bucket addressing. S3-compatible stores usually "
+        "need the default path style.",
+    )
+    s3_anonymous: bool = Field(False, description="Read public buckets without credentials.")
 
 
 @dataclass(frozen=True)
@@ -110,6 +134,12 @@ class Storage:
         if self.cfg.s3_anonymous:
             opts["aws_skip_signature"] = "true"
         return opts
+
+    def open_lance(self, uri: str, version: int | None = None) -> lance.LanceDataset:
+        """A Lance table at `version` (None: its latest), with these endpoint settings."""
+        import lance  # a heavy import: only the stages that read the corpus pay for it
+
+        return lance.dataset(uri, version=version, storage_options=self.lance_options())
 
     # -- checks and small files ------------------------------------------------------------
     def check(self, uri: str, *, must_exist: bool = False) -> Location:

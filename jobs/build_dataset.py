@@ -12,7 +12,7 @@ import sys
 
 from cpr_ray.command_line import run_job
 from cpr_ray.config import load_config
-from cpr_ray.pipeline import STAGES, run_build
+from cpr_ray.pipeline.build import STAGES, run_build
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage
 

@@ -13,8 +13,8 @@ import sys
 
 from cpr_ray.command_line import job_parser, run_job
 from cpr_ray.config import load_config
-from cpr_ray.corpus.refresh import refresh, summary_lines
 from cpr_ray.errors import ConfigError
+from cpr_ray.pipeline.refresh import refresh, summary_lines
 
 FLAGS = {"base_release": "refresh.base_release", "api_url": "refresh.api_url"}
 

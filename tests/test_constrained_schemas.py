@@ -32,6 +32,8 @@ from cpr_ray.llm.answers import (
 )
 from cpr_ray.llm.client import response_format
 from cpr_ray.llm.judges import AnalogyJudge
+from cpr_ray.pipeline.build import preflight
+from cpr_ray.storage import Storage
 from tests import scripted_llm
 
 ANSWER_MODELS: list[type[BaseModel]] = [
@@ -399,9 +401,21 @@ def test_pins_on_models_without_branches_and_per_model():
         ({"verdict": "maybe"}, "leaves no consistent TransferVerdict answer"),
     ],
 )
-def test_a_bad_pin_is_a_config_error(pin, error):
-    with pytest.raises(ConfigError, match=re.escape(error)):
-        load_config(overrides=[f"llm.stages.judge-analogy.pin={json.dumps(pin)}"])
+def test_a_bad_pin_is_a_config_error_before_any_work(pin, error, tmp_path):
+    """The settings tree knows no answer contracts: the LLM layer checks pins, before a build
+    starts Ray (its preflight) and before any stage asks."""
+    cfg = load_config(
+        "dry-run",
+        overrides=[
+            f"storage.root={tmp_path}",
+            f"llm.stages.judge-analogy.pin={json.dumps(pin)}",
+        ],
+    )
+    message = re.escape("invalid config: llm.stages.judge-analogy.pin: ") + ".*" + re.escape(error)
+    with pytest.raises(ConfigError, match=message):
+        answers.check_pins(cfg.llm)
+    with pytest.raises(ConfigError, match=message):
+        preflight(cfg, Storage(cfg.storage), ["mine"])
 
 
 def test_pins_need_the_constrained_form_and_a_real_endpoint_drops_them():

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from datasets import load_dataset
 
-from cpr_ray.pipeline import STAGES
+from cpr_ray.pipeline.build import STAGES
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

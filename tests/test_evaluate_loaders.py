@@ -12,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cpr_ray.config import StorageConfig
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.loaders import load_benchmark
 from cpr_ray.evaluate.loaders.analobench import load_analobench
@@ -20,7 +19,7 @@ from cpr_ray.evaluate.loaders.beir import load_beir
 from cpr_ray.evaluate.loaders.bright import load_bright
 from cpr_ray.evaluate.loaders.cpr import GROUPS, load_cpr
 from cpr_ray.retrieval.base import PAD
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage, StorageConfig, StorageError
 
 from .conftest import upload_tree
 

@@ -25,12 +25,12 @@ import ray
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
-from cpr_ray.config import StorageConfig, load_config
+from cpr_ray.config import load_config
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.corpus.shards import BrokenShard, ReadShards, inflate, split_lines
 from cpr_ray.errors import InputError
 from cpr_ray.ray_runtime import user_errors_from_ray
-from cpr_ray.storage import Storage
+from cpr_ray.storage import Storage, StorageConfig
 
 
 def _shard(path: Path, rows: list[Any]) -> Path:

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 from cpr_ray import leases
-from cpr_ray.config import StorageConfig
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage, StorageConfig, join
 
 
 def test_a_held_lease_is_live_and_gone_after_the_block(tmp_path):

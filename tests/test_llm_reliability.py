@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from cpr_ray.cli import app
 from cpr_ray.config import load_config
 from cpr_ray.llm.runner import ledger_uri
-from cpr_ray.pipeline import run_build
+from cpr_ray.pipeline.build import run_build
 from cpr_ray.storage import Storage
 
 pytestmark = pytest.mark.usefixtures("ray_session")

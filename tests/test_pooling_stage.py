@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray.config import load_config  # noqa: E402
-from cpr_ray.pipeline import run_build  # noqa: E402
+from cpr_ray.pipeline.build import run_build  # noqa: E402
 from cpr_ray.pooling.rules import earliest_date, latest_date  # noqa: E402
 from cpr_ray.pooling.schemas import CANDIDATES, GROUPS, QUERIES  # noqa: E402
 from cpr_ray.pooling.stage import pool  # noqa: E402

@@ -21,11 +21,11 @@ import pytest
 from cpr_ray import leases
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus import layout
-from cpr_ray.corpus.refresh import refresh
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.runner import ledger_summary
-from cpr_ray.pipeline import run_build
+from cpr_ray.pipeline.build import run_build
+from cpr_ray.pipeline.refresh import refresh
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage

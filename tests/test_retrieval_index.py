@@ -6,10 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cpr_ray.config import StorageConfig
 from cpr_ray.retrieval import top_k_rows
 from cpr_ray.retrieval.index import VectorIndex
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage, StorageConfig, StorageError
 
 
 def unit_vectors(n: int, d: int = 16, seed: int = 0) -> np.ndarray:

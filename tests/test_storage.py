@@ -2,9 +2,9 @@
 
 import pytest
 
-from cpr_ray.config import StorageConfig, load_config
+from cpr_ray.config import load_config
 from cpr_ray.stage import StageOutput, read_manifest, run_stage
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage import Storage, StorageConfig, StorageError, join
 
 
 def _roundtrip(storage: Storage, root: str) -> None:

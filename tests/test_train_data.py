@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cpr_ray.config import QUESTION_WORDS, StorageConfig, load_config
+from cpr_ray.config import QUESTION_WORDS, load_config
 from cpr_ray.dataset.format import CORPUS, CPR_TRAIN
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.storage import Storage
-from cpr_ray.train.cw import STOP_WORDS, content_word_counts
+from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
+from cpr_ray.storage import Storage, StorageConfig
 from cpr_ray.train.data import DataOptions, paper_text, read_examples
 from cpr_ray.train.trainer import check_model
 

@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
-from cpr_ray.config import StorageConfig, load_config
+from cpr_ray.config import load_config
 from cpr_ray.retrieval.encoder import DenseEncoder
 from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.storage import Storage
+from cpr_ray.storage import Storage, StorageConfig
 from cpr_ray.train.trainer import run_train
 from tests.test_train_step import TOPICS, make_tiny_bert
 

@@ -10,8 +10,8 @@ import pytest
 
 from cpr_ray.dataset.export import export
 from cpr_ray.llm.answers import QUERY_KINDS, synthesized_problems
+from cpr_ray.queries.synthesis import MULTI_QUERY, synthesize_queries
 from cpr_ray.train.data import DataOptions, read_examples
-from cpr_ray.train.synthesis import MULTI_QUERY, synthesize_queries
 
 from .test_dataset_export import built
 

@@ -1,5 +1,6 @@
-"""The nightly refresh: Semantic Scholar's incremental diffs applied to the corpus tables, then
-the build's later stages rerun, paying only for what changed.
+"""The corpus half of the nightly refresh: Semantic Scholar's incremental diffs applied to the
+corpus tables, each release step committed through the ingest manifest. Rerunning the later
+stages, the leases and the removal of old versions are orchestration (`pipeline.refresh`).
 
 **Corpus.** From the release applied last (the ingest manifest's ``corpus.release``; first
 ``refresh.base_release``) to S2's latest, each release step's ``update_files`` are upserted
@@ -15,15 +16,6 @@ later stage sees that its input changed. A refresh killed before a commit leaves
 a newer version than the manifest records; the next one (and any stage that reads them, see
 `stage.require_manifest`) notices, and the refresh restores the recorded version before
 applying the step again — so an interrupted refresh ends where an uninterrupted one does.
-
-**Downstream.** The later stages run as in a build: mining is recomputed over the corpus (bulk
-work, no LLM), and the LLM stages find the answers for every pair judged before in the cache
-(the refresh's ledger rows are its new pairs only); the embedding store encodes only new or
-changed texts; pairs of deleted or no longer eligible papers are simply not mined again, so the
-next export retracts them. The dataset card lists the releases it covers.
-
-**Versions.** Old table versions are removed after a refresh once older than
-``refresh.retain_versions_days`` — never while another build holds a lease on the root.
 """
 
 from __future__ import annotations
@@ -42,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import ray
 
-from cpr_ray import buckets, leases
+from cpr_ray import buckets
 from cpr_ray.buckets import BUCKET, write_bucketed
 from cpr_ray.config import Config
 from cpr_ray.corpus import layout, linking, records, updates
@@ -58,8 +50,6 @@ from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES, ReadShards
 from cpr_ray.errors import ConfigError, InputError, StorageError
-from cpr_ray.llm.runner import ledger_summary
-from cpr_ray.pipeline import STAGES, run_build
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.stage import console, manifest_uri, read_manifest
 from cpr_ray.storage import Storage, join
@@ -86,6 +76,17 @@ class StepReport:
             "records": self.records,
             "changes": self.changes,
         }
+
+
+@dataclass
+class Applied:
+    """What `Refresher.apply` did: the corpus it leaves, and the steps it committed."""
+
+    corpus: Corpus
+    start_release: str
+    state: dict[str, Any]  # the ingest manifest's `corpus` record after the last commit
+    reports: list[dict[str, Any]]  # the steps this refresh committed (`StepReport.as_dict`)
+    restored: list[str]  # tables put back from an earlier refresh's unfinished step
 
 
 def record_schema(name: str) -> pa.Schema:
@@ -583,20 +584,10 @@ class Refresher:
             )
         return latest, grouped
 
-    def run(self) -> dict[str, Any]:
-        """One refresh at a time per root: a second one (an overlapping nightly run) stops."""
-        running = leases.active(self.storage, purpose="refresh")
-        if running:
-            raise StorageError(
-                f"another refresh of {self.storage.root} is running ({', '.join(running)}); "
-                f"a killed one's lease goes stale {leases.STALE_AFTER_S:.0f} s after its last "
-                f"heartbeat (or remove it from {self.storage.root}/{leases.FOLDER}/)"
-            )
-        with leases.held(self.storage, "refresh") as lease:
-            return self._run(lease)
-
-    def _run(self, lease: str) -> dict[str, Any]:
-        storage, rc = self.storage, self.cfg.refresh
+    def apply(self) -> Applied:
+        """Bring the corpus to S2's latest release (and OpenAlex's newest partitions), committing
+        each step; a step an earlier, killed refresh began is restored and applied again."""
+        storage = self.storage
         manifest = self._manifest()
         corpus = Corpus(storage, manifest)
         state = self._corpus_state(manifest)
@@ -608,9 +599,9 @@ class Refresher:
             )
         if self.keyless:
             console.print(
-                f"  [yellow]note[/]: ${rc.api_key_env} is empty: requests go without an API key"
+                f"  [yellow]note[/]: ${self.cfg.refresh.api_key_env} is empty: requests go "
+                "without an API key"
             )
-        ledger_before = _ledger_rows(storage)
         start_release = state["release"]
         latest, steps = self.plan(start_release)
         console.print(
@@ -635,27 +626,7 @@ class Refresher:
         reports = state["applied"][before:]
         if reports and self._rebucket(corpus):
             manifest = self._commit(manifest, corpus, state, StepReport(""))
-        downstream: dict[str, Any] = {}
-        if rc.downstream:
-            later = [s for s in STAGES if s != INGEST]
-            manifests = run_build(self.cfg, later)
-            downstream = {name: m["run_id"] for name, m in manifests.items()}
-        cleaned = self._cleanup(corpus, lease)
-        ledger_after = _ledger_rows(storage)
-        summary = {
-            "root": storage.root,
-            "from_release": start_release,
-            "to_release": state["release"],
-            "steps": reports,
-            "restored": restored,
-            "openalex_snapshot": state.get("openalex_snapshot"),
-            "llm_rows": {s: ledger_after.get(s, 0) - ledger_before.get(s, 0) for s in ledger_after},
-            "downstream": downstream,
-            "versions_removed": cleaned,
-            "export": (read_manifest(storage, "export") or {}).get("output"),
-        }
-        _print_summary(summary)
-        return summary
+        return Applied(corpus, start_release, state, reports, restored)
 
     def _rebucket(self, corpus: Corpus) -> bool:
         """Rewrite each table whose appended, bucket-mixing fragments passed
@@ -683,27 +654,18 @@ class Refresher:
             rewritten = True
         return rewritten
 
-    def _cleanup(self, corpus: Corpus, own_lease: str) -> dict[str, int] | str:
-        """Old versions go once past retention, unless some build is reading the root now."""
-        rc = self.cfg.refresh
-        holders = [h for h in leases.active(self.storage) if h != own_lease]
-        if holders:
-            return f"skipped: {len(holders)} build(s) hold a lease ({', '.join(holders)})"
-        out = {}
-        for name in ("papers", "citations"):
-            stats = corpus.table(name).cleanup_old_versions(
-                older_than=dt.timedelta(days=rc.retain_versions_days)
-            )
-            out[name] = stats.old_versions
-        return out
+    def remove_old_versions(self, corpus: Corpus) -> dict[str, int]:
+        """Table versions older than `refresh.retain_versions_days` (the caller checks that no
+        build is reading them)."""
+        older_than = dt.timedelta(days=self.cfg.refresh.retain_versions_days)
+        return {
+            name: corpus.table(name).cleanup_old_versions(older_than=older_than).old_versions
+            for name in ("papers", "citations")
+        }
 
 
 def _slug(release: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", release)
-
-
-def _ledger_rows(storage: Storage) -> dict[str, int]:
-    return {row["stage"]: row["rows"] for row in ledger_summary(storage)}
 
 
 def _print_step(report: StepReport) -> None:
@@ -723,45 +685,4 @@ def _print_step(report: StepReport) -> None:
     console.print(f"  applied {report.label}: records {rec or 'none'} → {ch}")
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
-    llm = ", ".join(f"{s} {n:,}" for s, n in summary["llm_rows"].items() if n) or "none"
-    console.print(
-        f"[bold]refresh[/]: S2 {summary['from_release']} → {summary['to_release']} in "
-        f"{sum(s['source'] == 's2' for s in summary['steps'])} release step(s); topics from "
-        f"{summary['openalex_snapshot']}; "
-        f"new LLM answers: {llm}; old versions: {summary['versions_removed']}"
-        + (f"; export {summary['export']}" if summary["export"] else "")
-    )
-
-
-def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """What the CLI and the job print last: where things went, what it cost."""
-    s2_steps = [s for s in summary["steps"] if s["source"] == "s2"]
-    lines = [
-        f"corpus: S2 {summary['from_release']} → {summary['to_release']}, "
-        f"{len(s2_steps)} release step(s) applied; topics from {summary['openalex_snapshot']}"
-    ]
-    for step in summary["steps"]:
-        ch = ", ".join(
-            f"{name} +{c['inserted']:,} ~{c['updated']:,} -{c['deleted']:,}"
-            for name, c in step["changes"].items()
-        )
-        lines.append(f"  {step['step']}: {ch}")
-    asked = {s: n for s, n in summary["llm_rows"].items() if n}
-    lines.append(
-        "new LLM answers: "
-        + (", ".join(f"{s} {n:,}" for s, n in asked.items()) if asked else "none")
-        + f" (ledger: cpr stats {summary['root']})"
-    )
-    if summary["export"]:
-        lines.append(f"export: {summary['export']}")
-    lines.append(f"old table versions removed: {summary['versions_removed']}")
-    return lines
-
-
-def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:
-    """Apply S2's diffs since the last refresh and rerun what depends on the corpus."""
-    return Refresher(cfg, client).run()
-
-
-__all__ = ("refresh", "Refresher", "public_url", "snapshot_date", "summary_lines")
+__all__ = ("Applied", "Refresher", "public_url", "snapshot_date")

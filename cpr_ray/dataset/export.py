@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray import duck
 from cpr_ray.config import Config, license_code
+from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.dataset.format import (
     CARD,
     CORPUS,
@@ -428,17 +428,11 @@ def write_text(storage: Storage, uri: str, text: str) -> None:
 # -- the stage -----------------------------------------------------------------------------------
 
 
-def read_papers(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
-    """The named papers from ingest's Lance table (the id list is pushed down)."""
-    ds = lance.dataset(papers_uri, storage_options=storage.lance_options())
-    return ds.to_table(columns=PAPER_COLUMNS, filter=pc.field("corpus_id").isin(ids))
-
-
 def _export(
     run: StageRun,
     queries_uri: str,
     negatives_uri: str,
-    papers_uri: str,
+    papers: PinnedTable,
     fingerprint: str,
     negatives_complete: bool,
 ) -> StageOutput:
@@ -456,15 +450,15 @@ def _export(
     check_no_leakage(cpr_eval, cpr_train)  # a violation is a bug: nothing gets published
 
     ids = corpus_ids(cpr_eval, cpr_train)
-    papers = read_papers(run.storage, papers_uri, ids)
-    absent = pc.invert(pc.is_in(ids, value_set=papers["corpus_id"].combine_chunks()))
+    found = papers_by_id(run.storage, papers, ids, PAPER_COLUMNS)
+    absent = pc.invert(pc.is_in(ids, value_set=found["corpus_id"].combine_chunks()))
     if pc.any(absent).as_py():
         raise InputError(
             f"export: {pc.sum(absent).as_py()} paper(s) of the splits are not in ingest's papers "
-            f"({papers_uri}), e.g. {ids.filter(absent).to_pylist()[:5]}; pool ran on another "
+            f"({papers.uri}), e.g. {ids.filter(absent).to_pylist()[:5]}; pool ran on another "
             "corpus: rerun it (cpr build --stages pool,judge-negatives,export --force)"
         )
-    corpus = corpus_table(papers, ds.open_licenses)
+    corpus = corpus_table(found, ds.open_licenses)
 
     tables: dict[str, dict[str, Any]] = {}
     for name, table in ((EVAL_TABLE, cpr_eval), (TRAIN_TABLE, cpr_train), (CORPUS_TABLE, corpus)):
@@ -496,7 +490,7 @@ def export(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
     """Run (or skip) the export over pool's queries and judge-negatives' negatives."""
     pool = require_manifest(storage, "pool")
     negatives = require_manifest(storage, NEGATIVES_STAGE)
-    ingest = require_manifest(storage, "ingest")
+    papers, ingest_run = pinned_papers(storage)
     return run_stage(
         STAGE,
         cfg,
@@ -504,14 +498,14 @@ def export(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
         inputs={
             "pool": pool["run_id"],
             NEGATIVES_STAGE: negatives["run_id"],
-            "ingest": ingest["run_id"],
+            "ingest": ingest_run,
         },
         config_sections=("dataset",),
         fn=partial(
             _export,
             queries_uri=pool["tables"]["queries"]["uri"],
             negatives_uri=negatives["tables"]["negatives"]["uri"],
-            papers_uri=ingest["tables"]["papers"]["uri"],
+            papers=papers,
             fingerprint=negatives["stats"]["split_fingerprint"],
             negatives_complete=negatives.get("complete", True),
         ),

@@ -26,11 +26,12 @@ import pyarrow.compute as pc
 
 from cpr_ray import duck
 from cpr_ray.config import Config, DatasetConfig
+from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
 from cpr_ray.errors import InputError
+from cpr_ray.llm.answers import KEEP_USEFULNESS
 from cpr_ray.llm.judges import PASSAGE_CHARS, UsefulnessGrader
 from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task, write_failures
-from cpr_ray.queries.stages import KEEP_USEFULNESS, paper_texts
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
@@ -271,20 +272,20 @@ def passages(titles: pa.ChunkedArray, abstracts: pa.ChunkedArray) -> pa.ChunkedA
 
 
 def grader_rows(
-    storage: Storage, papers_uri: str, queries: pa.Table, candidates: pa.Table
+    storage: Storage, papers: PinnedTable, queries: pa.Table, candidates: pa.Table
 ) -> pa.Table:
     """Candidates with what the grader reads: the query, the candidate's passage, no mappings.
 
     Pool draws candidates from ingest's papers; one missing there means pool ran on another
     corpus, and grading an empty passage would make a junk negative, so it stops the stage.
     """
-    texts = paper_texts(storage, papers_uri, candidates["candidate_id"].combine_chunks())
+    texts = paper_texts(storage, papers, candidates["candidate_id"].combine_chunks())
     absent = pc.invert(pc.is_in(candidates["candidate_id"], value_set=texts["corpus_id"]))
     if pc.any(absent).as_py():
         row = candidates.filter(absent).slice(0, 1).to_pylist()[0]
         raise InputError(
             f"{STAGE}: candidate {row['candidate_id']} of query {row['query_id']} is not in "
-            f"ingest's papers ({papers_uri}); pool ran on another corpus: rerun it "
+            f"ingest's papers ({papers.uri}); pool ran on another corpus: rerun it "
             "(cpr build --stages pool --force)"
         )
     texts = pa.table(
@@ -312,7 +313,7 @@ def _llm_stats(runs: list[TaskRun], cfg: Config, task: NegativeGrader) -> dict[s
 
 
 def _judge_negatives(
-    run: StageRun, queries_uri: str, candidates_uri: str, papers_uri: str
+    run: StageRun, queries_uri: str, candidates_uri: str, papers: PinnedTable
 ) -> StageOutput:
     ds = run.cfg.dataset
     queries = run.storage.read_parquet(queries_uri)
@@ -326,7 +327,7 @@ def _judge_negatives(
         result = run_llm_task(
             run,
             task,
-            grader_rows(run.storage, papers_uri, queries, rows),
+            grader_rows(run.storage, papers, queries, rows),
             base_url=endpoint_url(run.cfg),
         )
         runs.append(result)
@@ -376,18 +377,18 @@ def _judge_negatives(
 def judge_negatives(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
     """Run (or skip) judge-negatives over pool's queries and candidates; returns its manifest."""
     pool = require_manifest(storage, "pool")
-    ingest = require_manifest(storage, "ingest")
+    papers, ingest_run = pinned_papers(storage)
     return run_stage(
         STAGE,
         cfg,
         storage,
-        inputs={"pool": pool["run_id"], "ingest": ingest["run_id"]},
+        inputs={"pool": pool["run_id"], "ingest": ingest_run},
         config_sections=("llm", "dataset"),
         fn=partial(
             _judge_negatives,
             queries_uri=pool["tables"]["queries"]["uri"],
             candidates_uri=pool["tables"]["candidates"]["uri"],
-            papers_uri=ingest["tables"]["papers"]["uri"],
+            papers=papers,
         ),
         force=force,
     )

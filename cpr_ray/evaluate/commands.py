@@ -10,10 +10,11 @@ import typer
 from rich.table import Table
 
 from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
-from cpr_ray.config import Config, StorageConfig, load_config
+from cpr_ray.config import Config, load_config
 from cpr_ray.errors import UserError
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.evaluate.settings import check
+from cpr_ray.storage import StorageConfig
 
 # `cpr eval` / jobs/evaluate.py flag -> the config key it sets (flags win over --set and YAML)
 EVAL_FLAGS = {

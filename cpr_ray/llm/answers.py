@@ -24,6 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
+from cpr_ray.config import LLMConfig
+from cpr_ray.errors import ConfigError
+
 TransferType = Literal[
     "method",
     "problem_formulation",
@@ -152,9 +155,19 @@ def _nested_answers(model: type[BaseModel]) -> Iterator[type[_Answer]]:
         yield from walk(field.annotation)
 
 
+def check_pins(llm: LLMConfig) -> None:
+    """Every stage's pin names fields of the answer models and leaves each model holding them an
+    answer. Run by the LLM layer before a build starts Ray and before any stage asks (the settings
+    tree knows no answer contracts), so a bad pin is one config line, never an actor's error."""
+    for stage, options in llm.stages.items():
+        try:
+            check_pin(options.pin)
+        except ValueError as exc:
+            raise ConfigError(f"invalid config: llm.stages.{stage}.pin: {exc}") from None
+
+
 def check_pin(pin: Mapping[str, Any]) -> None:
-    """A pin names fields of the answer models and leaves each model holding them an answer
-    (ValueError otherwise, for the config to report): found at load time, not in an actor."""
+    """One pin (see `check_pins`); ValueError naming what is wrong."""
     models = [m for m in _answer_models() if set(pin) & set(m.model_fields)]
     known = set().union(*(m.model_fields for m in _answer_models()))
     unknown = sorted(set(pin) - known)
@@ -475,6 +488,10 @@ class SameProblem(_Answer):
 class Usefulness(_Answer):
     reasoning: str = Field(max_length=600, description="Brief: intent match and trustworthiness.")
     score: int = Field(ge=0, le=3)
+
+
+# a usefulness of 2 or more is usable (B.5): positives keep it, negatives (N2) must stay below it
+KEEP_USEFULNESS = 2
 
 
 _FINAL_SCORE = re.compile(r"(?:score|final)[^0-9]{0,20}([0-3])(?!\d)", re.I)

@@ -38,14 +38,15 @@ import pyarrow.dataset as pds
 import ray
 
 from cpr_ray import duck
-from cpr_ray.config import Config, LLMConfig, StorageConfig
+from cpr_ray.config import Config, LLMConfig
 from cpr_ray.errors import ConfigError, InputError, LLMStageError, UserError
+from cpr_ray.llm.answers import check_pins
 from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage, probe_endpoint
 from cpr_ray.llm.prompts import Prompt
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
 from cpr_ray.ray_runtime import user_errors_from_ray
 from cpr_ray.stage import StageRun, console
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage, StorageConfig, join
 
 KEY = "request_key"
 ACTOR_CPUS = 0.25  # the actors wait on the network; a quarter CPU each leaves room for the rest
@@ -321,6 +322,7 @@ def run_llm_task(
             f"{task.stage}: its input lacks column(s) {', '.join(missing)} "
             f"(has: {', '.join(inputs.column_names)})"
         )
+    check_pins(cfg)
     model = cfg.for_stage(task.stage)[0]
     pin = cfg.pin_for(task.stage)
     keys = [

@@ -23,14 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from cpr_ray.config import StorageConfig
 from cpr_ray.errors import StorageError
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
 from cpr_ray.pooling.rules import content_keys, doc_text
 from cpr_ray.pooling.search import Universe
 from cpr_ray.retrieval.index import factory_for, save_vectors
 from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage, StorageConfig, join
 
 STORE = "_embeddings"
 KEYS = pa.schema([("corpus_id", pa.int64()), ("key", pa.uint64())])

@@ -20,12 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from cpr_ray.config import PoolingConfig, StorageConfig
+from cpr_ray.config import PoolingConfig
 from cpr_ray.pooling.rules import doc_text
 from cpr_ray.pooling.schemas import GROUPS, HITS
 from cpr_ray.pooling.search import Hits, QueryBatch, Universe, exact_hits, index_hits
 from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage, StorageConfig, join
 
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
 SPARSE = "sparse.parquet"

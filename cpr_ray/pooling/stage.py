@@ -21,12 +21,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
 from cpr_ray.config import Config, PoolingConfig
+from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.pooling.embeddings import assemble_index, encode_missing, gather
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.pooling.rules import (
@@ -47,7 +47,6 @@ UPSTREAM = {
     "positives_uri": ("score-positives", "positives"),
     "judged_uri": ("judge-analogy", "judged"),
     "universe_uri": ("mine", "universe"),
-    "papers_uri": ("ingest", "papers"),
 }
 PAPER_COLUMNS = ["corpus_id", "title", "abstract", "publication_date", "year", "topics"]
 SEARCH_PHASES = ("search", "merge", "search_short", "merge_short")
@@ -55,22 +54,17 @@ SEARCH_PHASES = ("search", "merge", "search_short", "merge_short")
 _assemble = ray.remote(assemble_index)
 
 
-def paper_meta(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
+def paper_meta(storage: Storage, papers: PinnedTable, ids: pa.Array) -> pa.Table:
     """Dates and topic ids of the given papers (a bounded id list, pushed down to Lance)."""
-    t = lance.dataset(papers_uri, storage_options=storage.lance_options()).to_table(
-        columns=["corpus_id", "publication_date", "year", "topics"],
-        filter=pc.field("corpus_id").isin(pc.unique(ids)),
-    )
+    t = papers_by_id(storage, papers, ids, ["publication_date", "year", "topics"])
     return t.drop_columns(["topics"]).append_column("topic_ids", topic_ids(t["topics"]))
 
 
-def snapshot_docs(storage: Storage, papers_uri: str, universe_uri: str, docs_uri: str) -> int:
+def snapshot_docs(storage: Storage, papers: PinnedTable, universe_uri: str, docs_uri: str) -> int:
     """The universe's DOCS rows under `docs_uri`: one streaming scan of the papers, each block
     filtered against the (broadcast) universe ids. Returns the universe's size."""
     universe_ids = storage.read_parquet(universe_uri, ["corpus_id"])["corpus_id"].combine_chunks()
-    ds = ray.data.read_lance(
-        papers_uri, columns=PAPER_COLUMNS, storage_options=storage.lance_options()
-    ).map_batches(
+    ds = papers.read_ray(storage, PAPER_COLUMNS).map_batches(
         universe_docs,
         fn_kwargs={"universe_ids": universe_ids},
         batch_format="pyarrow",
@@ -120,7 +114,7 @@ def _short(sizes: pa.Table, cfg: PoolingConfig) -> pa.Table:
 
 
 def _pool(
-    run: StageRun, positives_uri: str, judged_uri: str, universe_uri: str, papers_uri: str
+    run: StageRun, positives_uri: str, judged_uri: str, universe_uri: str, papers: PinnedTable
 ) -> StageOutput:
     cfg, storage, phase = run.cfg.pooling, run.storage, Phases()
     pool_plans = plans(cfg)
@@ -131,9 +125,9 @@ def _pool(
         ids = pa.concat_arrays(
             [positives["base_id"].combine_chunks(), positives["cited_id"].combine_chunks()]
         )
-        queries, search = build_queries(positives, paper_meta(storage, papers_uri, ids), cfg.top_k)
+        queries, search = build_queries(positives, paper_meta(storage, papers, ids), cfg.top_k)
         if queries.num_rows:
-            in_universe = snapshot_docs(storage, papers_uri, universe_uri, docs_uri)
+            in_universe = snapshot_docs(storage, papers, universe_uri, docs_uri)
             docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"])
             judged = storage.read_parquet(judged_uri, ["base_id", "cited_id", "status", "decision"])
             rejected = rejected_citations(judged, search, docs)
@@ -266,12 +260,13 @@ def pool(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any
     uris = {
         arg: manifests[stage]["tables"][table]["uri"] for arg, (stage, table) in UPSTREAM.items()
     }
+    papers, ingest_run = pinned_papers(storage)
     return run_stage(
         STAGE,
         cfg,
         storage,
-        inputs={stage: m["run_id"] for stage, m in manifests.items()},
+        inputs={**{stage: m["run_id"] for stage, m in manifests.items()}, "ingest": ingest_run},
         config_sections=("pooling",),
-        fn=partial(_pool, **uris),
+        fn=partial(_pool, **uris, papers=papers),
         force=force,
     )

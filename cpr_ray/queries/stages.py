@@ -8,13 +8,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray import duck
 from cpr_ray.config import Config
-from cpr_ray.llm.answers import analogy_passed
+from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
+from cpr_ray.llm.answers import KEEP_USEFULNESS, analogy_passed
 from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier, UsefulnessGrader, format_mappings
 from cpr_ray.llm.judges import passage as make_passage
 from cpr_ray.llm.runner import (
@@ -29,32 +29,11 @@ from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
-KEEP_USEFULNESS = 2
 
-
-def paper_texts(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
-    """Title, abstract and first topic of the given papers (a bounded id list, pushed to Lance)."""
-    ds = lance.dataset(papers_uri, storage_options=storage.lance_options())
-    t = ds.to_table(
-        columns=["corpus_id", "title", "abstract", "topics", "field"],
-        filter=pc.field("corpus_id").isin(pc.unique(ids)),
-    )
-    names = [(ts[0]["name"] if ts else None) for ts in t["topics"].to_pylist()]
-    return pa.table(
-        {
-            "corpus_id": t["corpus_id"],
-            "title": t["title"],
-            "abstract": t["abstract"],
-            "top_topic": pa.array(names, pa.string()),
-            "field": t["field"],
-        }
-    )
-
-
-def _with_texts(storage: Storage, papers_uri: str, pairs: pa.Table) -> pa.Table:
+def _with_texts(storage: Storage, papers: PinnedTable, pairs: pa.Table) -> pa.Table:
     texts = paper_texts(
         storage,
-        papers_uri,
+        papers,
         pa.concat_arrays([pairs["base_id"].combine_chunks(), pairs["cited_id"].combine_chunks()]),
     )
     return duck.query(
@@ -115,11 +94,11 @@ def _ok(table: pa.Table, column: str) -> pa.Array:
 # -- stage bodies ------------------------------------------------------------------------------
 
 
-def _judge_analogy(run: StageRun, pairs_uri: str, papers_uri: str) -> StageOutput:
+def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageOutput:
     pairs = _cap(run.cfg, run.storage.read_parquet(pairs_uri))
     rows = _with_texts(
         run.storage,
-        papers_uri,
+        papers,
         pairs.select(
             [
                 "base_id",
@@ -257,15 +236,13 @@ def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
 # -- stage entry points --------------------------------------------------------------------------
 
 
-def _stage(name: str, upstream: str, table: str, body: Any, extra: dict[str, str] | None = None):
+def _stage(name: str, upstream: str, table: str, body: Any, with_papers: bool = False):
     def stage(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
         m = require_manifest(storage, upstream)
         kwargs = {f"{table}_uri": m["tables"][table]["uri"]}
         inputs = {upstream: m["run_id"]}
-        for arg, (stage_name, tname) in (extra or {}).items():
-            em = require_manifest(storage, stage_name)
-            kwargs[arg] = em["tables"][tname]["uri"]
-            inputs[stage_name] = em["run_id"]
+        if with_papers:
+            kwargs["papers"], inputs["ingest"] = pinned_papers(storage)
         return run_stage(
             name,
             cfg,
@@ -281,9 +258,7 @@ def _stage(name: str, upstream: str, table: str, body: Any, extra: dict[str, str
     return stage
 
 
-judge_analogy = _stage(
-    "judge-analogy", "mine", "pairs", _judge_analogy, {"papers_uri": ("ingest", "papers")}
-)
+judge_analogy = _stage("judge-analogy", "mine", "pairs", _judge_analogy, with_papers=True)
 judge_transfer = _stage("judge-transfer", "judge-analogy", "analogies", _judge_transfer)
 write_queries = _stage("write-queries", "judge-transfer", "transfers", _write_queries)
 dedup = _stage("dedup", "write-queries", "queries", _dedup)

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import torch
 
-from cpr_ray.config import Config, EncoderConfig, StorageConfig, TrainConfig
+from cpr_ray.config import Config, EncoderConfig, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.retrieval.encoder import (
     Encoder,
@@ -49,7 +49,7 @@ from cpr_ray.retrieval.encoder import (
     with_model_prompts,
 )
 from cpr_ray.retrieval.spec import EncoderSpec, preset
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.data import DataOptions, fingerprint, read_examples
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.step import (

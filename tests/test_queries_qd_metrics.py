@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpr_ray.train.qd_metrics import (
+from cpr_ray.queries.qd_metrics import (
     cross_encoder_scorer,
     cw_distribution,
     dist_sim,

@@ -16,19 +16,19 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.config import Config, SynthesisConfig
+from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import QUERY_KINDS, DiverseQueries, Paraphrases, synthesized_problems
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
+from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
-from cpr_ray.train.qd_metrics import cross_encoder_scorer, qd_report
 
 STAGE = "synthesize-queries"
 MULTI_QUERY = pa.schema(
@@ -93,13 +93,7 @@ def positive_text(title: str | None, abstract: str | None) -> str:
     return f"{title or ''}. {abstract or ''}".strip()
 
 
-def _papers(storage: Storage, papers_uri: str, ids: pa.Array) -> pa.Table:
-    return lance.dataset(papers_uri, storage_options=storage.lance_options()).to_table(
-        columns=["corpus_id", "title", "abstract"], filter=pc.field("corpus_id").isin(ids)
-    )
-
-
-def _inputs(run: StageRun, train: pa.Table, papers_uri: str) -> pa.Table:
+def _inputs(run: StageRun, train: pa.Table, papers: PinnedTable) -> pa.Table:
     """The rows to ask about: one per positive (diverse) or per CPR-train query (paraphrase),
     with the positive's title and abstract; `llm.max_rows_per_stage` caps them."""
     if run.cfg.synthesis.mode == "diverse":
@@ -107,10 +101,10 @@ def _inputs(run: StageRun, train: pa.Table, papers_uri: str) -> pa.Table:
         train = train.take(pa.array(np.sort(first)))
     cap = run.cfg.llm.max_rows_per_stage
     train = train.slice(0, cap) if cap is not None else train
-    papers = _papers(run.storage, papers_uri, pc.unique(train["positive_id"]))
-    at = pc.index_in(train["positive_id"], papers["corpus_id"])
-    return train.append_column("title", papers["title"].take(at)).append_column(
-        "abstract", papers["abstract"].take(at)
+    texts = papers_by_id(run.storage, papers, train["positive_id"], ["title", "abstract"])
+    at = pc.index_in(train["positive_id"], texts["corpus_id"])
+    return train.append_column("title", texts["title"].take(at)).append_column(
+        "abstract", texts["abstract"].take(at)
     )
 
 
@@ -167,13 +161,13 @@ def qd_metrics(cfg: SynthesisConfig, build: pa.Table, synthesized: pa.Table) -> 
     return out
 
 
-def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers_uri: str) -> StageOutput:
+def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTable) -> StageOutput:
     cfg = run.cfg.synthesis
     train = run.storage.read_parquet(train_uri, ["query_id", "query", "positive_id"])
     build = pa.concat_tables(
         [train, run.storage.read_parquet(eval_uri, ["query_id", "query", "positive_id"])]
     )
-    inputs = _inputs(run, train, papers_uri)
+    inputs = _inputs(run, train, papers)
     task = QuerySynthesizer(cfg.mode, cfg.paraphrases)
     result = run_llm_task(run, task, inputs, base_url=endpoint_url(run.cfg))
     rows = multi_query_rows(result.table)
@@ -207,18 +201,18 @@ def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers_uri: str) -
 def synthesize_queries(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
     """Run (or skip) synthesize-queries over the export's CPR-train; returns its manifest."""
     export = require_manifest(storage, "export")
-    ingest = require_manifest(storage, "ingest")
+    papers, ingest_run = pinned_papers(storage)
     return run_stage(
         STAGE,
         cfg,
         storage,
-        inputs={"export": export["run_id"], "ingest": ingest["run_id"]},
+        inputs={"export": export["run_id"], "ingest": ingest_run},
         config_sections=("llm", "synthesis"),
         fn=partial(
             _synthesize,
             train_uri=export["tables"]["cpr-train"]["uri"],
             eval_uri=export["tables"]["cpr-eval"]["uri"],
-            papers_uri=ingest["tables"]["papers"]["uri"],
+            papers=papers,
         ),
         force=force,
     )

@@ -1,9 +1,12 @@
-"""The ordered list of build stages, so the CLI, the jobs and the dry run run the same thing."""
+"""The ordered list of build stages and the run over them, so the CLI, the jobs, the refresh and
+the dry run run the same thing."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from rich.table import Table
 
 from cpr_ray import leases
 from cpr_ray.config import Config
@@ -11,12 +14,13 @@ from cpr_ray.corpus.ingest import discover_inputs, ingest
 from cpr_ray.dataset.export import export
 from cpr_ray.dataset.negatives import judge_negatives
 from cpr_ray.errors import ConfigError, StorageError
+from cpr_ray.llm.answers import check_pins
 from cpr_ray.mining.stages import mine, venues
 from cpr_ray.pooling.stage import pool
 from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
+from cpr_ray.queries.synthesis import synthesize_queries
 from cpr_ray.ray_runtime import ensure_ray, user_errors_from_ray
 from cpr_ray.storage import Storage, join
-from cpr_ray.train.synthesis import synthesize_queries
 
 StageFn = Callable[..., dict[str, Any]]
 
@@ -64,10 +68,11 @@ def check_root(storage: Storage) -> None:
 
 
 def preflight(cfg: Config, storage: Storage, selected: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Check what needs no Ray — the storage root, and the input shards when ingest runs — so a
-    bad path or bucket fails in seconds, not after Ray's start. Returns per-stage arguments
-    (the shards found, so ingest reads exactly what was checked)."""
+    """Check what needs no Ray — the storage root, the LLM stages' pins, and the input shards when
+    ingest runs — so a bad path, bucket or pin fails in seconds, not after Ray's start. Returns
+    per-stage arguments (the shards found, so ingest reads exactly what was checked)."""
     check_root(storage)
+    check_pins(cfg.llm)
     if "ingest" not in selected:
         return {}
     return {"ingest": {"inputs": discover_inputs(cfg, storage)}}
@@ -102,3 +107,16 @@ def run_build(
                     cfg, storage, force=force, **stage_args.get(name, {})
                 )
     return manifests
+
+
+def manifests_table(manifests: dict[str, dict[str, Any]]) -> Table:
+    """What each stage published: its run, seconds, tables, rows and where they went."""
+    table = Table(title="stages", title_justify="left")
+    for col in ("stage", "run", "seconds", "table", "rows", "uri"):
+        table.add_column(col)
+    for name, m in manifests.items():
+        for tname, t in m.get("tables", {}).items():
+            table.add_row(
+                name, m["run_id"], str(m.get("seconds", "")), tname, f"{t['rows']:,}", t["uri"]
+            )
+    return table

@@ -1,0 +1,108 @@
+"""The nightly refresh as a whole: the corpus brought to S2's latest release
+(`corpus.refresh`), then the build's later stages rerun, paying only for what changed.
+
+**Downstream.** The later stages run as in a build: mining is recomputed over the corpus (bulk
+work, no LLM), and the LLM stages find the answers for every pair judged before in the cache
+(the refresh's ledger rows are its new pairs only); the embedding store encodes only new or
+changed texts; pairs of deleted or no longer eligible papers are simply not mined again, so the
+next export retracts them. The dataset card lists the releases it covers.
+
+**One at a time.** A refresh holds a lease on the root; a second one (an overlapping nightly
+run) stops with one line. Old table versions are removed after a refresh once older than
+``refresh.retain_versions_days`` — never while another build holds a lease on the root.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpr_ray import leases
+from cpr_ray.config import Config
+from cpr_ray.corpus.refresh import INGEST, Refresher
+from cpr_ray.corpus.s2_api import S2DatasetsClient
+from cpr_ray.errors import StorageError
+from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.pipeline.build import STAGES, run_build
+from cpr_ray.stage import console, read_manifest
+from cpr_ray.storage import Storage
+
+
+def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:
+    """Apply S2's diffs since the last refresh and rerun what depends on the corpus."""
+    updater = Refresher(cfg, client)
+    storage = updater.storage
+    running = leases.active(storage, purpose="refresh")
+    if running:
+        raise StorageError(
+            f"another refresh of {storage.root} is running ({', '.join(running)}); "
+            f"a killed one's lease goes stale {leases.STALE_AFTER_S:.0f} s after its last "
+            f"heartbeat (or remove it from {storage.root}/{leases.FOLDER}/)"
+        )
+    with leases.held(storage, "refresh") as lease:
+        ledger_before = _ledger_rows(storage)
+        applied = updater.apply()
+        downstream: dict[str, Any] = {}
+        if cfg.refresh.downstream:
+            manifests = run_build(cfg, [s for s in STAGES if s != INGEST])
+            downstream = {name: m["run_id"] for name, m in manifests.items()}
+        holders = [h for h in leases.active(storage) if h != lease]
+        cleaned: dict[str, int] | str = (
+            f"skipped: {len(holders)} build(s) hold a lease ({', '.join(holders)})"
+            if holders
+            else updater.remove_old_versions(applied.corpus)
+        )
+        ledger_after = _ledger_rows(storage)
+    summary = {
+        "root": storage.root,
+        "from_release": applied.start_release,
+        "to_release": applied.state["release"],
+        "steps": applied.reports,
+        "restored": applied.restored,
+        "openalex_snapshot": applied.state.get("openalex_snapshot"),
+        "llm_rows": {s: ledger_after.get(s, 0) - ledger_before.get(s, 0) for s in ledger_after},
+        "downstream": downstream,
+        "versions_removed": cleaned,
+        "export": (read_manifest(storage, "export") or {}).get("output"),
+    }
+    _print_summary(summary)
+    return summary
+
+
+def _ledger_rows(storage: Storage) -> dict[str, int]:
+    return {row["stage"]: row["rows"] for row in ledger_summary(storage)}
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    llm = ", ".join(f"{s} {n:,}" for s, n in summary["llm_rows"].items() if n) or "none"
+    console.print(
+        f"[bold]refresh[/]: S2 {summary['from_release']} → {summary['to_release']} in "
+        f"{sum(s['source'] == 's2' for s in summary['steps'])} release step(s); topics from "
+        f"{summary['openalex_snapshot']}; "
+        f"new LLM answers: {llm}; old versions: {summary['versions_removed']}"
+        + (f"; export {summary['export']}" if summary["export"] else "")
+    )
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What the CLI and the job print last: where things went, what it cost."""
+    s2_steps = [s for s in summary["steps"] if s["source"] == "s2"]
+    lines = [
+        f"corpus: S2 {summary['from_release']} → {summary['to_release']}, "
+        f"{len(s2_steps)} release step(s) applied; topics from {summary['openalex_snapshot']}"
+    ]
+    for step in summary["steps"]:
+        ch = ", ".join(
+            f"{name} +{c['inserted']:,} ~{c['updated']:,} -{c['deleted']:,}"
+            for name, c in step["changes"].items()
+        )
+        lines.append(f"  {step['step']}: {ch}")
+    asked = {s: n for s, n in summary["llm_rows"].items() if n}
+    lines.append(
+        "new LLM answers: "
+        + (", ".join(f"{s} {n:,}" for s, n in asked.items()) if asked else "none")
+        + f" (ledger: cpr stats {summary['root']})"
+    )
+    if summary["export"]:
+        lines.append(f"export: {summary['export']}")
+    lines.append(f"old table versions removed: {summary['versions_removed']}")
+    return lines
