@@ -437,8 +437,10 @@ class PoolerConfig(_Section):
     doc_template: str = Field(
         "{title}. {abstract}",
         description="Document text from a paper's {title} and {abstract}, e.g. SciNCL's "
-        "'{title}[SEP]{abstract}'. The model's document prefix (by name: E5's 'passage: ') "
-        "goes before it.",
+        "'{title}[SEP]{abstract}'. The default is the one paper text every stage uses "
+        "(no second full stop after a title ending in . ? or !; either part alone when the "
+        "other is empty). The model's document prefix (by name: E5's 'passage: ') goes "
+        "before it.",
     )
 
     @field_validator("doc_template")

@@ -8,6 +8,7 @@ join that silently matches nothing three stages later.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 TOPIC = pa.struct(
     [
@@ -87,3 +88,19 @@ REJECTS = pa.schema(
         ("raw", pa.string()),
     ]
 )
+
+
+def paper_text(title: pa.Array | pa.ChunkedArray, abstract: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A paper as one string, the same wherever one is needed — the passage a grader judges, the
+    text a retriever is trained, pooled, evaluated and searched on — so no two stages see two
+    different papers: "title. abstract", no second full stop after a title ending in . ? or !,
+    either alone when the other is empty or null."""
+    t = pc.utf8_trim_whitespace(pc.fill_null(_one_chunk(title).cast(pa.string()), ""))
+    a = pc.utf8_trim_whitespace(pc.fill_null(_one_chunk(abstract).cast(pa.string()), ""))
+    sep = pc.if_else(pc.match_substring_regex(t, r"[.?!]$"), " ", ". ")
+    both = pc.binary_join_element_wise(t, sep, a, "")
+    return pc.if_else(pc.equal(a, ""), t, pc.if_else(pc.equal(t, ""), a, both))
+
+
+def _one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values

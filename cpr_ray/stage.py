@@ -19,7 +19,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import lance
 from rich.console import Console
 
 from cpr_ray import __version__
@@ -118,7 +117,7 @@ def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
         )
     for name, table in manifest["tables"].items():
         if table.get("format") == "lance" and table.get("version") is not None:
-            found = lance.dataset(table["uri"], storage_options=storage.lance_options()).version
+            found = storage.open_lance(table["uri"]).version
             if found != table["version"]:
                 raise StorageError(
                     f"{stage} table {name} is at version {found}, but version "

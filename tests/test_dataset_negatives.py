@@ -21,11 +21,10 @@ from cpr_ray.dataset.negatives import (
     judge_negatives,
     mark_kept,
     negative_stats,
-    passages,
     walk,
 )
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
-from cpr_ray.llm.judges import passage
+from cpr_ray.llm.judges import passage, passages
 from cpr_ray.schemas import PAPERS
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, join
@@ -166,12 +165,13 @@ def test_the_walk_keeps_what_judging_everything_would_keep(groups, need, margin)
         assert enough <= len(judged) <= enough + math.ceil(need * margin)
 
 
-def test_passages_match_the_graders_passage():
+def test_the_graders_passage_is_the_paper_text_cut_at_2000_characters():
     titles = pa.chunked_array([["A title", None, " spaced ", "é" * 2500]])
     abstracts = pa.chunked_array([["An abstract.", "only abstract", None, "x"]])
-    assert passages(titles, abstracts).to_pylist() == [
-        passage(t, a) for t, a in zip(titles.to_pylist(), abstracts.to_pylist())
-    ]
+    got = passages(titles, abstracts).to_pylist()
+    assert got[:3] == ["A title. An abstract.", "only abstract", "spaced"]
+    assert got[3] == "é" * 2000
+    assert passage("é" * 2500, "x") == got[3]
 
 
 # -- a fake build: ingest's papers and pool's tables ----------------------------------------------

@@ -140,7 +140,7 @@ def test_cpr_loader_on_constructed_export(tmp_path):
     by_id = {str(c["corpus_id"]): c for c in made["corpus"]}
     for doc_id, text in zip(bench.doc_ids, bench.doc_texts):
         c = by_id[doc_id]
-        assert text == (c["title"] + "\n" + c["abstract"] if c["abstract"] else c["title"])
+        assert text == (f"{c['title']}. {c['abstract']}" if c["abstract"] else c["title"])
     assert len(bench.train_pairs) == 3 and "keyword0" in bench.train_pairs[0][1]
 
 
@@ -267,16 +267,16 @@ def test_beir_loader_on_constructed_set(tmp_path):
     assert bench.pools is None
     assert bench.doc_ids == ["d1", "2", "d3"]  # numeric ids read as text
     assert bench.doc_texts == [
-        "Solar cells\nPerovskite light absorbers.",
+        "Solar cells. Perovskite light absorbers.",
         "Wind turbine wakes.",
-        "Bees\nPollination networks.",
+        "Bees. Pollination networks.",
     ]
     assert bench.query_ids == ["q1", "q2"]  # only queries with qrels in the split
     assert bench.qrels == [{0: 2, 2: 0}, {1: 1}]
     reasons = [r["reason"] for r in bench.rejects]
     assert "qrels name a query missing from queries.jsonl" in reasons
     assert "1 qrels name unknown documents" in reasons
-    assert bench.train_pairs == [("unjudged", "Bees\nPollination networks.")]
+    assert bench.train_pairs == [("unjudged", "Bees. Pollination networks.")]
     assert bench.pool_sizes().tolist() == [3, 3]
 
 

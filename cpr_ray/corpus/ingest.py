@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -325,7 +324,6 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     }
     papers_uri = join(run.out, "papers.lance")
     citations_uri = join(run.out, "citations.lance")
-    lance_opts = storage.lance_options()
     layouts = {}
     for name, uri, bucket_fn, schema, key in (
         ("papers", papers_uri, _papers_bucket, schemas.PAPERS, "corpus_id"),
@@ -352,7 +350,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         layouts["papers"],
         storage,
         papers_uri,
-        lance.dataset(papers_uri, storage_options=lance_opts).version,
+        storage.open_lance(papers_uri).version,
     )
     venues = build_venues(
         storage, papers_plan, stage_uri("publication-venues"), stage_uri("sources"), cpus
@@ -360,16 +358,14 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     storage.write_parquet(venues, venues_uri)
     phase.lap("venues")
 
-    papers_tbl = lance.dataset(papers_uri, storage_options=lance_opts)
+    papers_tbl = storage.open_lance(papers_uri)
     n_papers = papers_tbl.count_rows()
     join_rate = {
         key: papers_tbl.count_rows(filter=f"join_key = '{key}'") for key in linking.KEY_PRIORITY
     }
     join_rate["none"] = n_papers - sum(join_rate.values())
-    n_citations = lance.dataset(citations_uri, storage_options=lance_opts).count_rows()
-    with_context = lance.dataset(citations_uri, storage_options=lance_opts).count_rows(
-        filter="context_source IS NOT NULL"
-    )
+    n_citations = storage.open_lance(citations_uri).count_rows()
+    with_context = storage.open_lance(citations_uri).count_rows(filter="context_source IS NOT NULL")
     storage.delete_dir(staging)
     phase.lap("counts")
 
@@ -409,7 +405,7 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
                 "uri": citations_uri,
                 "format": "lance",
                 "rows": n_citations,
-                "version": lance.dataset(citations_uri, storage_options=lance_opts).version,
+                "version": storage.open_lance(citations_uri).version,
                 "layout": layouts["citations"].as_dict(),
             },
             "venues": {"uri": venues_uri, "format": "parquet", "rows": venues.num_rows},

@@ -61,7 +61,7 @@ class BucketPlan:
 
 def plan(layout: BucketLayout, storage: Storage, uri: str, version: int) -> BucketPlan:
     """Assign the fragments of `uri` at `version` to buckets by the layout's record."""
-    ds = lance.dataset(uri, version=version, storage_options=storage.lance_options())
+    ds = storage.open_lance(uri, version)
     by_bucket: dict[int, list[int]] = {k: [] for k in range(layout.num_buckets)}
     mixed: list[int] = []
     mixed_rows = rows = 0
@@ -79,7 +79,7 @@ def plan(layout: BucketLayout, storage: Storage, uri: str, version: int) -> Buck
 
 
 def schema(p: BucketPlan, storage: Storage, columns: list[str]) -> pa.Schema:
-    ds = lance.dataset(p.uri, version=p.version, storage_options=storage.lance_options())
+    ds = storage.open_lance(p.uri, p.version)
     return pa.schema([ds.schema.field(c) for c in columns])
 
 
@@ -91,7 +91,7 @@ def read_bucket(
     where: str | None = None,
 ) -> pa.Table:
     """Rows of bucket k: its own fragments, plus bucket k's rows of the mixed ones."""
-    ds = lance.dataset(p.uri, version=p.version, storage_options=storage.lance_options())
+    ds = storage.open_lance(p.uri, p.version)
     schema = pa.schema([ds.schema.field(c) for c in columns])
     parts = []
     bucket_rows = f"{p.layout.key} % {p.layout.num_buckets} = {k}"
@@ -173,7 +173,7 @@ def _all_rows(k: int, *, p: BucketPlan, storage: Storage, columns: list[str]) ->
 def rewrite(p: BucketPlan, storage: Storage, *, fragment_rows: int, cpus: float) -> BucketLayout:
     """The table at `p`'s version rewritten as one-bucket fragments, as a new version (new row
     ids: a refresh asks what changed only within a step, never across this rewrite)."""
-    ds = lance.dataset(p.uri, version=p.version, storage_options=storage.lance_options())
+    ds = storage.open_lance(p.uri, p.version)
     found, _ = write_bucketed_table(
         p.layout.num_buckets,
         partial(_all_rows, p=p, storage=storage, columns=ds.schema.names),

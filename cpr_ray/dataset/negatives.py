@@ -30,7 +30,7 @@ from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
 from cpr_ray.errors import InputError
 from cpr_ray.llm.answers import KEEP_USEFULNESS
-from cpr_ray.llm.judges import PASSAGE_CHARS, UsefulnessGrader
+from cpr_ray.llm.judges import UsefulnessGrader, passages
 from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task, write_failures
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
@@ -257,15 +257,6 @@ def negative_stats(split: pa.Table, ds: DatasetConfig, marked: pa.Table) -> dict
         "queries_with_short_groups": len(pc.unique(short["query_id"])),
         "short_group_examples": short.slice(0, SHORT_EXAMPLES).to_pylist(),
     }
-
-
-def passages(titles: pa.ChunkedArray, abstracts: pa.ChunkedArray) -> pa.ChunkedArray:
-    """`cpr_ray.llm.judges.passage` over columns: "title. abstract", cut at 2,000 characters,
-    so negatives are graded on exactly what a positive was graded on."""
-    joined = pc.binary_join_element_wise(
-        pc.fill_null(titles, ""), pc.fill_null(abstracts, ""), ". "
-    )
-    return pc.utf8_slice_codeunits(pc.utf8_trim_whitespace(joined), 0, PASSAGE_CHARS)
 
 
 # -- the stage -----------------------------------------------------------------------------------

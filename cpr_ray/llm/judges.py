@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import (
@@ -21,6 +22,7 @@ from cpr_ray.llm.answers import (
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.injection import input_flags
 from cpr_ray.llm.runner import LLMTask
+from cpr_ray.schemas import paper_text
 
 MAPPING = pa.struct([("q_object", pa.string()), ("d_object", pa.string()), ("role", pa.string())])
 RELATION = pa.struct(
@@ -185,9 +187,15 @@ class TransferVerifier(LLMTask):
         )
 
 
+def passages(titles: pa.Array | pa.ChunkedArray, abstracts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """What the usefulness grader reads of each paper (positives and negatives alike): the one
+    paper text (`schemas.paper_text`), cut at 2,000 characters."""
+    return pc.utf8_slice_codeunits(paper_text(titles, abstracts), 0, PASSAGE_CHARS)
+
+
 def passage(title: str | None, abstract: str | None) -> str:
-    """d's title and abstract, cut at 2,000 characters, as the grader reads it."""
-    return f"{title or ''}. {abstract or ''}".strip()[:PASSAGE_CHARS]
+    """`passages` of one paper."""
+    return passages(pa.array([title], pa.string()), pa.array([abstract], pa.string()))[0].as_py()
 
 
 class UsefulnessGrader(LLMTask):

@@ -34,8 +34,10 @@ from cpr_ray.pooling.schemas import (
     REJECTED,
     SEARCH_QUERIES,
 )
+from cpr_ray.schemas import paper_text
 
 TEMPLATE_FIELD = re.compile(r"(\{title\}|\{abstract\})")
+PAPER_TEMPLATE = "{title}. {abstract}"  # `schemas.paper_text`, the default doc_template
 
 # the group of a candidate with topic ids {c}, for a query with topics {q} and positive {p}
 GROUP_SQL = """CASE WHEN coalesce(list_has_any({c}, {q}), false) THEN 'shares_query_topic'
@@ -70,7 +72,10 @@ def topic_ids(topics: pa.Array | pa.ChunkedArray) -> pa.ListArray:
 
 
 def doc_text(title: pa.Array, abstract: pa.Array, template: str) -> pa.Array:
-    """A paper's document text by template (`{title}[SEP]{abstract}`), missing parts empty."""
+    """A paper's document text by template (`{title}[SEP]{abstract}`), missing parts empty; the
+    default template is the one paper text every other stage uses (`schemas.paper_text`)."""
+    if template == PAPER_TEMPLATE:
+        return paper_text(title, abstract)
     fields = {"{title}": pc.fill_null(title, ""), "{abstract}": pc.fill_null(abstract, "")}
     parts = [fields.get(p, p) for p in TEMPLATE_FIELD.split(template) if p]
     if not any(not isinstance(p, str) for p in parts):

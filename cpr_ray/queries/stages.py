@@ -15,8 +15,13 @@ from cpr_ray import duck
 from cpr_ray.config import Config
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.llm.answers import KEEP_USEFULNESS, analogy_passed
-from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier, UsefulnessGrader, format_mappings
-from cpr_ray.llm.judges import passage as make_passage
+from cpr_ray.llm.judges import (
+    AnalogyJudge,
+    TransferVerifier,
+    UsefulnessGrader,
+    format_mappings,
+    passages,
+)
 from cpr_ray.llm.runner import (
     TaskRun,
     endpoint_url,
@@ -215,14 +220,10 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
 
 def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
     rows = without_answer_columns(run.storage.read_parquet(queries_uri))
-    passages = [
-        make_passage(t, a)
-        for t, a in zip(rows["d_title"].to_pylist(), rows["d_abstract"].to_pylist(), strict=True)
-    ]
     mappings = [format_mappings(m) for m in rows["object_mappings"].to_pylist()]
-    rows = rows.append_column("passage", pa.array(passages, pa.string())).append_column(
-        "mappings", pa.array(mappings, pa.string())
-    )
+    rows = rows.append_column(
+        "passage", passages(rows["d_title"], rows["d_abstract"])
+    ).append_column("mappings", pa.array(mappings, pa.string()))
     result = run_llm_task(run, UsefulnessGrader(), rows, base_url=endpoint_url(run.cfg))
     keep = pc.and_(
         pc.equal(result.table["status"], "ok"),

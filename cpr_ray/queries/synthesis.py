@@ -27,6 +27,7 @@ from cpr_ray.llm.answers import QUERY_KINDS, DiverseQueries, Paraphrases, synthe
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
 from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
+from cpr_ray.schemas import paper_text
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
@@ -88,11 +89,6 @@ class QuerySynthesizer(LLMTask):
         return {"kinds": ["paraphrase"] * len(found), "queries": found}, "ok", None
 
 
-def positive_text(title: str | None, abstract: str | None) -> str:
-    """A paper as training reads it: "title. abstract" (train/data.py's cpr reader)."""
-    return f"{title or ''}. {abstract or ''}".strip()
-
-
 def _inputs(run: StageRun, train: pa.Table, papers: PinnedTable) -> pa.Table:
     """The rows to ask about: one per positive (diverse) or per CPR-train query (paraphrase),
     with the positive's title and abstract; `llm.max_rows_per_stage` caps them."""
@@ -110,11 +106,12 @@ def _inputs(run: StageRun, train: pa.Table, papers: PinnedTable) -> pa.Table:
 
 def multi_query_rows(answered: pa.Table) -> pa.Table:
     """MULTI_QUERY rows from the answered inputs: one per synthesized query."""
-    ok = answered.filter(pc.equal(answered["status"], "ok")).to_pylist()
+    ok = answered.filter(pc.equal(answered["status"], "ok"))
+    ok = ok.append_column("positive", paper_text(ok["title"], ok["abstract"])).to_pylist()
     rows = [
         {
             "query": q,
-            "positive": positive_text(r["title"], r["abstract"]),
+            "positive": r["positive"],
             "negatives": [],
             "positive_id": r["positive_id"],
             "kind": kind,

@@ -18,7 +18,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from cpr_ray.schemas import paper_text
 
 PAD = -1  # fills a padded matrix of document positions past each row's end
 
@@ -54,9 +55,6 @@ def top_k_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def document_texts(
     title: pa.Array | pa.ChunkedArray, body: pa.Array | pa.ChunkedArray
 ) -> list[str]:
-    """Title and body on two lines (either alone when the other is empty or null): the one text
-    a paper is encoded as, by evaluation (CPR-eval, BEIR) and by the search index alike, so both
-    see the same vectors."""
-    title, body = pc.fill_null(title, ""), pc.fill_null(body, "")
-    sep = pc.if_else(pc.or_(pc.equal(title, ""), pc.equal(body, "")), "", "\n")
-    return pc.binary_join_element_wise(title, sep, body, "").to_pylist()
+    """The one paper text (`schemas.paper_text`) of each document, as evaluation (CPR-eval,
+    BEIR) and the search index encode it: what was judged and trained on is what is searched."""
+    return paper_text(title, body).to_pylist()

@@ -10,7 +10,7 @@ Three inputs, told apart by what is at the URI:
   at the version the manifest records):
   the same columns for the whole corpus, before any sampling.
 
-Every document is encoded as its title and text on two lines (``document_texts``), the way
+Every document is encoded as the one paper text (``document_texts``), the way
 evaluation encodes them, so search and `cpr eval` see the same vectors.
 """
 
@@ -23,10 +23,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cpr_ray.corpus.tables import PinnedTable, pinned_papers
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.evaluate.loaders.io import find_table, read_jsonl
 from cpr_ray.retrieval.base import document_texts
-from cpr_ray.stage import manifest_uri, require_manifest
+from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, join
 
 BEIR_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
@@ -112,14 +113,15 @@ def _unique(table: pa.Table, uri: str) -> pa.Table:
     return table
 
 
-def _lance_uri(storage: Storage, uri: str) -> str | None:
-    """A Lance table's own URI, or the papers table a build root's ingest manifest publishes
-    (checked as every stage checks it: a refresh that stopped before its commit is refused)."""
+def _lance_table(storage: Storage, uri: str) -> PinnedTable | None:
+    """A Lance table given by its own URI (its latest version), or the papers table a build
+    root's ingest manifest publishes, at the version it pins (checked as every stage checks it:
+    a refresh that stopped before its commit is refused)."""
     if storage.exists(join(uri, "_versions")):
-        return uri
+        return PinnedTable(uri)
     root = Storage(storage.cfg.model_copy(update={"root": uri}))
     if storage.is_file(manifest_uri(root, "ingest")):
-        return require_manifest(root, "ingest")["tables"]["papers"]["uri"]
+        return pinned_papers(root)[0]
     return None
 
 
@@ -133,11 +135,8 @@ def load_documents(storage: Storage, uri: str) -> Documents:
             return _beir(storage, join(uri, name))
     if (table_uri := find_table(storage, uri, "corpus")) is not None:
         return _ours(storage.read_parquet(table_uri), "export", table_uri)
-    if (lance_uri := _lance_uri(storage, uri)) is not None:
-        import lance
-
-        papers = lance.dataset(lance_uri, storage_options=storage.lance_options())
-        return _ours(papers.to_table(columns=OUR_COLUMNS), "papers", lance_uri)
+    if (papers := _lance_table(storage, uri)) is not None:
+        return _ours(papers.read(storage, OUR_COLUMNS), "papers", papers.uri)
     raise StorageError(
         f"{uri} holds no corpus to index: expected a BEIR corpus.jsonl, an export folder with a "
         "corpus table, a Lance papers table, or a build root (ingest/_MANIFEST.json)"

@@ -51,6 +51,7 @@ from cpr_ray.dataset.format import CORPUS_TABLE, TRAIN_TABLE
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.loaders.io import find_table
 from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
+from cpr_ray.schemas import paper_text
 from cpr_ray.storage import Storage, StorageError
 
 FORMATS = ("cpr", "triplets", "msmarco", "reasonir", "specter")
@@ -320,16 +321,6 @@ def _read_all(
 
 
 # -- texts, keys and list columns -------------------------------------------------------------
-
-
-def paper_text(title: pa.ChunkedArray | pa.Array, abstract: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """A paper's text, "title. abstract" (no second full stop after a title ending in . ? or
-    !); either alone when the other is empty or null."""
-    t = pc.utf8_trim_whitespace(pc.fill_null(title, ""))
-    a = pc.utf8_trim_whitespace(pc.fill_null(abstract, ""))
-    sep = pc.if_else(pc.match_substring_regex(t, r"[.?!]$"), " ", ". ")
-    both = pc.binary_join_element_wise(t, sep, a, "")
-    return _array(pc.if_else(pc.equal(a, ""), t, pc.if_else(pc.equal(t, ""), a, both)))
 
 
 def text_keys(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
