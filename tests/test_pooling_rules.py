@@ -252,3 +252,25 @@ def test_build_queries_follow_the_contract():
     assert second["base_date"] == D(2012, 1, 1)  # year only: its earliest day
     assert search["p_topics"].to_pylist() == [[3], None]  # 201 unknown: no topics
     assert pc.all(pc.equal(search["depth"], 300)).as_py()
+
+
+def test_retraining_into_the_same_folder_gives_the_pooling_store_and_the_index_new_keys(tmp_path):
+    """Cached vectors are keyed by the model's files, not its name: a model retrained into the
+    same folder (same names and sizes, new weights) is encoded again by pooling and search."""
+    from cpr_ray.pooling.poolers import PoolerPlan
+    from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
+    from cpr_ray.search.index import encoder_record
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"a" * 4096)
+    spec = EncoderSpec(str(model))
+    plan = PoolerPlan("m", "dense", "{title}. {abstract}", spec, 1, 1.0, 0.0)
+    key, record = plan.store_key, encoder_record(spec)
+    assert record["fingerprint"] == vector_identity(spec)["fingerprint"]
+    assert PoolerPlan("m", "dense", "{title}", spec, 2, 2.0, 0.0).store_key == key  # same vectors
+
+    (model / "model.safetensors").write_bytes(b"b" * 4096)  # the retrained weights
+    assert plan.store_key != key
+    assert encoder_record(spec)["fingerprint"] != record["fingerprint"]

@@ -319,7 +319,7 @@ def _judge_negatives(
             run,
             task,
             grader_rows(run.storage, papers, queries, rows),
-            base_url=endpoint_url(run.cfg),
+            base_url=endpoint_url(run.cfg.llm),
         )
         runs.append(result)
         return result.table

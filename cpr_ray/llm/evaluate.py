@@ -18,13 +18,13 @@ from typing import Any
 import pyarrow as pa
 from pydantic import Field
 
-from cpr_ray.config import Config, LLMConfig
+from cpr_ray.config import Config
 from cpr_ray.errors import ConfigError
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.judges import passage
-from cpr_ray.llm.runner import LLMContext, LLMTask, run_llm_task
+from cpr_ray.llm.runner import LLMContext, LLMTask, endpoint_url, run_llm_task
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.storage import Storage
 
@@ -144,14 +144,7 @@ def eval_context(cfg: Config) -> LLMContext:
     return LLMContext(cfg.llm, storage, f"eval-{uuid.uuid4().hex[:8]}")
 
 
-def endpoint(llm_cfg: LLMConfig) -> str:
-    """The endpoint, or one line saying it must be given (before anything starts)."""
-    if not llm_cfg.base_url:
-        raise ConfigError(
-            "the LLM reranker, rewriters and explanations need llm.base_url (an OpenAI-compatible "
-            "endpoint)"
-        )
-    return llm_cfg.base_url
+EVAL_STEPS = "the LLM reranker, rewriters and explanations"
 
 
 class LLMTournamentJudge:
@@ -159,7 +152,7 @@ class LLMTournamentJudge:
 
     def __init__(self, cfg: Config, doc_texts: Mapping[str, str]) -> None:
         self.doc_texts = doc_texts
-        self.base_url = endpoint(cfg.llm)  # fail before starting anything
+        self.base_url = endpoint_url(cfg.llm, EVAL_STEPS)  # fail before starting anything
         self.ctx = eval_context(cfg)
         ensure_ray(cfg.ray)
 
@@ -198,7 +191,7 @@ class LLMTournamentJudge:
 class LLMQueryRewriter:
     def __init__(self, kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]) -> None:
         self.name = kind
-        self.base_url = endpoint(cfg.llm)  # fail before starting anything
+        self.base_url = endpoint_url(cfg.llm, EVAL_STEPS)  # fail before starting anything
         self.ctx = eval_context(cfg)
         self.examples = (
             "\n\n".join(f"Question: {q}\nPassage: {p[:600]}" for q, p in train_pairs[:FEW_SHOT])

@@ -38,7 +38,7 @@ import pyarrow.dataset as pds
 import ray
 
 from cpr_ray import duck
-from cpr_ray.config import Config, LLMConfig
+from cpr_ray.config import LLMConfig
 from cpr_ray.errors import ConfigError, InputError, LLMStageError, UserError
 from cpr_ray.llm.answers import check_pins
 from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage, probe_endpoint
@@ -546,11 +546,13 @@ def write_failures(storage: Storage, table: pa.Table, uri: str) -> int:
     return failures.num_rows
 
 
-def endpoint_url(cfg: Config) -> str:
-    if not cfg.llm.base_url:
+def endpoint_url(llm: LLMConfig, needed_by: str = "the LLM stages") -> str:
+    """The endpoint, or one line saying it must be given: checked before anything starts, by
+    the build's stages and by evaluation's and search's LLM steps alike."""
+    if not llm.base_url:
         raise ConfigError(
-            "llm.base_url is not set: point it at an OpenAI-compatible endpoint "
-            "(--set llm.base_url=http://host:8000/v1, key in $OPENAI_API_KEY), or use "
-            "`cpr dry-run`, which starts a local server"
+            f"{needed_by} need llm.base_url, an OpenAI-compatible endpoint (--set "
+            "llm.base_url=http://host:8000/v1, key in $OPENAI_API_KEY); `cpr dry-run` starts a "
+            "local one"
         )
-    return cfg.llm.base_url
+    return llm.base_url

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,7 @@ from cpr_ray.config import PoolingConfig
 from cpr_ray.pooling.rules import doc_text
 from cpr_ray.pooling.schemas import GROUPS, HITS
 from cpr_ray.pooling.search import Hits, QueryBatch, Universe, exact_hits, index_hits
-from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
 from cpr_ray.storage import Storage, StorageConfig, join
 
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
@@ -49,9 +49,7 @@ class PoolerPlan:
         """The embedding store's key: what changes a document's vector (the text itself is in
         each row's key), so poolers that differ only in query settings share a store."""
         assert self.spec is not None, f"{self.name}: bm25 keeps no vectors"
-        s = asdict(self.spec)
-        fields = ("model", "pooling", "doc_prefix", "max_length", "normalize", "dtype")
-        payload = {"kind": self.kind, **{f: s[f] for f in fields}}
+        payload = {"kind": self.kind, **vector_identity(self.spec)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

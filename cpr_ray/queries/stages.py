@@ -120,7 +120,7 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageO
     )
     hold_out = run.cfg.llm.hold_out_flagged_inputs
     result = run_llm_task(
-        run, AnalogyJudge(hold_out_flagged=hold_out), rows, base_url=endpoint_url(run.cfg)
+        run, AnalogyJudge(hold_out_flagged=hold_out), rows, base_url=endpoint_url(run.cfg.llm)
     )
     table = result.table
     decisions = table.filter(pc.equal(table["status"], "ok"))["decision"]
@@ -147,7 +147,7 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageO
 
 def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
     rows = without_answer_columns(run.storage.read_parquet(analogies_uri))
-    result = run_llm_task(run, TransferVerifier(), rows, base_url=endpoint_url(run.cfg))
+    result = run_llm_task(run, TransferVerifier(), rows, base_url=endpoint_url(run.cfg.llm))
     return _publish(run, result, _ok(result.table, "verified"), "transfers", {})
 
 
@@ -158,7 +158,7 @@ def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
         for f, t in zip(rows["d_field"].to_pylist(), rows["d_topic"].to_pylist(), strict=True)
     ]
     rows = rows.append_column("d_fields", pa.array(d_fields, pa.string()))
-    result = run_llm_task(run, QueryWriter(), rows, base_url=endpoint_url(run.cfg))
+    result = run_llm_task(run, QueryWriter(), rows, base_url=endpoint_url(run.cfg.llm))
     written = pc.and_(pc.equal(result.table["status"], "ok"), pc.is_valid(result.table["query"]))
     ok_rows = result.table.filter(written)
     words = pc.mean(ok_rows["query_words"]).as_py() if ok_rows.num_rows else None
@@ -178,7 +178,7 @@ def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
 def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
     queries = without_answer_columns(run.storage.read_parquet(queries_uri))
     pairs = query_pairs(queries)
-    result = run_llm_task(run, SameProblemJudge(), pairs, base_url=endpoint_url(run.cfg))
+    result = run_llm_task(run, SameProblemJudge(), pairs, base_url=endpoint_url(run.cfg.llm))
     same = result.table.filter(_ok(result.table, "same_problem"))
     links = list(
         zip(
@@ -224,7 +224,7 @@ def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
     rows = rows.append_column(
         "passage", passages(rows["d_title"], rows["d_abstract"])
     ).append_column("mappings", pa.array(mappings, pa.string()))
-    result = run_llm_task(run, UsefulnessGrader(), rows, base_url=endpoint_url(run.cfg))
+    result = run_llm_task(run, UsefulnessGrader(), rows, base_url=endpoint_url(run.cfg.llm))
     keep = pc.and_(
         pc.equal(result.table["status"], "ok"),
         pc.greater_equal(pc.fill_null(result.table["usefulness"], -1), KEEP_USEFULNESS),

@@ -166,7 +166,7 @@ def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTabl
     )
     inputs = _inputs(run, train, papers)
     task = QuerySynthesizer(cfg.mode, cfg.paraphrases)
-    result = run_llm_task(run, task, inputs, base_url=endpoint_url(run.cfg))
+    result = run_llm_task(run, task, inputs, base_url=endpoint_url(run.cfg.llm))
     rows = multi_query_rows(result.table)
     out_uri = join(run.out, "multi-query.parquet")
     run.storage.write_parquet(rows, out_uri)

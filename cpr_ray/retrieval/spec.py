@@ -10,9 +10,15 @@ hub name gets the prompt it was trained with; an empty string means "no prefix".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 POOLINGS = ("mean", "cls", "last_token")
+# what decides a document's vector (device, batch size and threads do not)
+VECTOR_KEYS = ("model", "pooling", "doc_prefix", "max_length", "normalize", "dtype")
+FINGERPRINT_BYTES = 1 << 20
 DTYPES = ("float32", "float16", "bfloat16")
 
 QWEN3_TASK = "Given a research problem, retrieve papers whose ideas could help solve it"
@@ -83,6 +89,37 @@ class EncoderSpec:
             query_prefix=qp if self.query_prefix is None else self.query_prefix,
             doc_prefix=dp if self.doc_prefix is None else self.doc_prefix,
         )
+
+
+def model_fingerprint(model: str) -> str:
+    """Which weights a vector came from: a local folder's file names, sizes, and the first and
+    last MiB of each file (a fine-tuned copy of a model has the same names and sizes, not the
+    same bytes); a hub name stands for itself."""
+    if not os.path.isdir(model):
+        return f"name:{model}"
+    digest = hashlib.blake2b(digest_size=16)
+    for root, _, files in sorted(os.walk(model)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            size = os.path.getsize(path)
+            digest.update(f"{os.path.relpath(path, model)}:{size}".encode())
+            with open(path, "rb") as f:
+                digest.update(f.read(FINGERPRINT_BYTES))
+                if size > 2 * FINGERPRINT_BYTES:
+                    f.seek(-FINGERPRINT_BYTES, os.SEEK_END)
+                    digest.update(f.read())
+    return digest.hexdigest()
+
+
+def vector_identity(spec: EncoderSpec) -> dict[str, Any]:
+    """Which vectors a spec makes: its settings that change a document's vector and the
+    fingerprint of the model's files. Cached vectors (the pooling embedding store, the search
+    index) are keyed by it, so retraining into the same folder never serves stale vectors."""
+    settings = asdict(spec)
+    return {
+        **{k: settings[k] for k in VECTOR_KEYS},
+        "fingerprint": model_fingerprint(spec.model),
+    }
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,8 @@ files' fingerprint), pooling, prefixes, length or dtype re-encodes everything.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import time
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -40,44 +37,22 @@ from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.evaluate.settings import retriever_options
 from cpr_ray.retrieval.index import factory_for, save_vectors
 from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
-from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
 from cpr_ray.search.documents import Documents, content_hashes, load_documents
 from cpr_ray.storage import Storage, join
 
 FORMAT = 1
 MANIFEST, DOCS, BM25_DIR = "index.json", "docs.parquet", "bm25"
-SPEC_KEYS = ("model", "pooling", "query_prefix", "doc_prefix", "max_length", "normalize", "dtype")
-FINGERPRINT_BYTES = 1 << 20
 GENERATION = re.compile(r"g\d{4}")
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 progress_console = Console(stderr=True)
 
 
-def model_fingerprint(model: str) -> str:
-    """Which weights a vector came from: a local folder's file names, sizes, and the first and
-    last MiB of each file (a fine-tuned copy of a model has the same names and sizes, not the
-    same bytes); a hub name stands for itself."""
-    if not os.path.isdir(model):
-        return f"name:{model}"
-    digest = hashlib.blake2b(digest_size=16)
-    for root, _, files in sorted(os.walk(model)):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            size = os.path.getsize(path)
-            digest.update(f"{os.path.relpath(path, model)}:{size}".encode())
-            with open(path, "rb") as f:
-                digest.update(f.read(FINGERPRINT_BYTES))
-                if size > 2 * FINGERPRINT_BYTES:
-                    f.seek(-FINGERPRINT_BYTES, os.SEEK_END)
-                    digest.update(f.read())
-    return digest.hexdigest()
-
-
 def encoder_record(spec: EncoderSpec) -> dict[str, Any]:
-    """What decides the vectors (device and batch size do not), as the manifest keeps it."""
-    record = {k: v for k, v in asdict(spec).items() if k in SPEC_KEYS}
-    return {**record, "fingerprint": model_fingerprint(spec.model)}
+    """What decides the index's vectors and its queries' (device and batch size do not), as the
+    manifest keeps it."""
+    return {**vector_identity(spec), "query_prefix": spec.query_prefix}
 
 
 def read_manifest(storage: Storage, uri: str) -> dict[str, Any] | None:

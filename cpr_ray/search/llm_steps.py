@@ -67,11 +67,11 @@ def rerank(results: list[dict[str, Any]], index: SearchIndex, cfg: Config, k: in
 def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) -> dict[str, int]:
     """Attach `explanation` to every hit (None where the LLM gave no valid answer); returns how
     many answers were ok, invalid or failed."""
-    from cpr_ray.llm.evaluate import endpoint, eval_context
-    from cpr_ray.llm.runner import run_llm_task
+    from cpr_ray.llm.evaluate import EVAL_STEPS, eval_context
+    from cpr_ray.llm.runner import endpoint_url, run_llm_task
     from cpr_ray.ray_runtime import ensure_ray
 
-    base_url = endpoint(cfg.llm)
+    base_url = endpoint_url(cfg.llm, EVAL_STEPS)
     rows, where = [], []
     for r in results:
         for h in r["hits"]:
