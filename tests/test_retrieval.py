@@ -335,7 +335,11 @@ def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_mod
 
 
 def test_model_path_is_checked(tmp_path: Path):
-    r = make_retriever("dense", str(tmp_path / "no-such-model"), RetrieverOptions(pooling="mean"))
+    r = make_retriever(
+        "dense",
+        str(tmp_path / "no-such-model"),
+        RetrieverOptions(encoder=EncoderSpec("", pooling="mean")),
+    )
     with pytest.raises(ValueError, match="cannot load dense model .*no-such-model"):
         r.index(DOCS)
     with pytest.raises(UserError):  # the CLI and jobs print it in one line and exit 2

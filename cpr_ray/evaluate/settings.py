@@ -10,6 +10,7 @@ from __future__ import annotations
 from cpr_ray.config import Config, ConfigError, EvalConfig
 from cpr_ray.evaluate.tournament import Round, TournamentSpec
 from cpr_ray.retrieval.factory import RetrieverOptions
+from cpr_ray.retrieval.spec import EncoderSpec
 
 REQUIRED = ("eval.benchmark", "eval.data", "eval.retriever")
 
@@ -34,16 +35,10 @@ def tournament(ev: EvalConfig) -> TournamentSpec:
 def retriever_options(cfg: Config) -> RetrieverOptions:
     enc, ev = cfg.encoder, cfg.eval
     return RetrieverOptions(
-        pooling=enc.pooling,
-        query_prefix=enc.query_prefix,
-        doc_prefix=enc.doc_prefix,
-        max_length=enc.max_length,
-        batch_size=enc.batch_size,
+        encoder=EncoderSpec.from_config(enc),
         search_backend=ev.search_backend,
         faiss_index=ev.faiss_index,
         ray_min_docs=ev.ray_min_docs,
-        dtype=enc.dtype,
-        device=enc.device,
         ray_max_actors=enc.actors,
         ray_num_cpus=enc.cpus_per_actor,
         ray_num_gpus=enc.gpus_per_actor,

@@ -60,15 +60,8 @@ def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
         enc = p.encoder
         spec = None
         if enc is not None and enc.model is not None:
-            spec = EncoderSpec(
-                model=enc.model,
-                pooling=enc.pooling,
-                query_prefix=enc.query_prefix,
-                doc_prefix=enc.doc_prefix,
-                max_length=enc.max_length,
-                batch_size=enc.batch_size,
-                device=enc.device,
-                dtype=enc.dtype,
+            spec = EncoderSpec.from_config(
+                enc,
                 threads=max(1, int(enc.cpus_per_actor)),  # one torch thread per reserved CPU
                 token_budget=cfg.token_budget,
             )

@@ -2,7 +2,8 @@
 
 Candidate pooling, training, evaluation and search all build on this package, so one model is
 encoded, pooled and searched the same way everywhere. It takes plain dataclasses
-(:class:`EncoderSpec`, :class:`RetrieverOptions`), never the config tree.
+(:class:`EncoderSpec`, :class:`RetrieverOptions`); `EncoderSpec.from_config` is the one mapping
+from the config tree.
 
 Modules: ``spec`` (the dataclasses, presets by model name), ``base`` (the retriever interface,
 ``PAD``, ``top_k_rows``), ``factory`` (retrievers by name), ``token_pooling`` (token states -> one

@@ -13,7 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cpr_ray.config import EncoderConfig
 
 POOLINGS = ("mean", "cls", "last_token")
 # what decides a document's vector (device, batch size and threads do not)
@@ -52,7 +55,7 @@ class EncoderSpec:
     max_length: int = 512
     normalize: bool = True
     batch_size: int = 32  # texts per forward pass, at most
-    device: str = "cpu"  # auto: CUDA where the process has a GPU, else CPU
+    device: str = "auto"  # auto: CUDA where the process has a GPU, else CPU
     dtype: str = "float32"  # the weights' dtype; half precision only pays on a GPU
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     # padded tokens per forward pass, at most (texts sorted by token length fill batches up to
@@ -70,6 +73,26 @@ class EncoderSpec:
             raise ValueError("max_length must be >= 8 and batch_size >= 1")
         if self.token_budget is not None and self.token_budget < 8:
             raise ValueError("token_budget must be >= 8 (or None)")
+
+    @classmethod
+    def from_config(
+        cls, enc: EncoderConfig, model: str | None = None, **overrides: Any
+    ) -> EncoderSpec:
+        """The one mapping of the config's `encoder:` section (or a pooler's) onto a spec:
+        `model` (else the section's) and any field in `overrides` win."""
+        return cls(
+            **{
+                "model": model or enc.model or "",
+                "pooling": enc.pooling,
+                "query_prefix": enc.query_prefix,
+                "doc_prefix": enc.doc_prefix,
+                "max_length": enc.max_length,
+                "batch_size": enc.batch_size,
+                "device": enc.device,
+                "dtype": enc.dtype,
+                **overrides,
+            }
+        )
 
     def resolved(self) -> EncoderSpec:
         """Fill unset pooling/prefixes from the preset matching the model name, if any.
@@ -129,15 +152,8 @@ class RetrieverOptions:
     # bm25 (Lucene variant)
     k1: float = 1.2
     b: float = 0.75
-    # dense / splade
-    pooling: str = "auto"
-    query_prefix: str | None = None
-    doc_prefix: str | None = None
-    max_length: int = 512
-    batch_size: int = 32
-    device: str = "cpu"
-    dtype: str = "float32"
-    threads: int | None = None
+    # dense / splade: the encoder's settings (its model is the retriever's --model)
+    encoder: EncoderSpec | None = None
     search_backend: str = "numpy"  # numpy (exact) | faiss
     faiss_index: str = "Flat"  # a faiss index_factory string; Flat is exact
     # large corpora: encoded on a Ray Data actor pool when Ray is up
@@ -153,14 +169,4 @@ class RetrieverOptions:
             raise ValueError(f"unknown search_backend {self.search_backend!r}; use numpy or faiss")
 
     def encoder_spec(self, model: str) -> EncoderSpec:
-        return EncoderSpec(
-            model=model,
-            pooling=self.pooling,
-            query_prefix=self.query_prefix,
-            doc_prefix=self.doc_prefix,
-            max_length=self.max_length,
-            batch_size=self.batch_size,
-            device=self.device,
-            dtype=self.dtype,
-            threads=self.threads,
-        )
+        return replace(self.encoder, model=model) if self.encoder else EncoderSpec(model)

@@ -126,7 +126,7 @@ def check_model(model: str) -> None:
 
 def instructions(model: str, encoder: EncoderConfig) -> tuple[str, str]:
     """The query and document prefixes, chosen exactly as evaluation chooses them."""
-    spec = EncoderSpec(model, query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix)
+    spec = EncoderSpec.from_config(encoder, model)
     if preset(model) is None and (encoder.query_prefix is None or encoder.doc_prefix is None):
         st = read_sentence_transformers_config(model)
         spec = with_model_prompts(spec, (st.query_prompt, st.document_prompt))
