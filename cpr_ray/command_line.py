@@ -2,18 +2,25 @@
 
 `cpr` subcommands (typer) and the `jobs/*.py` entry points (argparse, for `ray job submit`) take
 the same `--config`, `--profile` and `--set` and end a user's mistake the same way: one line,
-exit code 2, no traceback.
+exit code 2, no traceback. A command's own flags are one table of `Flag`s (the config key each
+sets); the typer options and the job's argparse options are both made from it, typed and
+described by the config field behind the key, so a flag is declared once.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, NoReturn
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cpr_ray.errors import UserError
 
@@ -48,21 +55,111 @@ def fail(exc: Exception) -> NoReturn:
     raise typer.Exit(2)
 
 
-def job_parser(
-    doc: str, flags: Mapping[str, str], example: str, int_flags: frozenset[str] = frozenset()
-) -> argparse.ArgumentParser:
-    """A job's parser: --config, --profile, one option per flag (named for the key it sets) and
-    --set, in the precedence of `load_config`."""
+@dataclass(frozen=True)
+class Flag:
+    """A command's option that sets one config key (flags win over --set, env and YAML)."""
+
+    key: str  # e.g. "eval.top_k"
+    name: str | None = None  # the option's name where it is not the key's last part
+    help: str | None = None  # where the config field's description is not what a user needs
+
+    @property
+    def dest(self) -> str:
+        return self.name or self.key.rsplit(".", 1)[1]
+
+    @property
+    def option(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+def _field(key: str) -> Any:
+    from cpr_ray.config import Config  # the command line builds on the config, not the reverse
+
+    model: Any = Config
+    *sections, name = key.split(".")
+    for section in sections:
+        model = _plain(model.model_fields[section].annotation)
+    return model.model_fields[name]
+
+
+def _plain(annotation: Any) -> Any:
+    """`X | None` → X."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return annotation
+
+
+def flag_type(flag: Flag) -> type:
+    """The Python type an option parses into: the field's (a Literal is a string)."""
+    annotation = _plain(_field(flag.key).annotation)
+    if get_origin(annotation) is Literal:
+        return str
+    return annotation if annotation in (int, float, bool, str) else str
+
+
+def flag_help(flag: Flag) -> str:
+    field = _field(flag.key)
+    text = flag.help or (field.description or "").rstrip(".")
+    annotation = _plain(field.annotation)
+    if get_origin(annotation) is Literal and flag.help is None:
+        text += f" ({' | '.join(str(a) for a in get_args(annotation))})"
+    return f"{text} [{flag.key}]"
+
+
+def flag_values(table: Sequence[Flag], given: Mapping[str, Any]) -> dict[str, Any]:
+    """{config key: value} of the flags in `given` (by option name); None means not given."""
+    return {f.key: given.get(f.dest) for f in table}
+
+
+def with_flags(table: Sequence[Flag]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a typer command one option per flag of `table`; the command receives them as
+    `flags` ({config key: value or None}) beside its own parameters."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [
+            p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "flags"
+        ]
+        added = []
+        for f in table:
+            kind = flag_type(f)
+            decl = f"{f.option}/--no-{f.option[2:]}" if kind is bool else f.option
+            text = escape(flag_help(f))  # typer renders rich markup: "[eval.top_k]" is text
+            annotation = Annotated[kind | None, typer.Option(decl, help=text)]
+            added.append(
+                inspect.Parameter(
+                    f.dest, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+                )
+            )
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in [*added, *own]]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            flags = flag_values(table, {f.dest: kwargs.pop(f.dest) for f in table})
+            return fn(flags=flags, **kwargs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        del command.__wrapped__  # typer reads the signature above, not fn's
+        return command
+
+    return decorate
+
+
+def job_parser(doc: str, table: Sequence[Flag], example: str) -> argparse.ArgumentParser:
+    """A job's parser: --config, --profile, one option per flag of the command's table (typed
+    and described by its config field) and --set, in the precedence of `load_config`."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--config", help="YAML config (any section of the tree): path or s3://…")
     parser.add_argument("--profile", help="named profile to start from")
-    for flag, key in flags.items():
-        parser.add_argument(
-            "--" + flag.replace("_", "-"),
-            dest=flag,
-            type=int if flag in int_flags else str,
-            help=f"sets {key}",
-        )
+    for f in table:
+        kind = flag_type(f)
+        if kind is bool:
+            parser.add_argument(
+                f.option, dest=f.dest, action=argparse.BooleanOptionalAction, help=flag_help(f)
+            )
+        else:
+            parser.add_argument(f.option, dest=f.dest, type=kind, help=flag_help(f))
     parser.add_argument(
         "--set",
         dest="overrides",

@@ -7,10 +7,9 @@ job join the cluster instead of starting a local Ray.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from cpr_ray.command_line import run_job
+from cpr_ray.command_line import job_parser, run_job
 from cpr_ray.config import load_config
 from cpr_ray.pipeline.build import STAGES, run_build
 from cpr_ray.stage import manifest_uri
@@ -18,19 +17,9 @@ from cpr_ray.storage import Storage
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML config file")
-    parser.add_argument("--profile", help="named profile to start from (e.g. dry-run, cluster)")
+    parser = job_parser(__doc__, (), "ingest.num_buckets=64")
     parser.add_argument("--stages", help=f"comma-separated subset of: {', '.join(STAGES)}")
     parser.add_argument("--force", action="store_true", help="rerun published stages")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key",
-    )
     args = parser.parse_args(argv)
     if not args.config and not args.profile:
         parser.error("give --config and/or --profile")

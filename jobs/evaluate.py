@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser, run_job
+from cpr_ray.command_line import flag_values, job_parser, run_job
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.commands import EVAL_FLAGS, eval_config
 from cpr_ray.evaluate.results import write_results
 from cpr_ray.evaluate.runner import run_eval
 from cpr_ray.storage import Storage
 
-INT_FLAGS = frozenset({"top_k", "seed", "max_length"})
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__, EVAL_FLAGS, "eval.resamples=500", INT_FLAGS)
+    parser = job_parser(__doc__, EVAL_FLAGS, "eval.resamples=500")
     args = parser.parse_args(argv)
 
     def work() -> list[str]:
-        flags = {f: getattr(args, f) for f in EVAL_FLAGS}
+        flags = flag_values(EVAL_FLAGS, vars(args))
         cfg = eval_config(args.profile, args.config, args.overrides, flags)
         if not cfg.eval.out:
             raise ConfigError("give --out (a results file or folder)")

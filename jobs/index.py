@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser, run_job
-from cpr_ray.config import load_config
+from cpr_ray.command_line import flag_values, job_parser, run_job
+from cpr_ray.search.commands import INDEX_FLAGS, search_config
 from cpr_ray.search.index import build_index, summary_lines
-
-FLAGS = {"corpus": "search.corpus", "model": "encoder.model", "out": "search.out"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = job_parser(__doc__, FLAGS, "search.shard_size=2000000")
-    parser.add_argument("--bm25", action="store_true", help="build BM25 beside it (--hybrid)")
-    args = parser.parse_args(argv)
+    args = job_parser(__doc__, INDEX_FLAGS, "search.shard_size=2000000").parse_args(argv)
 
     def work() -> list[str]:
-        flags = {key: getattr(args, flag) for flag, key in FLAGS.items()}
-        if args.bm25:
-            flags["search.bm25"] = True
-        cfg = load_config(args.profile, args.config, args.overrides, flags=flags)
+        flags = flag_values(INDEX_FLAGS, vars(args))
+        cfg = search_config(args.profile, args.config, args.overrides, flags)
         return summary_lines(build_index(cfg), str(cfg.search.out))
 
     return run_job(work)

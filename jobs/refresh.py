@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser, run_job
+from cpr_ray.command_line import Flag, flag_values, job_parser, run_job
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError
 from cpr_ray.pipeline.refresh import refresh, summary_lines
 
-FLAGS = {"base_release": "refresh.base_release", "api_url": "refresh.api_url"}
+FLAGS = (Flag("refresh.base_release"), Flag("refresh.api_url"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> list[str]:
         if not args.config and not args.profile:
             raise ConfigError("give --config (a path or s3://…) and/or --profile")
-        flags = {key: getattr(args, flag) for flag, key in FLAGS.items()}
+        flags = flag_values(FLAGS, vars(args))
         if args.corpus_only:
             flags["refresh.downstream"] = False
         cfg = load_config(args.profile, args.config, args.overrides, flags=flags)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser, run_job
+from cpr_ray.command_line import flag_values, job_parser, run_job
 from cpr_ray.train.commands import TRAIN_FLAGS, summary_lines, train_config
 from cpr_ray.train.trainer import run_train
 
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def work() -> list[str]:
-        flags = {f: getattr(args, f) for f in TRAIN_FLAGS}
+        flags = flag_values(TRAIN_FLAGS, vars(args))
         return summary_lines(
             run_train(train_config(args.profile, args.config, args.overrides, flags))
         )

@@ -90,3 +90,31 @@ def test_a_bug_is_not_dressed_as_a_user_error(tmp_path, monkeypatch):
     )
     assert result.exit_code == 1
     assert isinstance(result.exception, ValueError)
+
+
+def test_a_commands_flags_and_its_jobs_are_one_table_typed_by_the_config():
+    """`cpr eval`/`train`/`index` and their jobs take the same flags, made from one table each:
+    named, typed and described by the config field they set."""
+    import typer.main
+
+    from cpr_ray.command_line import flag_values, job_parser
+    from cpr_ray.evaluate.commands import EVAL_FLAGS
+    from cpr_ray.search.commands import INDEX_FLAGS
+    from cpr_ray.train.commands import TRAIN_FLAGS
+
+    commands = typer.main.get_command(app).commands
+    for name, table in (("eval", EVAL_FLAGS), ("train", TRAIN_FLAGS), ("index", INDEX_FLAGS)):
+        options = {o for p in commands[name].params for o in p.opts}
+        parser = job_parser("doc", table, "x.y=1")
+        job_options = {o for a in parser._actions for o in a.option_strings}
+        assert {f.option for f in table} <= options & job_options
+    top_k = next(p for p in commands["eval"].params if "--top-k" in p.opts)
+    assert "eval.top_k" in top_k.help  # described by its config field
+    args = job_parser("doc", EVAL_FLAGS, "x").parse_args(["--top-k", "50", "--model", "m"])
+    flags = flag_values(EVAL_FLAGS, vars(args))
+    assert flags["eval.top_k"] == 50 and flags["encoder.model"] == "m"
+    assert flags["eval.benchmark"] is None
+    bad = runner.invoke(app, ["eval", "--top-k", "many"])
+    assert bad.exit_code == 2 and "Invalid value for '--top-k'" in bad.output
+    bm25 = job_parser("doc", INDEX_FLAGS, "x").parse_args(["--bm25"])
+    assert flag_values(INDEX_FLAGS, vars(bm25))["search.bm25"] is True

@@ -9,33 +9,42 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
+from cpr_ray.command_line import (
+    ConfigOpt,
+    Flag,
+    ProfileOpt,
+    S3EndpointOpt,
+    SetOpt,
+    console,
+    fail,
+    with_flags,
+)
 from cpr_ray.config import Config, load_config
 from cpr_ray.errors import UserError
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.evaluate.settings import check
 from cpr_ray.storage import StorageConfig
 
-# `cpr eval` / jobs/evaluate.py flag -> the config key it sets (flags win over --set and YAML)
-EVAL_FLAGS = {
-    "benchmark": "eval.benchmark",
-    "data": "eval.data",
-    "retriever": "eval.retriever",
-    "model": "encoder.model",
-    "subset": "eval.subset",
-    "rerank": "eval.rerank",
-    "rewrite": "eval.rewrite",
-    "out": "eval.out",
-    "variant": "eval.variant",
-    "pooling": "encoder.pooling",
-    "query_prefix": "encoder.query_prefix",
-    "max_length": "encoder.max_length",
-    "search_backend": "eval.search_backend",
-    "top_k": "eval.top_k",
-    "seed": "eval.seed",
-    "gain": "eval.gain",
-    "s3_endpoint": "storage.s3_endpoint",
-}
+# `cpr eval`'s and jobs/evaluate.py's own flags (they win over --set, env and YAML)
+EVAL_FLAGS = (
+    Flag("eval.benchmark"),
+    Flag("eval.data"),
+    Flag("eval.retriever"),
+    Flag("encoder.model", help="Model path or hub name (dense, splade)"),
+    Flag("eval.subset"),
+    Flag("eval.rerank"),
+    Flag("eval.rewrite"),
+    Flag("eval.out"),
+    Flag("eval.variant"),
+    Flag("encoder.pooling"),
+    Flag("encoder.query_prefix"),
+    Flag("encoder.max_length"),
+    Flag("eval.search_backend"),
+    Flag("eval.top_k"),
+    Flag("eval.seed"),
+    Flag("eval.gain"),
+    Flag("storage.s3_endpoint"),
+)
 
 
 def eval_config(
@@ -44,10 +53,9 @@ def eval_config(
     overrides: Sequence[str],
     flags: Mapping[str, Any],
 ) -> Config:
-    """The one config tree for an evaluation: profile < YAML < CPR_* env < --set < flags."""
-    cfg = load_config(
-        profile, config, overrides, flags={EVAL_FLAGS[k]: v for k, v in flags.items()}
-    )
+    """The one config tree for an evaluation: profile < YAML < CPR_* env < --set < flags
+    ({config key: value})."""
+    cfg = load_config(profile, config, overrides, flags=flags)
     check(cfg)
     return cfg
 
@@ -80,57 +88,9 @@ def print_results(res: dict[str, Any]) -> None:
         )
 
 
+@with_flags(EVAL_FLAGS)
 def eval_command(
-    benchmark: Annotated[
-        str | None,
-        typer.Option(
-            "--benchmark", help="cpr | cpr-full (whole corpus) | beir | analobench | bright"
-        ),
-    ] = None,
-    data: Annotated[str | None, typer.Option("--data", help="URI of the benchmark files.")] = None,
-    retriever: Annotated[
-        str | None, typer.Option("--retriever", help="bm25 | dense | splade")
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="Model path or hub name (dense, splade).")
-    ] = None,
-    subset: Annotated[
-        str | None,
-        typer.Option(
-            "--subset",
-            help="AnaloBench t2|t2-stories-10|…|t1; BRIGHT subsets; "
-            "BEIR qrels split; CPR split table.",
-        ),
-    ] = None,
-    rerank: Annotated[
-        str | None, typer.Option("--rerank", help="llm: the tournament reranker.")
-    ] = None,
-    rewrite: Annotated[
-        str | None, typer.Option("--rewrite", help="hyde | query2doc | rag-fusion")
-    ] = None,
-    out: Annotated[
-        str | None, typer.Option("--out", help="Results JSON file or folder (path or s3://…).")
-    ] = None,
-    variant: Annotated[
-        str | None, typer.Option("--variant", help="Data variant label (default: full).")
-    ] = None,
-    pooling: Annotated[
-        str | None, typer.Option("--pooling", help="auto | mean | cls | last_token")
-    ] = None,
-    query_prefix: Annotated[
-        str | None, typer.Option("--query-prefix", help="Query instruction.")
-    ] = None,
-    max_length: Annotated[int | None, typer.Option("--max-length", help="Tokens per text.")] = None,
-    search_backend: Annotated[
-        str | None, typer.Option("--search-backend", help="numpy | faiss")
-    ] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", help="Corpus search depth.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed (ties, bootstrap).")] = None,
-    gain: Annotated[
-        str | None,
-        typer.Option("--gain", help="nDCG gain: exponential (2^rel-1) or linear (trec_eval)."),
-    ] = None,
-    s3_endpoint: S3EndpointOpt = None,
+    flags: dict[str, Any],
     config: ConfigOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -140,7 +100,6 @@ def eval_command(
     from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.storage import Storage
 
-    flags = {k: v for k, v in locals().items() if k in EVAL_FLAGS}
     try:
         cfg = eval_config(profile, config, set_ or [], flags)
         results = run_eval(cfg)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from cpr_ray.command_line import (
     ConfigOpt,
+    Flag,
     LLMModelOpt,
     LLMUrlOpt,
     ProfileOpt,
@@ -20,6 +21,7 @@ from cpr_ray.command_line import (
     SetOpt,
     console,
     fail,
+    with_flags,
 )
 from cpr_ray.config import Config, load_config
 from cpr_ray.errors import InputError, UserError
@@ -49,22 +51,19 @@ def reader_flags(
     }
 
 
+# `cpr index`'s and jobs/index.py's own flags (they win over --set, env and YAML)
+INDEX_FLAGS = (
+    Flag("search.corpus"),
+    Flag("encoder.model", help="Dense model: a local folder or a hub name"),
+    Flag("search.out"),
+    Flag("search.bm25"),
+    Flag("storage.s3_endpoint"),
+)
+
+
+@with_flags(INDEX_FLAGS)
 def index_command(
-    corpus: Annotated[
-        str | None,
-        typer.Option(
-            "--corpus",
-            help="Export folder, build root or Lance papers table, or a BEIR corpus.jsonl.",
-        ),
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="Dense model: a local folder or a hub name.")
-    ] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Index folder (path or s3://…).")] = None,
-    bm25: Annotated[
-        bool | None, typer.Option("--bm25/--no-bm25", help="Build BM25 beside it (--hybrid).")
-    ] = None,
-    s3_endpoint: S3EndpointOpt = None,
+    flags: dict[str, Any],
     config: ConfigOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -73,13 +72,6 @@ def index_command(
     into an existing index, encode only new or changed papers and drop deleted ones."""
     from cpr_ray.search.index import build_index, summary_lines
 
-    flags = {
-        "search.corpus": corpus,
-        "encoder.model": model,
-        "search.out": out,
-        "search.bm25": bm25,
-        "storage.s3_endpoint": s3_endpoint,
-    }
     try:
         cfg = search_config(profile, config, set_, flags)
         manifest = build_index(cfg)

@@ -7,22 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from cpr_ray.command_line import ConfigOpt, ProfileOpt, S3EndpointOpt, SetOpt, console, fail
+from cpr_ray.command_line import ConfigOpt, Flag, ProfileOpt, SetOpt, console, fail, with_flags
 from cpr_ray.config import Config, load_config
 from cpr_ray.errors import UserError
 
-# `cpr train` / jobs/train.py flag -> the config key it sets (flags win over --set and YAML)
-TRAIN_FLAGS = {
-    "data": "train.data",
-    "format": "train.format",
-    "model": "encoder.model",
-    "out": "train.out",
-    "s3_endpoint": "storage.s3_endpoint",
-}
+# `cpr train`'s and jobs/train.py's own flags (they win over --set, env and YAML)
+TRAIN_FLAGS = (
+    Flag("train.data"),
+    Flag("train.format"),
+    Flag("encoder.model", help="Model to fine-tune (path or hub name)"),
+    Flag("train.out"),
+    Flag("storage.s3_endpoint"),
+)
 REQUIRED = ("train.data", "train.out", "encoder.model")
 
 
@@ -32,10 +30,9 @@ def train_config(
     overrides: Sequence[str],
     flags: Mapping[str, Any],
 ) -> Config:
-    """The one config tree for a training run: profile < YAML < CPR_* env < --set < flags."""
-    cfg = load_config(
-        profile, config, overrides, flags={TRAIN_FLAGS[k]: v for k, v in flags.items()}
-    )
+    """The one config tree for a training run: profile < YAML < CPR_* env < --set < flags
+    ({config key: value})."""
+    cfg = load_config(profile, config, overrides, flags=flags)
     cfg.require(*REQUIRED)
     return cfg
 
@@ -65,23 +62,9 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+@with_flags(TRAIN_FLAGS)
 def train_command(
-    data: Annotated[
-        str | None,
-        typer.Option("--data", help="Training data: a CPR export folder, or a file/folder."),
-    ] = None,
-    format: Annotated[
-        str | None,
-        typer.Option("--format", help="cpr | triplets | msmarco | reasonir | specter"),
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="Model to fine-tune (path or hub name).")
-    ] = None,
-    out: Annotated[
-        str | None,
-        typer.Option("--out", help="Where the run writes (path or s3://…); rerun to resume."),
-    ] = None,
-    s3_endpoint: S3EndpointOpt = None,
+    flags: dict[str, Any],
     config: ConfigOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
@@ -89,7 +72,6 @@ def train_command(
     """Fine-tune a dense retriever with InfoNCE on Ray Train (§4.1)."""
     from cpr_ray.train.trainer import run_train
 
-    flags = {k: v for k, v in locals().items() if k in TRAIN_FLAGS}
     try:
         cfg = train_config(profile, config, set_ or [], flags)
         summary = run_train(cfg)
