@@ -19,10 +19,10 @@ from cpr_ray.config import Config, load_config  # noqa: E402
 from cpr_ray.errors import ConfigError  # noqa: E402
 from cpr_ray.evaluate.commands import eval_command, report_command  # noqa: E402
 from cpr_ray.evaluate.metrics import METRICS  # noqa: E402
-from cpr_ray.evaluate.rerank import TournamentReranker  # noqa: E402
 from cpr_ray.evaluate.results import BLOCK_KEYS, check_results, write_results  # noqa: E402
 from cpr_ray.evaluate.robustness import kendall_tau_b, order_agreement  # noqa: E402
 from cpr_ray.evaluate.runner import run_eval  # noqa: E402
+from cpr_ray.retrieval.rerank import TournamentReranker  # noqa: E402
 from cpr_ray.storage import Storage  # noqa: E402
 
 from .test_evaluate_loaders import make_cpr_export  # noqa: E402
@@ -163,7 +163,7 @@ def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, reference, mon
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started before the missing endpoint was reported")
 
-    for where in ("cpr_ray.ray_runtime.ensure_ray", "cpr_ray.llm.evaluate.ensure_ray"):
+    for where in ("cpr_ray.ray_runtime.ensure_ray", "cpr_ray.evaluate.rewriters.ensure_ray"):
         monkeypatch.setattr(where, no_ray)
     with pytest.raises(ConfigError, match="need llm.base_url"):
         run_eval(eval_cfg(benchmark="cpr", data=str(cpr_export), retriever="bm25", rewrite="hyde"))
@@ -345,12 +345,12 @@ def test_job_entry_point(reference, tmp_path, capsys):
 
 
 def test_settings_are_validated_before_any_work(monkeypatch):
-    from cpr_ray.evaluate import settings
     from cpr_ray.evaluate.commands import eval_config
+    from cpr_ray.retrieval.tournament import TournamentSpec
 
     base = {"benchmark": "cpr", "data": "d", "retriever": "bm25"}
     ok = eval_config(None, None, ["eval.tournament_rounds=30:40, 12:10"], base)
-    rounds = settings.tournament(ok.eval).rounds
+    rounds = TournamentSpec.parse(ok.eval.tournament_rounds).rounds
     assert [(r.group_size, r.survivors) for r in rounds] == [(30, 40), (12, 10)]
     for overrides, flags, message in (
         (["eval.tournament_rounds=30-40"], {}, "must look like group_size:survivors"),

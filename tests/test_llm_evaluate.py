@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from cpr_ray.config import Config, EvalConfig, LLMConfig
-from cpr_ray.evaluate.rerank import TournamentReranker
-from cpr_ray.evaluate.tournament import Round, TournamentSpec
-from cpr_ray.llm.evaluate import query_rewriter, tournament_judge
+from cpr_ray.evaluate.rewriters import query_rewriter
+from cpr_ray.retrieval.llm_judge import tournament_judge
+from cpr_ray.retrieval.rerank import TournamentReranker
+from cpr_ray.retrieval.tournament import Round, TournamentSpec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

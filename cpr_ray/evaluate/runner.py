@@ -2,8 +2,8 @@
 
 The steps are plain functions over a :class:`Benchmark`; :func:`run_eval` wires them, times each
 stage and returns the results dict (``results.py`` writes it). The retriever, reranker and
-rewriter can be passed in (tests, notebooks); otherwise they are built from the settings, the LLM
-ones by the LLM layer through ``protocols.py``.
+rewriter can be passed in (tests, notebooks); otherwise they are built from the config: the
+reranker by `cpr_ray.retrieval.rerank.llm_reranker`, the rewriter by ``rewriters.py``.
 """
 
 from __future__ import annotations
@@ -18,20 +18,16 @@ import numpy as np
 from cpr_ray.config import Config
 from cpr_ray.evaluate import settings
 from cpr_ray.evaluate.benchmark import Benchmark, positions
-from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
 from cpr_ray.evaluate.loaders import load_benchmark
 from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.evaluate.protocols import (
-    QueryRewriter,
-    Reranker,
-    llm_query_rewriter,
-    llm_tournament_judge,
-)
+from cpr_ray.evaluate.protocols import QueryRewriter, llm_query_rewriter
 from cpr_ray.evaluate.ranking import drop_excluded, rank_pools
-from cpr_ray.evaluate.rerank import TournamentReranker
 from cpr_ray.evaluate.robustness import SAME_TOPIC, without_groups
 from cpr_ray.evaluate.summary import SummaryOptions, metric_blocks, query_scores, summarize
 from cpr_ray.retrieval import Retriever, make_retriever
+from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
+from cpr_ray.retrieval.rerank import Reranker, llm_reranker
+from cpr_ray.retrieval.spec import RetrieverOptions
 from cpr_ray.storage import Storage
 
 
@@ -153,8 +149,7 @@ def _run_part(
     if ev.rewrite and rewriter is None:
         rewriter = llm_query_rewriter(ev.rewrite, cfg, part.train_pairs)
     if ev.rerank and reranker is None:
-        judge = llm_tournament_judge(cfg, dict(zip(part.doc_ids, part.doc_texts)))
-        reranker = TournamentReranker(judge, settings.tournament(ev), max_workers=ev.rerank_workers)
+        reranker = llm_reranker(cfg, dict(zip(part.doc_ids, part.doc_texts)))
     texts: list[str | list[str]] = list(part.queries)
     if rewriter is not None:
         texts = rewriter.rewrite(part.queries)
@@ -169,7 +164,7 @@ def _run_part(
 
     t = time.perf_counter()
     retriever = retriever or make_retriever(
-        ev.retriever, cfg.encoder.model, settings.retriever_options(cfg)
+        ev.retriever, cfg.encoder.model, RetrieverOptions.from_config(cfg)
     )
     uses_ray = getattr(retriever, "uses_ray", None)  # encoders: large corpora go to actors
     if uses_ray is not None and uses_ray(len(part.doc_ids)):

@@ -69,8 +69,8 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
     reads and the trained model is what it evaluates."""
     from cpr_ray.evaluate.commands import print_results
     from cpr_ray.evaluate.runner import run_eval
-    from cpr_ray.evaluate.settings import retriever_options
     from cpr_ray.retrieval import make_retriever
+    from cpr_ray.retrieval.spec import RetrieverOptions
 
     model = minilm_path()
     runs: list[tuple[str, str, str | None]] = [("BM25", "bm25", None)]
@@ -92,7 +92,7 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
                     "encoder.model": encoder,
                 }
             )
-            loaded = loaded or make_retriever(retriever, encoder, retriever_options(cfg))
+            loaded = loaded or make_retriever(retriever, encoder, RetrieverOptions.from_config(cfg))
             results.append(run_eval(cfg, retriever=loaded))
             print_results(results[-1])
     table = Table(title="CPR-eval of this dry run", title_justify="left")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cpr_ray.config import EncoderConfig
+    from cpr_ray.config import Config, EncoderConfig
 
 POOLINGS = ("mean", "cls", "last_token")
 # what decides a document's vector (device, batch size and threads do not)
@@ -167,6 +167,22 @@ class RetrieverOptions:
     def __post_init__(self) -> None:
         if self.search_backend not in ("numpy", "faiss"):
             raise ValueError(f"unknown search_backend {self.search_backend!r}; use numpy or faiss")
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> RetrieverOptions:
+        """The retrieval options of the one config tree (`encoder:` and `eval:`), as evaluation,
+        the search index and the dry run build retrievers."""
+        enc, ev = cfg.encoder, cfg.eval
+        return cls(
+            encoder=EncoderSpec.from_config(enc),
+            search_backend=ev.search_backend,
+            faiss_index=ev.faiss_index,
+            ray_min_docs=ev.ray_min_docs,
+            ray_max_actors=enc.actors,
+            ray_num_cpus=enc.cpus_per_actor,
+            ray_num_gpus=enc.gpus_per_actor,
+            ray_resources=dict(enc.resources_per_actor),
+        )
 
     def encoder_spec(self, model: str) -> EncoderSpec:
         return replace(self.encoder, model=model) if self.encoder else EncoderSpec(model)

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
 from cpr_ray.retrieval.base import top_k_rows
+from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
 from cpr_ray.retrieval.index import VectorIndex
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.search.index import read_manifest

@@ -19,10 +19,8 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.config import Config
-from cpr_ray.evaluate.protocols import llm_tournament_judge
-from cpr_ray.evaluate.rerank import TournamentReranker
-from cpr_ray.evaluate.settings import tournament
 from cpr_ray.llm.judges import AnalogyJudge
+from cpr_ray.retrieval.rerank import llm_reranker
 from cpr_ray.search.engine import SearchIndex
 
 EXPLAINED = (
@@ -53,9 +51,7 @@ def rerank(results: list[dict[str, Any]], index: SearchIndex, cfg: Config, k: in
     texts = {
         _key(h["corpus_id"]): index.text_of(h["corpus_id"]) for r in results for h in r["hits"]
     }
-    reranker = TournamentReranker(
-        llm_tournament_judge(cfg, texts), tournament(cfg.eval), max_workers=cfg.eval.rerank_workers
-    )
+    reranker = llm_reranker(cfg, texts)
     candidates = [[_key(h["corpus_id"]) for h in r["hits"]] for r in results]
     orders = reranker.rerank([r["query"] for r in results], candidates)
     for result, order in zip(results, orders):
@@ -67,9 +63,9 @@ def rerank(results: list[dict[str, Any]], index: SearchIndex, cfg: Config, k: in
 def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) -> dict[str, int]:
     """Attach `explanation` to every hit (None where the LLM gave no valid answer); returns how
     many answers were ok, invalid or failed."""
-    from cpr_ray.llm.evaluate import EVAL_STEPS, eval_context
     from cpr_ray.llm.runner import endpoint_url, run_llm_task
     from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.retrieval.llm_judge import EVAL_STEPS, eval_context
 
     base_url = endpoint_url(cfg.llm, EVAL_STEPS)
     rows, where = [], []

@@ -49,10 +49,9 @@ import pyarrow.json as pajson
 from cpr_ray.config import TrainConfig
 from cpr_ray.dataset.format import CORPUS_TABLE, TRAIN_TABLE
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.evaluate.loaders.io import find_table
 from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
 from cpr_ray.schemas import paper_text
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage, StorageError, find_table
 
 FORMATS = ("cpr", "triplets", "msmarco", "reasonir", "specter")
 FILE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json")

@@ -14,9 +14,8 @@ import pyarrow as pa
 
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position
-from cpr_ray.evaluate.loaders.io import read_jsonl
 from cpr_ray.retrieval.base import document_texts
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage import Storage, StorageError, join, read_jsonl
 
 CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
 QUERIES = pa.schema([("_id", pa.string()), ("text", pa.string())])

@@ -13,8 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from cpr_ray.evaluate.benchmark import Benchmark, positions
-from cpr_ray.evaluate.loaders.io import files_under, read_jsonl
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage import Storage, StorageError, files_under, join, read_jsonl
 
 STACKEXCHANGE = (
     "biology",

@@ -19,9 +19,8 @@ import pyarrow.compute as pc
 
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark
-from cpr_ray.evaluate.loaders.io import find_table
 from cpr_ray.retrieval.base import PAD, document_texts
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage import Storage, StorageError, find_table
 
 GROUPS = ("positive", "shares_query_topic", "shares_positive_topic", "other")
 EVAL_COLUMNS = [

@@ -1,4 +1,5 @@
-"""The tournament reranker: the bookkeeping of ``tournament.py`` over a judge's two calls.
+"""The tournament reranker (evaluation's and search's): the bookkeeping of ``tournament.py`` over
+a judge's two calls (the LLM judge is ``llm_judge.py``).
 
 Each round of all queries is one batch. A judge with ``choose_many``/``score_many`` gets the batch
 whole (the LLM layer can send it as one table through its cache, ledger and retries); a judge with
@@ -8,16 +9,53 @@ Counters of every fallback are summed over queries in ``stats``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from cpr_ray.evaluate.protocols import BatchTournamentJudge, TournamentJudge
-from cpr_ray.evaluate.tournament import (
+from cpr_ray.config import Config
+from cpr_ray.retrieval.tournament import (
     TournamentSpec,
     TournamentStats,
     run_tournaments,
 )
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    name: str
+
+    def rerank(
+        self, queries: Sequence[str], candidates: Sequence[Sequence[str]]
+    ) -> list[list[str]]:
+        """Per query, the same candidate ids (document ids), reordered best first."""
+        ...
+
+
+@runtime_checkable
+class TournamentJudge(Protocol):
+    """The two LLM calls of the tournament; ids are document ids, texts are the judge's concern."""
+
+    def choose(self, query: str, group: list[str], k: int) -> Sequence[str]:
+        """The `k` ids of `group` most likely to help solve `query` (listwise)."""
+        ...
+
+    def score(self, query: str, doc_id: str) -> float:
+        """How useful `doc_id` is for `query`, 0-10 (pointwise)."""
+        ...
+
+
+@runtime_checkable
+class BatchTournamentJudge(Protocol):
+    """The same two calls, a whole round at a time (requests from ``tournament.py``)."""
+
+    def choose_many(self, requests: list[Any]) -> Sequence[Any]:
+        """Per ChooseRequest(query_index, query, group, k): ids, or an Exception if it failed."""
+        ...
+
+    def score_many(self, requests: list[Any]) -> Sequence[Any]:
+        """Per ScoreRequest(query_index, query, doc): a 0-10 score, or an Exception."""
+        ...
 
 
 def _threaded(fn: Callable[..., Any], workers: int) -> Callable[[list[Any]], list[Any]]:
@@ -64,3 +102,15 @@ class TournamentReranker:
         for s in stats:
             self.stats.add(s)
         return rankings
+
+
+def llm_reranker(cfg: Config, doc_texts: Mapping[str, str]) -> TournamentReranker:
+    """The LLM tournament reranker of the config (`eval.tournament_rounds`, `rerank_workers`,
+    `llm`), over documents given by id: evaluation's and search's alike."""
+    from cpr_ray.retrieval.llm_judge import tournament_judge  # the LLM layer, only when asked
+
+    return TournamentReranker(
+        tournament_judge(cfg, doc_texts),
+        TournamentSpec.parse(cfg.eval.tournament_rounds),
+        max_workers=cfg.eval.rerank_workers,
+    )

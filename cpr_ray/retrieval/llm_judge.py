@@ -1,10 +1,10 @@
-"""The LLM side of evaluation: the tournament reranker's two calls, and the query rewriters.
+"""The tournament reranker's LLM judge (evaluation's and search's): its two calls, listwise
+choice and pointwise score, with their answer contracts.
 
-Each round of the tournament (every query's groups at once) and each rewrite batch is one table
-through `run_llm_task`, so evaluation gets the same cache (a rerun pays nothing), ledger,
-retries and re-asks as the build. The cache and ledger live under `eval.llm_root` (default
-~/.cache/cpr-ray/eval-llm; an s3:// URI shares them across machines); `cpr stats` on that root
-shows the spend.
+Each round (every query's groups at once) is one table through `run_llm_task`, so reranking gets
+the same cache (a rerun pays nothing), ledger, retries and re-asks as the build. The cache and
+ledger live under `eval.llm_root` (default ~/.cache/cpr-ray/eval-llm; an s3:// URI shares them
+across machines); `cpr stats` on that root shows the spend.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 from pydantic import Field
 
 from cpr_ray.config import Config
-from cpr_ray.errors import ConfigError
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
@@ -28,7 +27,6 @@ from cpr_ray.llm.runner import LLMContext, LLMTask, endpoint_url, run_llm_task
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.storage import Storage
 
-FEW_SHOT = 4
 CANDIDATE_CHARS = 600
 
 
@@ -39,14 +37,6 @@ class Chosen(_Answer):
 
 class Score(_Answer):
     score: int = Field(ge=0, le=10)
-
-
-class Passage(_Answer):
-    passage: str = Field(max_length=2000)
-
-
-class Queries(_Answer):
-    queries: list[str] = Field(min_length=4, max_length=4)
 
 
 class ChooseTask(LLMTask):
@@ -103,40 +93,6 @@ class ScoreTask(LLMTask):
         return {"score": out.value.score}, "ok", None
 
 
-class RewriteTask(LLMTask):
-    stage = "rewrite"
-    key_columns = ("kind", "query", "examples")
-
-    def __init__(self, kind: str) -> None:
-        name = {"hyde": "hyde", "query2doc": "query2doc", "rag-fusion": "rag_fusion"}[kind]
-        self.kind = kind
-        self.prompts = (prompts.load(name),)
-        self.output_schema = pa.schema([("rewritten", pa.list_(pa.string()))])
-
-    async def run(
-        self, client: LLMClient, row: dict[str, Any], usage: Usage
-    ) -> tuple[dict[str, Any], Status, str | None]:
-        text = self.prompts[0].render(query=row["query"], examples=row["examples"] or "")
-        if self.kind == "rag-fusion":
-            out = await client.ask(self.stage, text, Queries, usage=usage)
-            value = [row["query"], *out.value.queries] if out.value else None
-        else:
-            out = await client.ask(self.stage, text, Passage, usage=usage)
-            # HyDE searches with the imagined passage; Query2doc with query + passage
-            value = (
-                None
-                if out.value is None
-                else [
-                    out.value.passage
-                    if self.kind == "hyde"
-                    else f"{row['query']} {out.value.passage}"
-                ]
-            )
-        if value is None:
-            return {"rewritten": None}, out.status, out.error
-        return {"rewritten": value}, "ok", None
-
-
 def eval_context(cfg: Config) -> LLMContext:
     """Where evaluation's and search's LLM calls keep their cache and ledger (eval.llm_root)."""
     root = os.path.expanduser(cfg.eval.llm_root)
@@ -188,49 +144,5 @@ class LLMTournamentJudge:
         ]
 
 
-class LLMQueryRewriter:
-    def __init__(self, kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]) -> None:
-        self.name = kind
-        self.base_url = endpoint_url(cfg.llm, EVAL_STEPS)  # fail before starting anything
-        self.ctx = eval_context(cfg)
-        self.examples = (
-            "\n\n".join(f"Question: {q}\nPassage: {p[:600]}" for q, p in train_pairs[:FEW_SHOT])
-            if kind == "query2doc"
-            else ""
-        )
-        if kind == "query2doc" and not train_pairs:
-            raise ConfigError(
-                "query2doc needs train pairs for its few-shot examples; this benchmark has none"
-            )
-        ensure_ray(cfg.ray)
-
-    def rewrite(self, queries: Sequence[str]) -> list[str | list[str]]:
-        rows = pa.table(
-            {
-                "kind": [self.name] * len(queries),
-                "query": list(queries),
-                "examples": [self.examples] * len(queries),
-            }
-        )
-        out = run_llm_task(self.ctx, RewriteTask(self.name), rows, base_url=self.base_url)
-        result: list[str | list[str]] = []
-        for query, row in zip(queries, out.table.to_pylist(), strict=True):
-            texts = row["rewritten"] if row["status"] == "ok" else None
-            if not texts:  # a failed rewrite falls back to the plain query, counted in the ledger
-                result.append(query)
-            else:
-                result.append(texts if self.name == "rag-fusion" else texts[0])
-        return result
-
-
 def tournament_judge(cfg: Config, doc_texts: Mapping[str, str]) -> LLMTournamentJudge:
     return LLMTournamentJudge(cfg, doc_texts)
-
-
-def query_rewriter(
-    kind: str, cfg: Config, train_pairs: Sequence[tuple[str, str]]
-) -> LLMQueryRewriter:
-    return LLMQueryRewriter(kind, cfg, train_pairs)
-
-
-__all__ = ["tournament_judge", "query_rewriter"]

@@ -70,6 +70,13 @@ class TournamentSpec:
     def final_k(self) -> int:
         return self.rounds[-1].survivors
 
+    @classmethod
+    def parse(cls, rounds: str) -> TournamentSpec:
+        """From `eval.tournament_rounds`, "group_size:survivors" per round ("25:30,15:10")."""
+        return cls(
+            rounds=tuple(Round(*(int(n) for n in part.split(":"))) for part in rounds.split(","))
+        )
+
 
 @dataclass
 class TournamentStats:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from cpr_ray.evaluate.benchmark import Benchmark, pad_pools
-from cpr_ray.evaluate.rerank import TournamentReranker
 from cpr_ray.evaluate.runner import rerank
-from cpr_ray.evaluate.tournament import (
+from cpr_ray.retrieval.rerank import TournamentReranker
+from cpr_ray.retrieval.tournament import (
     Round,
     TournamentSpec,
     quotas,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from cpr_ray.evaluate.benchmark import Benchmark, pad_pools
-from cpr_ray.evaluate.fusion import reciprocal_rank_fusion
 from cpr_ray.evaluate.runner import rank
 from cpr_ray.retrieval.bm25 import BM25Retriever
+from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
 
 
 def test_rrf_by_hand():
