@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import ScriptedLLM, start_scripted_llm  # noqa: E402  (the scripted endpoint)
 
 from cpr_ray.config import LLMConfig  # noqa: E402
-from cpr_ray.llm.judges import UsefulnessGrader  # noqa: E402
 from cpr_ray.llm.runner import KEY, AnswerSink, ask_pool  # noqa: E402
+from cpr_ray.queries.usefulness import UsefulnessGrader  # noqa: E402
 from cpr_ray.storage import StorageConfig  # noqa: E402
 
 

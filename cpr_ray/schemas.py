@@ -10,6 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+PASSAGE_CHARS = 2000  # what a grader reads of a paper (B.5: title and abstract, cut here)
+
 TOPIC = pa.struct(
     [
         ("id", pa.int32()),
@@ -100,6 +102,17 @@ def paper_text(title: pa.Array | pa.ChunkedArray, abstract: pa.Array | pa.Chunke
     sep = pc.if_else(pc.match_substring_regex(t, r"[.?!]$"), " ", ". ")
     both = pc.binary_join_element_wise(t, sep, a, "")
     return pc.if_else(pc.equal(a, ""), t, pc.if_else(pc.equal(t, ""), a, both))
+
+
+def passages(titles: pa.Array | pa.ChunkedArray, abstracts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """What a grader reads of each paper — the usefulness grader (positives and negatives
+    alike), the reranker's pointwise score: the one paper text, cut at 2,000 characters."""
+    return pc.utf8_slice_codeunits(paper_text(titles, abstracts), 0, PASSAGE_CHARS)
+
+
+def passage(title: str | None, abstract: str | None) -> str:
+    """`passages` of one paper."""
+    return passages(pa.array([title], pa.string()), pa.array([abstract], pa.string()))[0].as_py()
 
 
 def _one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:

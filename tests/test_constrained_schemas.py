@@ -19,26 +19,28 @@ from pydantic import BaseModel, ValidationError
 
 from cpr_ray.config import LLMConfig, load_config
 from cpr_ray.errors import ConfigError
-from cpr_ray.llm import answers, evaluate
-from cpr_ray.llm.answers import (
+from cpr_ray.evaluate import rewriters
+from cpr_ray.llm import answers
+from cpr_ray.llm.answers import constrained_schema
+from cpr_ray.llm.client import response_format
+from cpr_ray.pipeline.build import preflight
+from cpr_ray.queries import analogy, dedup, synthesis, usefulness, writing
+from cpr_ray.queries.analogy import (
     AnalogyJudgment,
     TransferVerdict,
-    Usefulness,
-    WrittenQuery,
     analogy_problems,
-    constrained_schema,
-    query_rule_violations,
     transfer_problems,
 )
-from cpr_ray.llm.client import response_format
-from cpr_ray.llm.judges import AnalogyJudge
-from cpr_ray.pipeline.build import preflight
+from cpr_ray.queries.judges import AnalogyJudge
+from cpr_ray.queries.usefulness import Usefulness
+from cpr_ray.queries.writing import WrittenQuery, query_rule_violations
+from cpr_ray.retrieval import llm_judge
 from cpr_ray.storage import Storage
 from tests import scripted_llm
 
 ANSWER_MODELS: list[type[BaseModel]] = [
     m
-    for module in (answers, evaluate)
+    for module in (analogy, writing, dedup, usefulness, synthesis, llm_judge, rewriters)
     for m in vars(module).values()
     if isinstance(m, type)
     and issubclass(m, answers._Answer)
@@ -319,15 +321,15 @@ def test_one_single_spaced_question_only(query):
 def test_the_word_bound_lives_in_the_pattern_the_grammar_enforces():
     """llama.cpp's grammar ignores maxLength beside a pattern: the pattern bounds the words."""
     prop = constrained_schema(WrittenQuery)["properties"]["query"]
-    assert prop["maxLength"] == answers.QUERY_CHARS
+    assert prop["maxLength"] == writing.QUERY_CHARS
     words = re.search(r"\{1,(\d+)\}\\\?\$$", prop["pattern"])
-    assert words and int(words.group(1)) + 2 == answers.MAX_QUERY_WORDS
+    assert words and int(words.group(1)) + 2 == writing.MAX_QUERY_WORDS
 
 
 # -- scores --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("model", "low", "high"), [(Usefulness, 0, 3), (evaluate.Score, 0, 10)])
+@pytest.mark.parametrize(("model", "low", "high"), [(Usefulness, 0, 3), (llm_judge.Score, 0, 10)])
 def test_scores_are_bounded_integers(model, low, high):
     extra = {"reasoning": "r"} if model is Usefulness else {}
     for score in range(low - 2, high + 3):
@@ -444,7 +446,8 @@ def test_the_pinned_schema_goes_over_the_wire():
 def test_each_kind_of_synthesized_query_opens_its_own_way():
     """The six queries of one answer cannot be the same string: no kind's pattern admits
     another kind's query, and each is bounded to the word limit."""
-    from cpr_ray.llm.answers import KIND_PATTERNS, MAX_QUERY_WORDS, DiverseQueries
+    from cpr_ray.queries.synthesis import KIND_PATTERNS, DiverseQueries
+    from cpr_ray.queries.writing import MAX_QUERY_WORDS
 
     answer = scripted_llm.diverse_queries("Title: Crystal growth under pressure")
     assert fits(DiverseQueries, answer)

@@ -10,8 +10,7 @@ import pytest
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, papers_by_id, pinned_papers
 from cpr_ray.dataset.negatives import grader_rows
 from cpr_ray.errors import StorageError
-from cpr_ray.llm.judges import passage
-from cpr_ray.schemas import PAPERS, TOPIC
+from cpr_ray.schemas import PAPERS, TOPIC, passage
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, StorageConfig, join
 
@@ -83,10 +82,10 @@ def test_a_version_newer_than_the_manifest_is_refused_at_stage_start(tmp_path):
 def test_the_judged_pooled_trained_and_searched_text_of_a_paper_is_one_string(tmp_path):
     """Titles ending in ?, empty and null parts: every stage's paper text is the same string."""
     from cpr_ray.config import PoolerConfig
-    from cpr_ray.llm.judges import passage, passages
     from cpr_ray.pooling.rules import doc_text
     from cpr_ray.queries.synthesis import multi_query_rows
     from cpr_ray.retrieval.base import document_texts
+    from cpr_ray.schemas import passage, passages
     from cpr_ray.search.documents import load_documents
     from cpr_ray.train.data import DataOptions, read_examples
 

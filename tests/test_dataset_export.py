@@ -241,13 +241,13 @@ def test_hydrate_fills_the_withheld_abstracts_from_the_users_s2_shards(tmp_path)
 def test_the_dry_run_evaluates_its_fresh_export(tmp_path, monkeypatch):
     """`cpr dry-run` ends with BM25 and MiniLM on the CPR-eval it built (the build itself is
     the fake one here: the stages have their own tests)."""
-    from cpr_ray import cli as cli_module
+    from cpr_ray.pipeline import dry_run as dry_run_module
 
     def fake_build(cfg, force=False):
         cfg_, storage, _, _ = built(cfg.storage.root)
         return {"export": export(cfg_, storage)}
 
-    monkeypatch.setattr(cli_module, "run_build", fake_build)
+    monkeypatch.setattr(dry_run_module, "run_build", fake_build)
     out = tmp_path / "dry"
     result = cli.invoke(
         app,

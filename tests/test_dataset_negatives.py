@@ -24,8 +24,7 @@ from cpr_ray.dataset.negatives import (
     walk,
 )
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
-from cpr_ray.llm.judges import passage, passages
-from cpr_ray.schemas import PAPERS
+from cpr_ray.schemas import PAPERS, passage, passages
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, join
 

@@ -5,9 +5,10 @@ import asyncio
 import pytest
 
 from cpr_ray.config import LLMConfig
-from cpr_ray.llm.answers import AnalogyJudgment, Usefulness, analogy_problems, parse_usefulness_text
 from cpr_ray.llm.client import LLMClient, LLMConfigError, Usage, parse_answer
 from cpr_ray.llm.injection import instruction_flags
+from cpr_ray.queries.analogy import AnalogyJudgment, analogy_problems
+from cpr_ray.queries.usefulness import Usefulness, parse_usefulness_text
 
 ANALOGY_PROMPT = "judge\n<data>\nQ title: diffusion models\n</data>"
 

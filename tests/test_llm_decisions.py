@@ -9,18 +9,17 @@ import pyarrow.compute as pc
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.llm.answers import (
+from cpr_ray.llm.runner import run_llm_task
+from cpr_ray.queries.analogy import (
     AnalogyJudgment,
     analogy_decision,
     analogy_passed,
     derived_decision,
-    query_objections,
     transfer_verified,
 )
-from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier
-from cpr_ray.llm.runner import run_llm_task
+from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.stages import judge_analogy
-from cpr_ray.queries.writing import QueryWriter
+from cpr_ray.queries.writing import QueryWriter, query_objections
 from cpr_ray.stage import StageRun, manifest_uri
 from cpr_ray.storage import Storage, join
 
@@ -175,7 +174,7 @@ def test_a_changed_analogy_rule_reaches_cached_answers_without_a_call(tmp_path, 
         """A new rule: an analogy is only potential until a second judge confirms it."""
         return pc.if_else(answers["structural_analogy"], "potential_analogy", "not_analogy")
 
-    monkeypatch.setattr("cpr_ray.llm.judges.analogy_decision", stricter)
+    monkeypatch.setattr("cpr_ray.queries.judges.analogy_decision", stricter)
     again = run_llm_task(_run(tmp_path, llm), AnalogyJudge(), pairs, base_url=llm.base_url)
     assert llm.stats()["total"] == calls and again.stats["asked"] == 0
     assert again.stats["cached"] == 3
@@ -187,7 +186,7 @@ def test_a_changed_analogy_rule_reaches_cached_answers_without_a_call(tmp_path, 
     def nothing_passes(answers: pa.Table) -> pa.ChunkedArray:
         return pc.if_else(answers["structural_analogy"], "not_analogy", "not_analogy")
 
-    monkeypatch.setattr("cpr_ray.llm.judges.analogy_decision", nothing_passes)
+    monkeypatch.setattr("cpr_ray.queries.judges.analogy_decision", nothing_passes)
     last = run_llm_task(_run(tmp_path, llm), AnalogyJudge(), pairs, base_url=llm.base_url)
     assert llm.stats()["total"] == calls
     assert last.table["passed"].to_pylist() == [False, False, False]
@@ -208,7 +207,7 @@ def test_changed_transfer_and_query_rules_reach_cached_answers(tmp_path, llm, mo
     calls = llm.stats()["total"]
 
     monkeypatch.setattr(
-        "cpr_ray.llm.judges.transfer_verified", lambda t: pc.equal(t["verdict"], "never")
+        "cpr_ray.queries.judges.transfer_verified", lambda t: pc.equal(t["verdict"], "never")
     )
     monkeypatch.setattr(
         "cpr_ray.queries.writing.query_objections", lambda q, **_: ["no questions this week"]

@@ -15,17 +15,13 @@ import pyarrow as pa
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.llm.answers import (
-    AnalogyJudgment,
-    WrittenQuery,
-    analogy_problems,
-    query_rule_violations,
-)
 from cpr_ray.llm.client import LLMClient, Usage
-from cpr_ray.llm.judges import AnalogyJudge, TransferVerifier, UsefulnessGrader, pair_texts
 from cpr_ray.llm.local_server import MODEL_ALIAS, local_server
 from cpr_ray.llm.runner import run_llm_task, without_answer_columns
-from cpr_ray.queries.writing import QueryWriter
+from cpr_ray.queries.analogy import AnalogyJudgment, analogy_problems
+from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier, pair_texts
+from cpr_ray.queries.usefulness import UsefulnessGrader
+from cpr_ray.queries.writing import QueryWriter, WrittenQuery, query_rule_violations
 from cpr_ray.stage import StageRun
 from cpr_ray.storage import Storage
 

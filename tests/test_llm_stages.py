@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.llm.judges import AnalogyJudge, UsefulnessGrader
 from cpr_ray.llm.runner import LLMStageError, ledger_uri, run_llm_task
+from cpr_ray.queries.judges import AnalogyJudge
+from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.stage import StageRun
 from cpr_ray.storage import Storage

@@ -9,8 +9,12 @@ import pyarrow.compute as pc
 import pytest
 
 from cpr_ray.dataset.export import export
-from cpr_ray.llm.answers import QUERY_KINDS, synthesized_problems
-from cpr_ray.queries.synthesis import MULTI_QUERY, synthesize_queries
+from cpr_ray.queries.synthesis import (
+    MULTI_QUERY,
+    QUERY_KINDS,
+    synthesize_queries,
+    synthesized_problems,
+)
 from cpr_ray.train.data import DataOptions, read_examples
 
 from .test_dataset_export import built

@@ -466,7 +466,7 @@ def _export(
         run.storage.write_parquet(table, uri)
         tables[name] = {"uri": uri, "format": "parquet", "rows": table.num_rows}
     per_group = {EVAL: ds.eval_negatives_per_group, TRAIN: ds.train_negatives_per_group}
-    stats = export_stats(queries, split, cpr_eval, cpr_train, corpus, papers, per_group)
+    stats = export_stats(queries, split, cpr_eval, cpr_train, corpus, found, per_group)
     prov = provenance(run.cfg, run.storage)
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     run.storage.write_json(join(run.out, STATS), {**stats, "provenance": prov})

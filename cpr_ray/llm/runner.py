@@ -38,7 +38,7 @@ import pyarrow.dataset as pds
 import ray
 
 from cpr_ray import duck
-from cpr_ray.config import LLMConfig
+from cpr_ray.config import LLMConfig, stage_name
 from cpr_ray.errors import ConfigError, InputError, LLMStageError, UserError
 from cpr_ray.llm.answers import check_pins
 from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage, probe_endpoint
@@ -322,7 +322,7 @@ def run_llm_task(
             f"{task.stage}: its input lacks column(s) {', '.join(missing)} "
             f"(has: {', '.join(inputs.column_names)})"
         )
-    check_pins(cfg)
+    check_pins(cfg, [stage_name(task.stage)])
     model = cfg.for_stage(task.stage)[0]
     pin = cfg.pin_for(task.stage)
     keys = [

@@ -13,11 +13,18 @@ from itertools import combinations
 from typing import Any
 
 import pyarrow as pa
+from pydantic import Field
 
 from cpr_ray.llm import prompts
-from cpr_ray.llm.answers import SameProblem
+from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.runner import LLMTask
+
+
+class SameProblem(_Answer):
+    same_problem: bool = Field(description="Would a paper that answers one answer the other?")
+    reason: str = Field(max_length=300)
+
 
 CORE_TRANSFER = ("method", "problem_formulation", "finding_or_evidence")
 

@@ -14,14 +14,6 @@ import pyarrow.compute as pc
 from cpr_ray import duck
 from cpr_ray.config import Config
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
-from cpr_ray.llm.answers import KEEP_USEFULNESS, analogy_passed
-from cpr_ray.llm.judges import (
-    AnalogyJudge,
-    TransferVerifier,
-    UsefulnessGrader,
-    format_mappings,
-    passages,
-)
 from cpr_ray.llm.runner import (
     TaskRun,
     endpoint_url,
@@ -29,8 +21,12 @@ from cpr_ray.llm.runner import (
     without_answer_columns,
     write_failures,
 )
+from cpr_ray.queries.analogy import analogy_passed
 from cpr_ray.queries.dedup import SameProblemJudge, keep_strongest, query_pairs
+from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier, format_mappings
+from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader
 from cpr_ray.queries.writing import QueryWriter
+from cpr_ray.schemas import passages
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
 

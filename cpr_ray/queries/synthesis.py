@@ -13,20 +13,23 @@ each other's negatives.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import Field
 
 from cpr_ray.config import Config, SynthesisConfig
 from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.llm import prompts
-from cpr_ray.llm.answers import QUERY_KINDS, DiverseQueries, Paraphrases, synthesized_problems
+from cpr_ray.llm.answers import _Answer, normalized
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
 from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
+from cpr_ray.queries.writing import MAX_QUERY_WORDS, QUERY_CHARS, WORD_CHARS
 from cpr_ray.schemas import paper_text
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
@@ -42,6 +45,59 @@ MULTI_QUERY = pa.schema(
         ("source_query_id", pa.string()),
     ]
 )
+
+
+QUERY_KINDS = ("factual", "procedural", "causal", "conditional", "keyword", "comparison")
+# a word of a synthesized query: no spaces, no question mark, no longer than any word a query needs
+_WORD = rf"[A-Za-z0-9,;:'()/%+.-]{{1,{WORD_CHARS}}}"
+_WORDS = rf"(?: {_WORD}){{1,40}}"  # with the opening: at most MAX_QUERY_WORDS
+# each kind opens its own way, so the six of one answer can never be the same string, and a
+# grammar-constrained model cannot run on past the word bound
+KIND_PATTERNS = {
+    "factual": rf"^What{_WORDS}\?$",
+    "procedural": rf"^How to{_WORDS}\?$",
+    "causal": rf"^Why{_WORDS}\?$",
+    "conditional": rf"^(?:If|When){_WORDS}\?$",
+    "keyword": rf"^[a-z0-9-]{{2,{WORD_CHARS}}}(?: [a-z0-9-]{{2,{WORD_CHARS}}}){{1,7}}$",
+    "comparison": rf"^(?:How does|How do|Which){_WORDS}\?$",
+}
+SynthQuery = Annotated[
+    str, Field(pattern=rf"^{_WORD}(?: {_WORD}){{1,44}}\??$", max_length=QUERY_CHARS)
+]
+
+
+def _kind(kind: str, what: str) -> Any:
+    return Field(pattern=KIND_PATTERNS[kind], max_length=QUERY_CHARS, description=what)
+
+
+class DiverseQueries(_Answer):
+    """One query of each kind, as fields: a schema can require every kind exactly once."""
+
+    factual: str = _kind("factual", "What … ? A fact or quantity the paper reports.")
+    procedural: str = _kind("procedural", "How to … ? How to do what the paper does.")
+    causal: str = _kind("causal", "Why … ? Why something happens, or what causes it.")
+    conditional: str = _kind("conditional", "If/When … ? What happens under a condition.")
+    keyword: str = _kind("keyword", "2-8 lower-case search keywords.")
+    comparison: str = _kind("comparison", "How does/How do/Which … ? How two things compare.")
+
+
+class Paraphrases(_Answer):
+    paraphrases: list[SynthQuery] = Field(min_length=2, max_length=len(QUERY_KINDS))
+
+
+def synthesized_problems(queries: Sequence[str], seed: str | None = None) -> list[str]:
+    """What makes a synthesized set unusable as several training queries: blanks, repeats, a
+    query over the word bound, a paraphrase that only copies its seed."""
+    problems = []
+    normal = [normalized(q) for q in queries]
+    if len(set(normal)) < len(normal):
+        problems.append("two queries are the same; each must be different")
+    long = [q for q in queries if len(q.split()) > MAX_QUERY_WORDS]
+    if long:
+        problems.append(f"{len(long)} query(ies) longer than {MAX_QUERY_WORDS} words")
+    if seed is not None and normalized(seed) in normal:
+        problems.append("a paraphrase repeats the query word for word")
+    return problems
 
 
 class QuerySynthesizer(LLMTask):

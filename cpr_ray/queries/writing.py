@@ -12,12 +12,88 @@ import re
 from typing import Any
 
 import pyarrow as pa
+from pydantic import Field
 
 from cpr_ray.llm import prompts
-from cpr_ray.llm.answers import ProblemStatement, QueryReview, WrittenQuery, query_objections
+from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.judges import format_contexts
 from cpr_ray.llm.runner import LLMTask
+from cpr_ray.queries.judges import format_contexts
+
+
+class ProblemStatement(_Answer):
+    problem: str = Field(
+        max_length=500, description="1-2 sentences: the difficulty q faced, not its method."
+    )
+
+
+MAX_QUERY_WORDS = 45
+QUERY_CHARS = 320  # about 45 words of seven characters
+WORD_CHARS = 32  # longer than any word a query needs
+
+# The form of a query is part of the contract, so the schema itself constrains it where the
+# endpoint supports patterns (llama.cpp grammars, vLLM structured output): one lower-case "How to"
+# question of at most MAX_QUERY_WORDS single-spaced words, ending in its only "?", with no
+# brackets, capitals or full stops, so no citation marker ("[3]", "(Smith et al.") can be written.
+# Grammars enforce the pattern, not maxLength (llama.cpp ignores it beside a pattern), so the word
+# bound lives in the pattern. The rules below hold either way.
+QUERY_PATTERN = rf"^[Hh]ow to(?: [a-z0-9,;:'()/-]{{1,{WORD_CHARS}}}){{1,{MAX_QUERY_WORDS - 2}}}\?$"
+
+
+class WrittenQuery(_Answer):
+    query: str = Field(pattern=QUERY_PATTERN, max_length=QUERY_CHARS)
+
+
+class QueryReview(_Answer):
+    problem_only: bool
+    grounded: bool
+    well_formed: bool
+    issue: str | None = Field(max_length=300)
+
+
+META_WORDS = ("analogy", "analogous", "mapping", "mappings", "cited", "citation", "paper")
+METHOD_PHRASES = (
+    "by using",
+    "by applying",
+    "by means of",
+    "through the use of",
+    "with the help of",
+    "via ",
+)
+
+
+def query_rule_violations(query: str) -> list[str]:
+    """The mechanical rules every query must pass, whatever the reviewer said."""
+    problems = []
+    text = query.strip()
+    if not text.startswith(("How to ", "how to ")):
+        problems.append('must start with "How to"')
+    if re.search(r"\[\s*(citation|\d+)[^\]]*\]|\(\s*[A-Z][a-z]+ et al\.", text, re.I):
+        problems.append("contains a citation marker")
+    if any(tok.isupper() and len(tok) > 1 for tok in re.findall(r"[A-Za-z]+", text)):
+        problems.append("contains an upper-case token (acronym or variable)")
+    words = re.findall(r"[a-z']+", text.lower())
+    meta = sorted({w for w in words if w in META_WORDS})
+    if meta:
+        problems.append(f"contains meta-language: {', '.join(meta)}")
+    low = text.lower()
+    method = [p.strip() for p in METHOD_PHRASES if p in low]
+    if method:
+        problems.append(f"names a method: {', '.join(method)}")
+    if len(text.split()) > MAX_QUERY_WORDS:
+        problems.append(f"longer than {MAX_QUERY_WORDS} words")
+    return problems
+
+
+def query_objections(
+    query: str, *, problem_only: bool, grounded: bool, well_formed: bool, issue: str | None
+) -> list[str]:
+    """Why a written query is not accepted (empty: accepted): the reviewer's booleans, then the
+    mechanical rules. The writer regenerates with these; afterwards they decide the kept query."""
+    review_ok = problem_only and grounded and well_formed
+    reasons = [] if review_ok else [issue or "the reviewer rejected it"]
+    return reasons + query_rule_violations(query)
+
 
 MAX_REGENERATIONS = 2
 PLAIN_PROSE = "Write plain prose with no symbols, formulas or variables."

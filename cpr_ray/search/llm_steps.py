@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.config import Config
-from cpr_ray.llm.judges import AnalogyJudge
+from cpr_ray.queries.judges import AnalogyJudge
 from cpr_ray.retrieval.rerank import llm_reranker
 from cpr_ray.search.engine import SearchIndex
 

@@ -1,28 +1,24 @@
-"""The three judging steps over (q, d) pairs: analogy (B.1), transfer (B.2), usefulness (B.5)."""
+"""The judging steps over (q, d) pairs: analogy (B.1) and transfer verification (B.2)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from cpr_ray.llm import prompts
-from cpr_ray.llm.answers import (
-    AnalogyJudgment,
-    TransferVerdict,
-    Usefulness,
-    analogy_decision,
-    analogy_passed,
-    analogy_problems,
-    parse_usefulness_text,
-    transfer_problems,
-    transfer_verified,
-)
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.injection import input_flags
 from cpr_ray.llm.runner import LLMTask
-from cpr_ray.schemas import paper_text
+from cpr_ray.queries.analogy import (
+    AnalogyJudgment,
+    TransferVerdict,
+    analogy_decision,
+    analogy_passed,
+    analogy_problems,
+    transfer_problems,
+    transfer_verified,
+)
 
 MAPPING = pa.struct([("q_object", pa.string()), ("d_object", pa.string()), ("role", pa.string())])
 RELATION = pa.struct(
@@ -32,7 +28,6 @@ RELATION = pa.struct(
         ("d_arguments", pa.list_(pa.string())),
     ]
 )
-PASSAGE_CHARS = 2000
 # what others wrote about a pair, where an injection would hide (topics are OpenAlex's names)
 PAIR_TEXT_COLUMNS = ("q_title", "q_abstract", "contexts", "d_title", "d_abstract")
 
@@ -182,43 +177,6 @@ class TransferVerifier(LLMTask):
         v = out.value
         return (
             {"verdict": v.verdict, "reject_reason": v.reject_reason, "verify_reason": v.reason},
-            "ok",
-            None,
-        )
-
-
-def passages(titles: pa.Array | pa.ChunkedArray, abstracts: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """What the usefulness grader reads of each paper (positives and negatives alike): the one
-    paper text (`schemas.paper_text`), cut at 2,000 characters."""
-    return pc.utf8_slice_codeunits(paper_text(titles, abstracts), 0, PASSAGE_CHARS)
-
-
-def passage(title: str | None, abstract: str | None) -> str:
-    """`passages` of one paper."""
-    return passages(pa.array([title], pa.string()), pa.array([abstract], pa.string()))[0].as_py()
-
-
-class UsefulnessGrader(LLMTask):
-    """B.5 (and N2 later): could the passage be used to solve the query's problem? 0–3."""
-
-    stage = "score-positives"
-    prompts = (prompts.load("usefulness"),)
-    key_columns = ("query", "passage", "mappings")
-    output_schema = pa.schema([("usefulness", pa.int8()), ("usefulness_reasoning", pa.string())])
-
-    async def run(
-        self, client: LLMClient, row: dict[str, Any], usage: Usage
-    ) -> tuple[dict[str, Any], Status, str | None]:
-        prompt = self.prompts[0].render(
-            query=row["query"], passage=row["passage"], mappings=row["mappings"] or "(none)"
-        )
-        out = await client.ask(
-            self.stage, prompt, Usefulness, usage=usage, fallback=parse_usefulness_text
-        )
-        if out.value is None:
-            return self.empty_output(), out.status, out.error
-        return (
-            {"usefulness": out.value.score, "usefulness_reasoning": out.value.reasoning},
             "ok",
             None,
         )
