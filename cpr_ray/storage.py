@@ -173,11 +173,15 @@ class Storage:
             raise StorageError(_explain(loc, exc)) from None
 
     def write_json(self, uri: str, obj: Any) -> None:
+        self.write_text(uri, json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+    def write_text(self, uri: str, text: str) -> None:
+        """A small text file, written whole."""
         loc = self.resolve(uri)
         try:
             loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
             with loc.fs.open_output_stream(loc.path) as f:
-                f.write(json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+                f.write(text.encode())
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
