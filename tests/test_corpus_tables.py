@@ -87,7 +87,8 @@ def test_the_judged_pooled_trained_and_searched_text_of_a_paper_is_one_string(tm
     from cpr_ray.retrieval.base import document_texts
     from cpr_ray.schemas import passage, passages
     from cpr_ray.search.documents import load_documents
-    from cpr_ray.train.data import DataOptions, read_examples
+    from cpr_ray.train.data import read_examples
+    from cpr_ray.train.examples import DataOptions
 
     titles = ["Heat flow in graphs", "Can spins relax?", "", None, "Only a title"]
     abstracts = ["We map heat.", "Yes.", "Abstract alone.", "No title.", None]

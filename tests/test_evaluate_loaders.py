@@ -335,3 +335,23 @@ def test_beir_never_returns_the_query_itself(tmp_path):
     bench = load_beir(local(), str(root))
     assert [e.tolist() for e in bench.excluded] == [[], [3]]
     assert bench.pool_sizes().tolist() == [4, 3]
+
+
+def test_cpr_eval_columns_are_typed_before_any_row_is_judged(tmp_path):
+    """The loaders share the training data's typed column checker: a missing or mistyped column
+    is one line naming the file and the column, not a crash in the pool arithmetic."""
+    make_cpr_export(tmp_path / "export", n_queries=4)
+    path = tmp_path / "export" / "cpr-eval" / "part-0.parquet"
+    table = pq.read_table(path)
+    at = table.schema.get_field_index("candidate_ids")
+    as_text = pa.array(
+        [[str(c) for c in ids] for ids in table["candidate_ids"].to_pylist()], pa.list_(pa.string())
+    )
+    pq.write_table(table.set_column(at, "candidate_ids", as_text), path)
+    with pytest.raises(
+        InputError, match=r"cpr-eval row 1: column 'candidate_ids' holds list<element: string>, expected a list of integers"
+    ):
+        load_cpr(local(), str(tmp_path / "export"))
+    pq.write_table(table.drop_columns(["positive_id"]), path)
+    with pytest.raises(InputError, match=r"cpr-eval: missing column 'positive_id'"):
+        load_cpr(local(), str(tmp_path / "export"))

@@ -13,8 +13,10 @@ from cpr_ray.config import QUESTION_WORDS, load_config
 from cpr_ray.dataset.format import CORPUS, CPR_TRAIN
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
+from cpr_ray.schemas import paper_text
 from cpr_ray.storage import Storage, StorageConfig
-from cpr_ray.train.data import DataOptions, paper_text, read_examples
+from cpr_ray.train.data import read_examples
+from cpr_ray.train.examples import DataOptions
 from cpr_ray.train.trainer import check_model
 
 STORAGE = Storage(StorageConfig())
@@ -125,6 +127,17 @@ def test_triplets_jsonl_and_parquet(tmp_path: Path):
     pq.write_table(pa.Table.from_pylist([{"query": "a", "positive": "b"}]), tmp_path / "t.parquet")
     ex, _ = _read("triplets", str(tmp_path / "t.parquet"))  # no negatives column: in-batch only
     assert ex.column("negatives").to_pylist() == [[]]
+
+
+def test_triplets_whose_every_negatives_list_is_empty_train_in_batch(tmp_path: Path):
+    """Arrow reads a column of only empty lists as list<null>: a list of texts with no items."""
+    rows = [
+        {"query": f"how to do {i}", "positive": f"paper {i}", "negatives": []} for i in range(3)
+    ]
+    ex, stats = _read("triplets", _jsonl(tmp_path / "empty.jsonl", rows))
+    assert ex.column("negatives").to_pylist() == [[], [], []]
+    assert ex.column("negative_keys").to_pylist() == [[], [], []]
+    assert stats["examples"] == 3 and stats["max_negatives"] == 0
 
 
 def test_triplets_sampling_and_switches(tmp_path: Path):

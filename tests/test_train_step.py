@@ -15,7 +15,8 @@ import torch
 from cpr_ray.queries.cw import content_word_counts
 from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
 from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.train.data import EXAMPLES, text_keys
+from cpr_ray.train.examples import EXAMPLES
+from cpr_ray.train.formats.common import text_keys
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.step import (
     ContrastiveStep,

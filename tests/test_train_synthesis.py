@@ -15,7 +15,8 @@ from cpr_ray.queries.synthesis import (
     synthesize_queries,
     synthesized_problems,
 )
-from cpr_ray.train.data import DataOptions, read_examples
+from cpr_ray.train.data import read_examples
+from cpr_ray.train.examples import DataOptions
 
 from .test_dataset_export import built
 

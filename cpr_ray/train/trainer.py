@@ -50,7 +50,8 @@ from cpr_ray.retrieval.encoder import (
 )
 from cpr_ray.retrieval.spec import EncoderSpec, preset
 from cpr_ray.storage import Storage, StorageConfig, join
-from cpr_ray.train.data import DataOptions, fingerprint, read_examples
+from cpr_ray.train.data import read_examples
+from cpr_ray.train.examples import DataOptions, fingerprint
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.step import (
     ContrastiveStep,

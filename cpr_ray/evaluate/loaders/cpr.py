@@ -17,21 +17,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.errors import InputError
+from cpr_ray.columns import ID, INT, INTS, TEXT, TEXTS, Column, check_columns
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.retrieval.base import PAD, document_texts
 from cpr_ray.storage import Storage, StorageError, find_table
 
 GROUPS = ("positive", "shares_query_topic", "shares_positive_topic", "other")
+# present and typed; a record with a null or inconsistent value is rejected with its reason below
 EVAL_COLUMNS = [
-    "query_id",
-    "query",
-    "base_corpus_id",
-    "positive_id",
-    "candidate_ids",
-    "candidate_groups",
-    "field",
-    "domain",
+    Column("query_id", ID),
+    Column("query", TEXT, nullable=True),
+    Column("base_corpus_id", INT, nullable=True),
+    Column("positive_id", INT, nullable=True),
+    Column("candidate_ids", INTS, nullable=True),
+    Column("candidate_groups", TEXTS, nullable=True),
+    Column("field", TEXT, nullable=True),
+    Column("domain", TEXT, nullable=True),
 ]
 
 
@@ -63,9 +64,7 @@ def load_cpr(
             "(expected NAME.parquet or a NAME/ folder of Parquet files)"
         )
     table = storage.read_parquet(eval_uri)
-    absent = [c for c in EVAL_COLUMNS if c not in table.column_names]
-    if absent:
-        raise InputError(f"{eval_uri}: missing column(s) {', '.join(absent)}")
+    check_columns(table, eval_uri, None, EVAL_COLUMNS)
     corpus = storage.read_parquet(corpus_uri, ["corpus_id", "title", "abstract"])
     corpus_ids, corpus_texts = doc_texts(corpus)
 

@@ -1,0 +1,71 @@
+"""The internal form of training data (``EXAMPLES``: one row per query with its positive, hard
+negatives, document keys, content-word count, field and domain), what a format's reader returns
+(``RAW``), and the options that shape the examples."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from cpr_ray.config import TrainConfig
+from cpr_ray.errors import ConfigError
+from cpr_ray.queries.cw import STOP_WORDS
+
+EXAMPLES = pa.schema(
+    [
+        ("query_id", pa.string()),
+        ("query", pa.string()),
+        ("positive", pa.string()),
+        ("negatives", pa.list_(pa.string())),
+        ("positive_key", pa.int64()),
+        ("negative_keys", pa.list_(pa.int64())),
+        ("cw", pa.int32()),
+        ("field", pa.string()),
+        ("domain", pa.string()),
+    ]
+)
+# what a reader returns: EXAMPLES without cw, plus the positive's own domain (CPR)
+RAW = pa.schema(
+    [f for f in EXAMPLES if f.name != "cw"] + [pa.field("positive_domain", pa.string())]
+)
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """What shapes the examples: the format, where the data is, and the method's switches."""
+
+    format: str
+    data: str
+    reasonir_documents: str | None = None
+    samples: int | None = None
+    seed: int = 42
+    hold_out_domain: str | None = None
+    in_batch_only: bool = False
+    negatives: int | None = None
+    stop_words: tuple[str, ...] = STOP_WORDS
+
+    @classmethod
+    def from_config(cls, train: TrainConfig) -> DataOptions:
+        if train.data is None:
+            raise ConfigError("invalid config: train.data: required but not set (give --data)")
+        return cls(
+            format=train.format,
+            data=train.data,
+            reasonir_documents=train.reasonir_documents,
+            samples=train.samples,
+            seed=train.seed,
+            hold_out_domain=train.hold_out_domain,
+            in_batch_only=train.in_batch_only,
+            negatives=train.negatives,
+            stop_words=train.cw_stop_words or STOP_WORDS,
+        )
+
+
+def fingerprint(examples: pa.Table) -> str:
+    """A digest of the examples' content, so a resumed run can tell it trains on the same data."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, examples.schema) as writer:
+        writer.write_table(examples.combine_chunks())
+    return hashlib.sha256(sink.getvalue()).hexdigest()[:16]
