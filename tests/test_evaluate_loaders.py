@@ -348,9 +348,8 @@ def test_cpr_eval_columns_are_typed_before_any_row_is_judged(tmp_path):
         [[str(c) for c in ids] for ids in table["candidate_ids"].to_pylist()], pa.list_(pa.string())
     )
     pq.write_table(table.set_column(at, "candidate_ids", as_text), path)
-    with pytest.raises(
-        InputError, match=r"cpr-eval row 1: column 'candidate_ids' holds list<element: string>, expected a list of integers"
-    ):
+    wrong = r"cpr-eval row 1: column 'candidate_ids' holds list<element: string>, expected a list"
+    with pytest.raises(InputError, match=wrong):
         load_cpr(local(), str(tmp_path / "export"))
     pq.write_table(table.drop_columns(["positive_id"]), path)
     with pytest.raises(InputError, match=r"cpr-eval: missing column 'positive_id'"):

@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from cpr_ray import buckets
 from cpr_ray.config import load_config, sample_dir
-from cpr_ray.corpus import layout
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.mining.stages import mine, venues
 from cpr_ray.sample.synthetic import generate
@@ -153,7 +153,7 @@ def test_ingest_writes_every_bucket_as_fragments_of_its_own(synthetic, tmp_path)
     storage = Storage(cfg.storage)
     tables = ingest(cfg, storage)["tables"]
     for name, key in (("papers", "corpus_id"), ("citations", "citing_id")):
-        recorded = layout.BucketLayout.from_dict(tables[name]["layout"])
+        recorded = buckets.BucketLayout.from_dict(tables[name]["layout"])
         assert (recorded.key, recorded.num_buckets) == (key, 3)
         ds = lance.dataset(tables[name]["uri"])
         fragments = ds.get_fragments()
@@ -162,10 +162,10 @@ def test_ingest_writes_every_bucket_as_fragments_of_its_own(synthetic, tmp_path)
             bucket = recorded.files[fragment.metadata.data_files()[0].path]
             keys = fragment.to_table(columns=[key])[key]
             assert set(pc.remainder(keys, 3).to_pylist()) == {bucket}
-        p = layout.plan(recorded, storage, tables[name]["uri"], tables[name]["version"])
+        p = buckets.plan(recorded, storage, tables[name]["uri"], tables[name]["version"])
         assert p.mixed == [] and p.rows == ds.count_rows()
         for k in range(3):
-            rows = layout.read_bucket(p, storage, k, [key])[key]
+            rows = buckets.read_lance_bucket(p, storage, k, [key])[key]
             assert len(rows) == pc.sum(pc.equal(pc.remainder(ds.to_table()[key], 3), k)).as_py()
 
 

@@ -18,9 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from cpr_ray import leases
+from cpr_ray import buckets, leases
 from cpr_ray.config import load_config, sample_dir
-from cpr_ray.corpus import layout
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.runner import ledger_summary
@@ -288,8 +287,8 @@ def test_mining_after_a_refresh_reads_the_fragments_it_added_and_equals_whole_ta
     def plans(storage):
         tables = require_manifest(storage, "ingest")["tables"]
         return {
-            name: layout.plan(
-                layout.BucketLayout.from_dict(tables[name]["layout"]),
+            name: buckets.plan(
+                buckets.BucketLayout.from_dict(tables[name]["layout"]),
                 storage,
                 tables[name]["uri"],
                 tables[name]["version"],

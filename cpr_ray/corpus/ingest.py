@@ -32,18 +32,17 @@ from rich.table import Table
 
 from cpr_ray import buckets, duck, schemas
 from cpr_ray.buckets import (
+    BucketPlan,
     bucket_uri,
-    map_buckets,
-    read_bucket,
+    read_lance_bucket,
+    read_parquet_bucket,
     run_buckets,
-    write_bucketed,
+    write_bucketed_table,
     write_partitions,
 )
+from cpr_ray.buckets import plan as plan_buckets
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
-from cpr_ray.corpus.layout import BucketPlan, write_bucketed_table
-from cpr_ray.corpus.layout import plan as plan_buckets
-from cpr_ray.corpus.layout import read_bucket as read_lance_bucket
 from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
@@ -234,7 +233,6 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     cpus = cfg.ingest.cpus_per_task
     threads = max(1, int(cpus))  # DuckDB inside a task uses the CPUs the task reserved
     staging = join(run.out, "_staging")
-    rows_per_file = _rows_per_file(cfg)
     phase = Phases()
 
     def stage_uri(name: str) -> str:
@@ -279,23 +277,23 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     phase.lap("rejects_duplicates")
 
     # 2. S2 identifiers → key buckets; then match keys bucket by bucket ----------------------
-    good_paper_dirs = [
-        storage.resolve(bucket_uri(stage_uri("papers"), k)).path
-        for k in range(n)
-        if buckets.count_rows(storage, stage_uri("papers"), k)
-    ]
-    fs = storage.resolve(staging).fs
-    s2_keys = ray.data.read_parquet(good_paper_dirs, filesystem=fs).select_columns(
-        ["corpus_id", "doi", "mag_id", "pmid"]
-    )
-    write_bucketed(
-        s2_keys.map_batches(linking.s2_keys, fn_kwargs={"num_buckets": n}, batch_format="pyarrow"),
-        stage_uri("s2_keys"),
-        storage,
-        rows_per_file,
-    )
     s2_keys_schema = rows_schema(
         linking.s2_keys(rows_schema(empty_schema["papers"]).empty_table(), n).schema
+    )
+    # each task re-buckets one bucket of papers by their S2 identifiers' keys, written straight
+    # into the key buckets (no shuffle); then bucket k of those keys meets bucket k of the works
+    papers_schema = rows_schema(empty_schema["papers"])
+    run_buckets(
+        n,
+        partial(
+            _s2_keys_bucket,
+            storage=storage,
+            papers_uri=stage_uri("papers"),
+            papers_schema=papers_schema,
+            out=stage_uri("s2_keys"),
+            num_buckets=n,
+        ),
+        cpus,
     )
     match = partial(
         _match_bucket,
@@ -304,10 +302,11 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
         s2_schema=s2_keys_schema,
         works_uri=stage_uri("works"),
         works_schema=rows_schema(empty_schema["works"]),
+        out=stage_uri("matches"),
         num_buckets=n,
         threads=threads,
     )
-    write_bucketed(map_buckets(n, match, cpus), stage_uri("matches"), storage, rows_per_file)
+    run_buckets(n, match, cpus)
 
     phase.lap("link")
 
@@ -428,6 +427,22 @@ def rows_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f for f in schema if f.name not in drop])
 
 
+def _s2_keys_bucket(
+    k: int,
+    *,
+    storage: Storage,
+    papers_uri: str,
+    papers_schema: pa.Schema,
+    out: str,
+    num_buckets: int,
+) -> None:
+    """Bucket k of the papers' S2 identifiers, into the key buckets of `out`."""
+    papers = read_parquet_bucket(storage, papers_uri, k, papers_schema)
+    keys = linking.s2_keys(papers.select(["corpus_id", "doi", "mag_id", "pmid"]), num_buckets)
+    if keys.num_rows:
+        write_partitions(keys, out, storage, str(k))
+
+
 def _match_bucket(
     k: int,
     *,
@@ -436,17 +451,22 @@ def _match_bucket(
     s2_schema: pa.Schema,
     works_uri: str,
     works_schema: pa.Schema,
+    out: str,
     num_buckets: int,
     threads: int,
-) -> pa.Table:
-    s2 = read_bucket(storage, s2_uri, k, s2_schema)
-    works = read_bucket(storage, works_uri, k, works_schema)
-    return linking.match_keys(s2, works, num_buckets, threads)
+) -> None:
+    """Bucket k of the S2 keys matched against bucket k of the works, into the corpus-id
+    buckets of `out`."""
+    s2 = read_parquet_bucket(storage, s2_uri, k, s2_schema)
+    works = read_parquet_bucket(storage, works_uri, k, works_schema)
+    matches = linking.match_keys(s2, works, num_buckets, threads)
+    if matches.num_rows:
+        write_partitions(matches, out, storage, str(k))
 
 
 def _side(storage: Storage, side: dict[str, tuple[str, pa.Schema]], name: str, k: int) -> pa.Table:
     uri, schema = side[name]
-    return read_bucket(storage, uri, k, schema)
+    return read_parquet_bucket(storage, uri, k, schema)
 
 
 def _papers_bucket(
@@ -496,7 +516,7 @@ def build_venues(
 def _read_small(storage: Storage, uri: str, name: str) -> pa.Table:
     """The venue and source lists are small (~10^5 rows): one bucket holds all of them."""
     schema = ParseRecords(records.SPECS[name], 1, 1)(LINES.empty_table()).schema
-    return read_bucket(storage, uri, 0, rows_schema(schema))
+    return read_parquet_bucket(storage, uri, 0, rows_schema(schema))
 
 
 def _collect_rejects(
@@ -588,7 +608,7 @@ def _count_duplicates(
     """Duplicates (same key) per input, counted from the key columns only, one task per bucket."""
     uris = {name: stage_uri(name) for name in linking.DEDUP_KEYS}
     fn = partial(_duplicates_in_bucket, storage=storage, uris=uris, threads=threads)
-    tables = ray.get(map_buckets(num_buckets, fn, cpus).to_arrow_refs())
+    tables = run_buckets(num_buckets, fn, cpus)
     return {name: sum(pc.sum(t[name]).as_py() or 0 for t in tables) for name in uris}
 
 

@@ -35,9 +35,9 @@ import pyarrow.dataset as pds
 import ray
 
 from cpr_ray import buckets
-from cpr_ray.buckets import BUCKET, write_bucketed
+from cpr_ray.buckets import BUCKET, write_partitions
 from cpr_ray.config import Config
-from cpr_ray.corpus import layout, linking, records, updates
+from cpr_ray.corpus import linking, records, updates
 from cpr_ray.corpus.ingest import (
     KEPT_INPUTS,
     TEXT_SUFFIXES,
@@ -138,12 +138,12 @@ class Corpus:
         self.papers_uri = tables["papers"]["uri"]
         self.citations_uri = tables["citations"]["uri"]
         self.layouts = {
-            name: layout.BucketLayout.from_dict(tables[name]["layout"])
+            name: buckets.BucketLayout.from_dict(tables[name]["layout"])
             for name in ("papers", "citations")
             if "layout" in tables[name]
         }
 
-    def bucket_layout(self, name: str) -> layout.BucketLayout:
+    def bucket_layout(self, name: str) -> buckets.BucketLayout:
         if name not in self.layouts:
             raise StorageError(
                 f"the corpus under {self.storage.root} was ingested by a version that wrote no "
@@ -387,7 +387,7 @@ class Refresher:
         papers = corpus.table("papers")
         venues = build_venues(
             self.storage,
-            layout.plan(corpus.bucket_layout("papers"), self.storage, papers.uri, papers.version),
+            buckets.plan(corpus.bucket_layout("papers"), self.storage, papers.uri, papers.version),
             manifest["tables"]["s2_venues"]["uri"],
             manifest["tables"]["openalex_sources"]["uri"],
             self.cfg.ingest.cpus_per_task,
@@ -536,7 +536,8 @@ class Refresher:
         )
         good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
         if good.num_rows:
-            write_bucketed(ray.data.from_arrow(good), keys_uri, self.storage, 1000)
+            # named for the snapshot: a retried refresh rewrites the same files
+            write_partitions(good, keys_uri, self.storage, f"openalex-{newest}")
         relink = _relink_ids(corpus, good["key"].unique())
         report.records["works"] = {
             "update_records": good.num_rows,
@@ -630,14 +631,14 @@ class Refresher:
 
     def _rebucket(self, corpus: Corpus) -> bool:
         """Rewrite each table whose appended, bucket-mixing fragments passed
-        `refresh.rebucket_share` back into one-bucket fragments (`corpus.layout`); the next
+        `refresh.rebucket_share` back into one-bucket fragments (`buckets.rewrite`); the next
         commit records the new layout. Lance's own compaction would merge fragments of
         different buckets, so it is not used."""
         rewritten = False
         for name in ("papers", "citations"):
             found = corpus.bucket_layout(name)
             ds = corpus.table(name)
-            p = layout.plan(found, self.storage, ds.uri, ds.version)
+            p = buckets.plan(found, self.storage, ds.uri, ds.version)
             if not p.mixed or p.mixed_rows <= self.cfg.refresh.rebucket_share * p.rows:
                 continue
             console.print(
@@ -645,7 +646,7 @@ class Refresher:
                 f"(> refresh.rebucket_share={self.cfg.refresh.rebucket_share:.0%}); rewriting "
                 f"the table into its {found.num_buckets} key buckets"
             )
-            corpus.layouts[name] = layout.rewrite(
+            corpus.layouts[name] = buckets.rewrite(
                 p,
                 self.storage,
                 fragment_rows=self.cfg.ingest.lance_fragment_rows,

@@ -1,6 +1,6 @@
 """The `venues` and `mine` stages: top venues → base papers → cross-topic pairs + pooling universe.
 
-Ingest writes the corpus tables in key buckets (`corpus.layout`: papers by corpus id, citations
+Ingest writes the corpus tables in key buckets (`buckets`: papers by corpus id, citations
 by citing id, each bucket its own Lance fragments), so every join is bucket k against bucket k
 with DuckDB in one Ray task, reading only that bucket's fragments; the small sides (top venues,
 base papers) are broadcast. Three passes: (1) per bucket of citing papers, the eligible base
@@ -19,10 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from cpr_ray import duck
-from cpr_ray.buckets import BUCKET, read_bucket, run_buckets, write_partitions
+from cpr_ray import buckets, duck
+from cpr_ray.buckets import BUCKET, read_parquet_bucket, run_buckets, write_partitions
 from cpr_ray.config import Config, MiningConfig
-from cpr_ray.corpus import layout
 from cpr_ray.errors import StorageError
 from cpr_ray.mining import rules
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
@@ -96,20 +95,20 @@ def venues(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, A
 
 @dataclass(frozen=True)
 class _Corpus:
-    """The two corpus tables as bucket plans (see `corpus.layout`), passed to bucket tasks."""
+    """The two corpus tables as bucket plans (see `buckets`), passed to bucket tasks."""
 
     storage: Storage
-    papers: layout.BucketPlan
-    citations: layout.BucketPlan
+    papers: buckets.BucketPlan
+    citations: buckets.BucketPlan
 
     def papers_of(self, k: int) -> pa.Table:
-        return layout.read_bucket(self.papers, self.storage, k, PAPER_COLUMNS)
+        return buckets.read_lance_bucket(self.papers, self.storage, k, PAPER_COLUMNS)
 
     def citations_of(self, k: int, columns: list[str], where: str | None = None) -> pa.Table:
-        return layout.read_bucket(self.citations, self.storage, k, columns, where)
+        return buckets.read_lance_bucket(self.citations, self.storage, k, columns, where)
 
     def citations_schema(self, columns: list[str]) -> pa.Schema:
-        return layout.schema(self.citations, self.storage, columns)
+        return buckets.lance_schema(self.citations, self.storage, columns)
 
 
 def _corpus(storage: Storage, ingest_m: dict[str, Any]) -> _Corpus:
@@ -122,8 +121,8 @@ def _corpus(storage: Storage, ingest_m: dict[str, Any]) -> _Corpus:
                 f"bucket layout for {name}: mining reads buckets from it; rebuild it once with "
                 "cpr build --stages ingest --force"
             )
-        found = layout.BucketLayout.from_dict(table["layout"])
-        plans[name] = layout.plan(found, storage, table["uri"], table["version"])
+        found = buckets.BucketLayout.from_dict(table["layout"])
+        plans[name] = buckets.plan(found, storage, table["uri"], table["version"])
     if plans["papers"].layout.num_buckets != plans["citations"].layout.num_buckets:
         raise StorageError("the papers and citations tables are bucketed differently: re-ingest")
     return _Corpus(storage, plans["papers"], plans["citations"])
@@ -236,9 +235,9 @@ class _PairsAndUniverse:
     def __call__(self, k: int) -> tuple[pa.Table, int]:
         storage = self.corpus.storage
         papers = self.corpus.papers_of(k)
-        candidates = read_bucket(storage, self.candidates_uri, k, self.candidates_schema)
+        candidates = read_parquet_bucket(storage, self.candidates_uri, k, self.candidates_schema)
         pairs = rules.cross_topic_pairs(candidates, papers)
-        ids = read_bucket(storage, self.ids_uri, k, pa.schema([("id", pa.int64())]))
+        ids = read_parquet_bucket(storage, self.ids_uri, k, pa.schema([("id", pa.int64())]))
         universe = duck.query(
             UNIVERSE_SQL, papers=papers, ids=ids, top=self.top.select(["venue_id"])
         ).cast(UNIVERSE_SCHEMA)
