@@ -9,6 +9,7 @@ its JSON is well-formed (grammar-constrained) but its judgments are placeholders
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,18 @@ from cpr_ray.stage import console
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("CPR_CACHE", Path.home() / ".cache" / "cpr-ray"))
 MODEL_ALIAS = "gemma-3-270m"
+# A portable x86-64 build (AVX2/FMA/F16C, no -march=native): a native build on a CPU with AMX
+# tiles segfaulted at start in a sandbox that does not grant the tile state, and a binary cached
+# on one machine must run on the next. The flavour is part of the cache path, so a native build
+# cached by an older version is never reused.
+BUILD_FLAVOUR = "portable-avx2"
+PORTABLE_FLAGS = (
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+)
 
 
 def server_binary() -> Path:
@@ -39,7 +52,8 @@ def server_binary() -> Path:
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path)
-    cached = CACHE / "llama-server" / LLAMA_CPP_PYTHON.split("==")[1] / "llama-server"
+    version = LLAMA_CPP_PYTHON.split("==")[1]
+    cached = CACHE / "llama-server" / f"{version}-{BUILD_FLAVOUR}" / "llama-server"
     if cached.is_file():
         return cached
     return _build(cached)
@@ -94,6 +108,7 @@ def _build(target: Path) -> Path:
                 "-DLLAMA_BUILD_EXAMPLES=OFF",
                 "-DLLAMA_BUILD_SERVER=ON",
                 "-DBUILD_SHARED_LIBS=OFF",
+                *(PORTABLE_FLAGS if platform.machine() in ("x86_64", "AMD64") else ()),
             ]
         )
         _run(

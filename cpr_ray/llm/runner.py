@@ -551,8 +551,8 @@ def endpoint_url(llm: LLMConfig, needed_by: str = "the LLM stages") -> str:
     the build's stages and by evaluation's and search's LLM steps alike."""
     if not llm.base_url:
         raise ConfigError(
-            f"{needed_by} need llm.base_url, an OpenAI-compatible endpoint (--set "
-            "llm.base_url=http://host:8000/v1, key in $OPENAI_API_KEY); `cpr dry-run` starts a "
-            "local one"
+            f"llm.base_url is not set: {needed_by} need llm.base_url to name an "
+            "OpenAI-compatible endpoint (--set llm.base_url=http://host:8000/v1, key in "
+            "$OPENAI_API_KEY); `cpr dry-run` starts a local one"
         )
     return llm.base_url
