@@ -8,6 +8,7 @@ its JSON is well-formed (grammar-constrained) but its judgments are placeholders
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import shutil
@@ -56,7 +57,10 @@ def server_binary() -> Path:
     cached = CACHE / "llama-server" / f"{version}-{BUILD_FLAVOUR}" / "llama-server"
     if cached.is_file():
         return cached
-    return _build(cached)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with open(cached.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two dry runs (or test workers) build it once
+        return cached if cached.is_file() else _build(cached)
 
 
 def _build(target: Path) -> Path:
