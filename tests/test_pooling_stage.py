@@ -1,6 +1,8 @@
-"""The `pool` stage end to end on Ray: on the bundled sample's build (scripted LLM endpoint)
-locally, and on a small hand-made build on S3 (moto) whose candidates are known exactly; reruns
-are skipped, and a forced rerun reuses every stored embedding."""
+"""The `pool` stage end to end on Ray: on the bundled sample's build (a copy of the session's
+`sample_positives`) locally, and on a small hand-made build on S3 (moto) whose candidates are
+known exactly; reruns are skipped, and a forced rerun reuses every stored embedding. The dense
+pooler is the tiny random Qwen3 (last-token pooling): the rules under test do not depend on what
+the vectors mean."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from cpr_ray.schemas import PAPERS  # noqa: E402
 from cpr_ray.stage import manifest_uri  # noqa: E402
 from cpr_ray.storage import Storage, join  # noqa: E402
 
+from .conftest import copy_build, scripted_config  # noqa: E402
 from .test_retrieval import tiny_models  # noqa: E402, F401  (the tiny SPLADE fixture)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -39,11 +42,11 @@ BEFORE_POOL = [
 ]
 
 
-def poolers(minilm: str, splade: str) -> str:
-    """All three kinds: MiniLM (dense, short texts to keep the test quick), the tiny random
+def poolers(dense: str, splade: str) -> str:
+    """All three kinds: a dense encoder (short texts to keep the test quick), the tiny random
     SPLADE, BM25."""
     return (
-        f"[{{name: minilm, kind: dense, encoder: {{model: '{minilm}', max_length: 64, "
+        f"[{{name: dense, kind: dense, encoder: {{model: '{dense}', max_length: 64, "
         "device: cpu}}, "
         f"{{name: splade, kind: splade, encoder: {{model: '{splade}', max_length: 64, "
         "device: cpu, actors: 1}}, "
@@ -118,24 +121,16 @@ def check_pool(storage: Storage, m: dict, upstream: dict[str, str]) -> tuple[pa.
 
 @pytest.mark.slow
 def test_pool_on_the_sample_build_with_rejected_citations_first(
+    sample_positives,
     tmp_path,
     llm,
-    minilm,
     tiny_models,  # noqa: F811
 ):
-    cfg = load_config(
-        "dry-run",
-        env={},
-        overrides=[
-            f"storage.root={tmp_path}",
-            f"llm.base_url={llm.base_url}",
-            "llm.model=scripted",
-            "llm.max_rows_per_stage=12",
-            "llm.max_in_flight=8",
-            f"pooling.poolers={poolers(minilm, tiny_models['splade'])}",
-        ],
+    root = copy_build(sample_positives, tmp_path / "build")
+    cfg = scripted_config(
+        root, llm, f"pooling.poolers={poolers(tiny_models['qwen'], tiny_models['splade'])}"
     )
-    manifests = run_build(cfg, BEFORE_POOL)
+    manifests = run_build(cfg, BEFORE_POOL)  # the shared build's: all skipped
     storage = Storage(cfg.storage)
     # the scripted judge accepts every pair: reject every judged pair that is not a positive, as
     # a real judge does most (and dedup would have dropped them anyway)
@@ -184,10 +179,10 @@ def test_pool_on_the_sample_build_with_rejected_citations_first(
     assert got == expected
     stats = m["stats"]
     assert stats["rejected_citations"] == len(expected)
-    assert stats["poolers"]["minilm"]["index"] == "Flat"
-    assert stats["poolers"]["minilm"]["encoded"] == stats["universe"]
+    assert stats["poolers"]["dense"]["index"] == "Flat"
+    assert stats["poolers"]["dense"]["encoded"] == stats["universe"]
     assert stats["poolers"]["splade"]["index"] == "sparse"
-    assert all(stats["poolers"][p]["hits"] > 0 for p in ("minilm", "splade", "bm25"))
+    assert all(stats["poolers"][p]["hits"] > 0 for p in ("dense", "splade", "bm25"))
 
     again = run_build(cfg, ["pool"])["pool"]
     assert again["run_id"] == m["run_id"]  # same inputs and config: skipped
@@ -305,7 +300,6 @@ def publish_world(storage: Storage, world: dict[str, list[dict]]) -> dict[str, s
 def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
     s3_endpoint,
     s3_bucket,
-    minilm,
     tiny_models,  # noqa: F811
 ):
     cfg = load_config(
@@ -314,7 +308,7 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
         overrides=[
             f"storage.root=s3://{s3_bucket}/build",
             f"storage.s3_endpoint={s3_endpoint}",
-            f"pooling.poolers={poolers(minilm, tiny_models['splade'])}",
+            f"pooling.poolers={poolers(tiny_models['qwen'], tiny_models['splade'])}",
             "pooling.min_group_size=5",
         ],
     )
@@ -356,5 +350,5 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
     ]
     assert m["stats"]["queries_pooled_deeper"] >= 1  # small groups: pooled again at top_k_short
     forced = pool(cfg, storage, force=True)
-    assert all(forced["stats"]["poolers"][n]["encoded"] == 0 for n in ("minilm", "splade"))
+    assert all(forced["stats"]["poolers"][n]["encoded"] == 0 for n in ("dense", "splade"))
     assert storage.read_parquet(forced["tables"]["candidates"]["uri"]).equals(candidates)
