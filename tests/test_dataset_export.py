@@ -11,11 +11,12 @@ import re
 import boto3
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
-from cpr_ray.config import Config
+from cpr_ray.config import Config, minilm_dir
 from cpr_ray.dataset.export import export
 from cpr_ray.dataset.format import CORPUS, CPR_EVAL, CPR_TRAIN
 from cpr_ray.dataset.negatives import (
@@ -26,7 +27,7 @@ from cpr_ray.dataset.negatives import (
     split_fingerprint,
     walk,
 )
-from cpr_ray.dataset.split import assign_split, check_no_leakage
+from cpr_ray.dataset.split import LeakageError, assign_split, check_no_leakage
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.loaders.cpr import load_cpr
 from cpr_ray.stage import manifest_uri
@@ -172,7 +173,35 @@ def test_export_round_trip_through_s3_into_datasets_and_the_loader(
     assert stats["provenance"]["stages"][STAGE]["model"] == "scripted"
     assert stats["provenance"]["openalex_snapshot"] == "openalex updated_date<=2025-06-01"
     assert stats["corpus"]["abstracts_withheld"] == corpus["abstract"].null_count
-    assert stats["leakage_check"] == "passed"
+
+
+def test_a_leaking_split_is_refused_and_nothing_is_published(tmp_path, monkeypatch):
+    """Export checks the tables it is about to write: a split that put an eval positive among a
+    train query's negatives (a bug upstream) stops it, and a rerun is not skipped."""
+    from cpr_ray.dataset import export as export_module
+
+    cfg, storage, _, _ = built(str(tmp_path))
+    honest = export_module.split_tables
+
+    def leaking(queries, split, negatives):
+        cpr_eval, cpr_train = honest(queries, split, negatives)
+        leaked = [
+            [*ids, cpr_eval["positive_id"][0].as_py()]
+            for ids in cpr_train["negative_ids"].to_pylist()
+        ]
+        at = cpr_train.schema.get_field_index("negative_ids")
+        return cpr_eval, cpr_train.set_column(
+            at, "negative_ids", pa.array(leaked, pa.list_(pa.int64()))
+        )
+
+    monkeypatch.setattr(export_module, "split_tables", leaking)
+    with pytest.raises(
+        LeakageError, match=r"CPR-train leaks CPR-eval: .* eval paper\(s\) are a train negative"
+    ):
+        export(cfg, storage)
+    assert not storage.exists(manifest_uri(storage, "export"))
+    monkeypatch.setattr(export_module, "split_tables", honest)
+    assert export(cfg, storage)["tables"]["cpr-train"]["rows"] == 3  # the rerun runs, and passes
 
 
 def test_export_refuses_a_split_judge_negatives_did_not_judge_for(tmp_path):
@@ -240,12 +269,18 @@ def test_hydrate_fills_the_withheld_abstracts_from_the_users_s2_shards(tmp_path)
 @pytest.mark.usefixtures("ray_session")
 def test_the_dry_run_evaluates_its_fresh_export(tmp_path, monkeypatch):
     """`cpr dry-run` ends with BM25 and MiniLM on the CPR-eval it built (the build itself is
-    the fake one here: the stages have their own tests)."""
+    the fake one here: the stages have their own tests). Pools of more than ten candidates, so
+    R@10 says something about the ranking; the table is what `cpr eval` gives on that export."""
+    from cpr_ray.config import load_config
+    from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.pipeline import dry_run as dry_run_module
 
+    exports = []
+
     def fake_build(cfg, force=False):
-        cfg_, storage, _, _ = built(cfg.storage.root)
-        return {"export": export(cfg_, storage)}
+        cfg_, storage, _, _ = built(cfg.storage.root, "dataset.eval_negatives_per_group=6")
+        exports.append(export(cfg_, storage))
+        return {"export": exports[-1]}
 
     monkeypatch.setattr(dry_run_module, "run_build", fake_build)
     out = tmp_path / "dry"
@@ -257,8 +292,21 @@ def test_the_dry_run_evaluates_its_fresh_export(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "CPR-eval of this dry run" in result.output
     table = result.output[result.output.index("CPR-eval of this dry run") :]
-    for label in ("BM25", "MiniLM"):  # 4 queries of 10 candidates: random R@10 is 1
-        assert re.search(rf"{label}\s*│\s*4\s*│\s*1\.000\s*│.*│\s*1\.000\s*│", table), table
+    pools = pq.read_table(exports[0]["tables"]["cpr-eval"]["uri"])["candidate_ids"].to_pylist()
+    assert min(len(p) for p in pools) > 10
+    for label, retriever, model in (("BM25", "bm25", None), ("MiniLM", "dense", minilm_dir())):
+        row = re.search(rf"{label}\s*│\s*4\s*│\s*([0-9.]+)\s*│[^│]*│\s*([0-9.]+)\s*│", table)
+        assert row, table
+        r10, random = float(row.group(1)), float(row.group(2))
+        assert random < 0.9  # ten of more than ten candidates
+        flags = {
+            "eval.benchmark": "cpr",
+            "eval.data": exports[0]["output"],
+            "eval.retriever": retriever,
+            "encoder.model": model and str(model),
+        }
+        expected = run_eval(load_config(flags=flags))["recall_at_10"]
+        assert r10 == round(expected["value"], 3) and random == round(expected["random"], 3)
 
 
 def test_an_empty_pool_gives_an_empty_export_without_calls(tmp_path):

@@ -127,11 +127,24 @@ def test_bootstrap_is_deterministic_with_a_seed_and_brackets_the_mean():
         assert (high - low) / 2 == pytest.approx(half, rel=0.15)
 
 
-def test_bootstrap_chunking_does_not_change_results():
-    values = {"a": np.random.default_rng(1).random(50)}
-    # 2,000 resamples are drawn in chunks: the first 100 equal a run of 100
-    full = bootstrap_ci(values, resamples=100, seed=5)
-    assert full == bootstrap_ci(values, resamples=100, seed=5)
+def test_bootstrap_chunking_does_not_change_results(monkeypatch):
+    """Resamples are drawn in chunks (memory bound): 700 of them in chunks of 250, 250 and 200,
+    or of 64, give exactly the intervals of one 700-row draw."""
+    from cpr_ray.evaluate import bootstrap
+
+    values = {"a": np.random.default_rng(1).random(50), "b": np.random.default_rng(2).random(50)}
+    idx = np.random.default_rng(5).integers(0, 50, size=(700, 50))  # one draw, no chunks
+    reference = {
+        k: (
+            float(np.percentile(v[idx].mean(axis=1), 2.5)),
+            float(np.percentile(v[idx].mean(axis=1), 97.5)),
+        )
+        for k, v in values.items()
+    }
+    assert 700 > 2 * bootstrap._CHUNK
+    assert bootstrap_ci(values, resamples=700, seed=5) == reference
+    monkeypatch.setattr(bootstrap, "_CHUNK", 64)
+    assert bootstrap_ci(values, resamples=700, seed=5) == reference
     assert bootstrap_ci({"a": np.ones(10)}, seed=0)["a"] == (1.0, 1.0)
 
 

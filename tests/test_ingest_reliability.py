@@ -348,14 +348,13 @@ def test_bad_input_or_root_fails_before_ray_starts(case, tmp_path, request):
         overrides += ["storage.root=s3://no-such-bucket/build", f"storage.s3_endpoint={endpoint}"]
         expected = "storage.root s3://no-such-bucket/build: bucket 'no-such-bucket' does not exist"
 
-    code, output, seconds, ray_dir = _cpr_subprocess(tmp_path, *overrides)
+    code, output, _, ray_dir = _cpr_subprocess(tmp_path, *overrides)
 
     assert code == 2, output
     assert "Traceback" not in output
     [line] = _error_lines(output)
     assert expected in line
-    assert not ray_dir.exists()  # Ray never started
-    assert seconds < 60  # imports only; it took 25-60 s when Ray started first
+    assert not ray_dir.exists()  # Ray never started: the check needed only imports
 
 
 # -- the stage boundary ------------------------------------------------------------------------

@@ -60,6 +60,7 @@ class S2DatasetsClient:
         timeout_s: float = 60.0,
         backoff_s: float = 2.0,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.session = requests.Session()
@@ -70,13 +71,14 @@ class S2DatasetsClient:
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         self._sleep = sleep
+        self._clock = clock  # with `sleep`, a test's virtual time: spacing is then exact
         self._lock = threading.Lock()
         self._next = 0.0
         self.requests = 0  # every HTTP request sent, retries included
 
     def _space(self) -> None:
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             wait = self._next - now
             self._next = max(now, self._next) + self.interval
         if wait > 0:

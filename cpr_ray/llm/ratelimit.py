@@ -44,9 +44,15 @@ class Buckets:
 class _LimiterActor:
     def __init__(self, requests_per_second: float | None, tokens_per_minute: int | None):
         self.buckets = Buckets(requests_per_second, tokens_per_minute)
+        self.granted: list[float] = []  # every start handed out: what the limiter decided
 
     def reserve(self, tokens: int) -> float:
-        return self.buckets.reserve(tokens, time.time())
+        start = self.buckets.reserve(tokens, time.time())
+        self.granted.append(start)
+        return start
+
+    def starts(self) -> list[float]:
+        return list(self.granted)
 
 
 class ClusterRateLimiter:
