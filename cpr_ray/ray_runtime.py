@@ -50,13 +50,27 @@ def quiet_ray_console() -> None:
     for handler in logging.getLogger("ray.data").handlers:
         if isinstance(handler, PlainRayHandler):  # the console one; the file handlers keep INFO
             handler.setLevel(logging.WARNING)
+            if not any(isinstance(f, _NotOurWarnings) for f in handler.filters):
+                handler.addFilter(_NotOurWarnings())
 
 
-def ensure_ray(cfg: RayConfig, *, log_to_driver: bool = True) -> None:
+class _NotOurWarnings(logging.Filter):
+    """Ray Data's console warnings that do not apply to how the stages size their pools: the
+    "no available CPUs" warning fires whenever an actor pool holds every CPU of a small machine
+    (the pools are sized from config, and a dataset that waits for them does run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "does not have any available CPUs" not in record.getMessage()
+
+
+def ensure_ray(cfg: RayConfig, *, log_to_driver: bool = False) -> None:
     """Join the configured cluster, or start a local Ray sized by config; idempotent.
 
-    `log_to_driver=False` leaves workers' output in Ray's log files only (a long-running
-    service's access lines)."""
+    What tasks and actors print (Ray Train's controller and placement-group cleaner, C++
+    warnings of the core workers, Lance's and transformers' notices, a service's access lines)
+    stays in Ray's log files: every stage reports from the driver, and an error raised in a
+    worker reaches the driver as the exception. `log_to_driver=True` forwards it all, for
+    debugging."""
     if ray.is_initialized():
         return
     quiet_ray_console()

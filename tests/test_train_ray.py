@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,7 @@ class FailOnce:
 
 
 def test_a_failed_worker_resumes_from_its_s3_checkpoint(
-    ray_session, s3_endpoint: str, s3_bucket: str, minilm: str, tmp_path: Path
+    ray_session, s3_endpoint: str, s3_bucket: str, minilm: str, tmp_path: Path, capsys
 ):
     model = make_tiny_bert(minilm, tmp_path / "tiny-bert")  # small checkpoints to upload
     out = f"s3://{s3_bucket}/runs/tiny"
@@ -69,6 +70,9 @@ def test_a_failed_worker_resumes_from_its_s3_checkpoint(
     )
     summary = run_train(cfg, on_step=FailOnce(tmp_path / "failed", step=3))
     assert (tmp_path / "failed").exists()  # the failure did happen, and the run went on
+    # the driver prints each step rank 0 finished, once: step 3 again after the restart
+    printed = re.findall(r"\[cpr train\] step (\d)/4 loss", capsys.readouterr().err)
+    assert printed == ["1", "2", "3", "3", "4"], printed
     storage = Storage(StorageConfig(s3_endpoint=s3_endpoint))
     rows = [json.loads(line) for line in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # each step once, in order

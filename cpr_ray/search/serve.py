@@ -243,7 +243,7 @@ def run_locally(cfg: Config) -> None:
 
     limits = cfg.search.serve
     app = build_app(cfg)
-    ensure_ray(cfg.ray, log_to_driver=False)  # replicas' access logs stay in Ray's log files
+    ensure_ray(cfg.ray)  # replicas' access logs stay in Ray's log files
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     quiet = {"log_level": "WARNING"}  # the controller's and proxy's INFO lines, on the console
     serve.start(http_options={"host": limits.host, "port": limits.port}, logging_config=quiet)

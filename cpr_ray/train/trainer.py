@@ -31,8 +31,10 @@ import json
 import os
 import resource
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ from cpr_ray.retrieval.encoder import (
     with_model_prompts,
 )
 from cpr_ray.retrieval.spec import EncoderSpec, preset
+from cpr_ray.stage import console
 from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.data import read_examples
 from cpr_ray.train.examples import DataOptions, fingerprint
@@ -186,6 +189,7 @@ def train_worker(config: dict[str, Any]) -> None:
 
     plan: TrainPlan = config["plan"]
     on_step: StepHook | None = config.get("on_step")
+    progress = config.get("progress")  # a ray.util.queue.Queue the driver prints from
     tc = plan.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -243,7 +247,8 @@ def train_worker(config: dict[str, Any]) -> None:
             row = {"step": s + 1, "epoch": epoch, **metrics, "resumed_from": start}
             if rank == 0:
                 history.append(row)
-                print(_progress(row, plan.total_steps), flush=True)
+                if progress is not None:
+                    progress.put(row)
             if on_step is not None:
                 on_step(s + 1, rank)
             if (s + 1) % tc.checkpoint_every == 0 or s + 1 == plan.total_steps:
@@ -300,7 +305,9 @@ def _checkpoint(
     ray.train.report({"step": step, **(history[-1] if history else {})}, checkpoint=checkpoint)
 
 
-def _trainer(plan: TrainPlan, storage: Storage, on_step: StepHook | None) -> Any:
+def _trainer(
+    plan: TrainPlan, storage: Storage, on_step: StepHook | None, progress: Any = None
+) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -312,7 +319,7 @@ def _trainer(plan: TrainPlan, storage: Storage, on_step: StepHook | None) -> Any
     resources.update(tc.resources_per_worker)
     return TorchTrainer(
         train_worker,
-        train_loop_config={"plan": plan, "on_step": on_step},
+        train_loop_config={"plan": plan, "on_step": on_step, "progress": progress},
         scaling_config=ScalingConfig(
             num_workers=tc.workers, use_gpu=tc.use_gpu, resources_per_worker=resources
         ),
@@ -390,6 +397,38 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
     return plan, stats
 
 
+@contextmanager
+def _printed_progress(total: int) -> Iterator[Any]:
+    """A queue rank 0 puts each step's metrics on, printed here by the driver: one line per step
+    on the user's console, while the workers' own output (and Ray Train's) stays in Ray's logs."""
+    from ray.util.queue import Empty, Queue
+
+    queue = Queue(actor_options={"num_cpus": 0})
+    done = threading.Event()
+
+    def drain(block: bool) -> None:
+        while True:
+            try:
+                row = queue.get(block=block, timeout=0.5)
+            except Empty:
+                return
+            console.print(_progress(row, total), markup=False, highlight=False)
+
+    def printer() -> None:
+        while not done.is_set():
+            drain(block=True)
+
+    thread = threading.Thread(target=printer, name="cpr-train-progress", daemon=True)
+    thread.start()
+    try:
+        yield queue
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        drain(block=False)
+        queue.shutdown()
+
+
 def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]:
     """Train as configured and return the summary (also written to OUT/train.json).
 
@@ -408,7 +447,8 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
     plan, stats = prepare_run(cfg, storage)
     ensure_ray(cfg.ray)
     try:
-        _trainer(plan, storage, on_step).fit()
+        with _printed_progress(plan.total_steps) as progress:
+            _trainer(plan, storage, on_step, progress).fit()
     except Exception as exc:
         user = _worker_user_error(exc)
         if user is None:
