@@ -358,3 +358,25 @@ def sample_positives(
     scripted_llm.reset()
     run_build(scripted_config(root, scripted_llm), LLM_STAGES)
     return root
+
+
+# -- order: the longest files first, so the two workers finish together ------------------------
+
+LONGEST_FIRST = (
+    "test_dry_run.py",
+    "test_pooling_stage.py",
+    "test_jobs.py",
+    "test_refresh.py",
+    "test_llm_reliability.py",
+    "test_train_ray.py",
+    "test_search_service.py",
+    "test_ingest.py",
+    "test_mine.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whole files go to a worker in collection order (`--dist loadfile`): the dry run alone
+    takes most of a worker's time, so it and the other long files start first."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

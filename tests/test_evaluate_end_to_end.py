@@ -348,14 +348,14 @@ def test_settings_are_validated_before_any_work(monkeypatch):
     from cpr_ray.evaluate.commands import eval_config
     from cpr_ray.retrieval.tournament import TournamentSpec
 
-    base = {"benchmark": "cpr", "data": "d", "retriever": "bm25"}
+    base = {"eval.benchmark": "cpr", "eval.data": "d", "eval.retriever": "bm25"}
     ok = eval_config(None, None, ["eval.tournament_rounds=30:40, 12:10"], base)
     rounds = TournamentSpec.parse(ok.eval.tournament_rounds).rounds
     assert [(r.group_size, r.survivors) for r in rounds] == [(30, 40), (12, 10)]
     for overrides, flags, message in (
         (["eval.tournament_rounds=30-40"], {}, "must look like group_size:survivors"),
         (["eval.tournament_rounds=10:10,5:20"], {}, "must decrease"),
-        ([], {"model": "x"}, "bm25 takes no encoder.model"),
+        ([], {"encoder.model": "x"}, "bm25 takes no encoder.model"),
         (["eval.rewrite=hyd"], {}, "eval.rewrite: Input should be 'hyde'"),
         (["eval.confidence=1.5"], {}, "eval.confidence"),
         (["eval.nope=1"], {}, "eval.nope: unknown key; allowed here: benchmark"),

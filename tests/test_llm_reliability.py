@@ -268,7 +268,7 @@ def test_every_llm_stage_on_s3(s3_endpoint, s3_bucket, llm):
         assert m["complete"] and m["stats"]["new_failed"] == 0, (stage, m["stats"])
     assert manifests["score-positives"]["tables"]["positives"]["rows"] > 0
     calls = llm.stats()["total"]
-    again = run_build(cfg, stages, force=True)  # the S3 cache answers everything
+    again = run_build(cfg, llm_stages, force=True)  # the S3 cache answers everything
     assert llm.stats()["total"] == calls
     assert again["judge-analogy"]["stats"]["asked"] == 0
 

@@ -43,7 +43,8 @@ def config(tmp: Path, minilm: str, corpus: Path | str, out: Path | str, **keys):
 
 
 def texts_of(rows: list[dict]) -> list[str]:
-    return [r["title"] + ("\n" + r["abstract"] if r["abstract"] else "") for r in rows]
+    """The one paper text of each row: "title. abstract" (these titles end in no full stop)."""
+    return [f"{r['title']}. {r['abstract']}" if r["abstract"] else r["title"] for r in rows]
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.corpus.tables import PinnedTable, pinned_papers
+from cpr_ray.corpus.tables import INGEST, PinnedTable
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.retrieval.base import document_texts
-from cpr_ray.stage import manifest_uri
+from cpr_ray.stage import manifest_uri, require_manifest
 from cpr_ray.storage import Storage, find_table, join, read_jsonl
 
 BEIR_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
@@ -120,7 +120,7 @@ def _lance_table(storage: Storage, uri: str) -> PinnedTable | None:
         return PinnedTable(uri)
     root = Storage(storage.cfg.model_copy(update={"root": uri}))
     if storage.is_file(manifest_uri(root, "ingest")):
-        return pinned_papers(root)[0]
+        return PinnedTable.of(require_manifest(root, INGEST), "papers")
     return None
 
 
