@@ -228,198 +228,243 @@ def _corrupt_shards(storage: Storage, uri: str) -> dict[str, str]:
 
 
 def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
-    cfg, storage = run.cfg, run.storage
-    n = cfg.ingest.num_buckets
-    cpus = cfg.ingest.cpus_per_task
-    threads = max(1, int(cpus))  # DuckDB inside a task uses the CPUs the task reserved
-    staging = join(run.out, "_staging")
-    phase = Phases()
-
-    def stage_uri(name: str) -> str:
-        return join(run.out, KEPT_INPUTS[name]) if name in KEPT_INPUTS else join(staging, name)
-
-    # 1. parse every shard into bucketed staging tables --------------------------------------
-    empty_schema: dict[str, pa.Schema] = {}
-    quarantined: dict[str, dict[str, str]] = {}
-    for name, item in inputs.items():
-        step_cls = ParseWorks if name == "works" else ParseRecords
-        step = step_cls(records.SPECS[name], n, cfg.ingest.raw_line_limit, threads)
-        empty_schema[name] = step(LINES.empty_table()).schema
-        if not item.files:
-            continue
-        console.print(f"  parsing {name}: {len(item.files)} shard(s) from {item.uri}")
-        _parse_input(run, item, step, stage_uri(name), {})
-        if cfg.ingest.on_corrupt_shard == "fail":
-            continue  # a corrupt shard has failed the stage already
-        quarantined[name] = _corrupt_shards(storage, stage_uri(name))
-        if quarantined[name]:
-            console.print(
-                f"  [yellow]quarantined[/] {len(quarantined[name])} corrupt shard(s) of {name} "
-                "(listed in the rejects table); parsing it again without them"
-            )
-            storage.delete_dir(stage_uri(name))
-            _parse_input(run, item, step, stage_uri(name), quarantined[name])
-
+    """Ingest as a list of named phases (their seconds go to the stats)."""
+    job, phase = _Ingest(run, inputs), Phases()
+    job.parse()
     phase.lap("parse")
-    counts = {name: buckets.count_split(storage, stage_uri(name)) for name in inputs}
-    rejects_uri = _collect_rejects(storage, stage_uri, inputs, join(run.out, "rejects"))
-    _check_reject_rates(cfg, counts, rejects_uri)
-    _check_not_empty(inputs, counts, rejects_uri)
-    dups = _count_duplicates(storage, stage_uri, n, cpus, threads)
-    for name, item in inputs.items():
-        counts[name] |= {
-            "duplicates": dups.get(name, 0),
-            "shards": len(item.files) + len(item.empty),
-            "empty_shards": len(item.empty),
-            "quarantined_shards": len(quarantined.get(name, {})),
+    job.check_rejects_and_count_duplicates()
+    phase.lap("rejects_duplicates")
+    job.link()
+    phase.lap("link")
+    job.assemble()
+    phase.lap("assemble")
+    job.build_venues()
+    phase.lap("venues")
+    corpus = job.corpus_counts()
+    phase.lap("counts")
+    return job.output(corpus, phase.seconds)
+
+
+class _Ingest:
+    """One ingest run: the staging tables its phases hand each other, and their counts."""
+
+    def __init__(self, run: StageRun, inputs: dict[str, InputSet]) -> None:
+        self.run, self.inputs = run, inputs
+        self.cfg, self.storage = run.cfg, run.storage
+        self.n = self.cfg.ingest.num_buckets
+        self.cpus = self.cfg.ingest.cpus_per_task
+        self.threads = max(1, int(self.cpus))  # DuckDB in a task uses the CPUs it reserved
+        self.staging = join(run.out, "_staging")
+        self.papers_uri = join(run.out, "papers.lance")
+        self.citations_uri = join(run.out, "citations.lance")
+        self.venues_uri = join(run.out, "venues.parquet")
+        self.empty_schema: dict[str, pa.Schema] = {}
+        self.quarantined: dict[str, dict[str, str]] = {}
+        self.counts: dict[str, dict[str, int]] = {}
+        self.rejects_uri = join(run.out, "rejects")
+        self.layouts: dict[str, Any] = {}
+        self.venues: pa.Table | None = None
+
+    def stage_uri(self, name: str) -> str:
+        if name in KEPT_INPUTS:
+            return join(self.run.out, KEPT_INPUTS[name])
+        return join(self.staging, name)
+
+    def rows_schema(self, name: str) -> pa.Schema:
+        return rows_schema(self.empty_schema[name])
+
+    def parse(self) -> None:
+        """Every shard into bucketed staging tables (a corrupt one quarantined by config)."""
+        cfg, storage = self.cfg, self.storage
+        for name, item in self.inputs.items():
+            step_cls = ParseWorks if name == "works" else ParseRecords
+            step = step_cls(records.SPECS[name], self.n, cfg.ingest.raw_line_limit, self.threads)
+            self.empty_schema[name] = step(LINES.empty_table()).schema
+            if not item.files:
+                continue
+            console.print(f"  parsing {name}: {len(item.files)} shard(s) from {item.uri}")
+            _parse_input(self.run, item, step, self.stage_uri(name), {})
+            if cfg.ingest.on_corrupt_shard == "fail":
+                continue  # a corrupt shard has failed the stage already
+            self.quarantined[name] = _corrupt_shards(storage, self.stage_uri(name))
+            if self.quarantined[name]:
+                console.print(
+                    f"  [yellow]quarantined[/] {len(self.quarantined[name])} corrupt shard(s) "
+                    f"of {name} (listed in the rejects table); parsing it again without them"
+                )
+                storage.delete_dir(self.stage_uri(name))
+                _parse_input(self.run, item, step, self.stage_uri(name), self.quarantined[name])
+
+    def check_rejects_and_count_duplicates(self) -> None:
+        """Rejected lines into one table, the reject-rate and empty-input checks, and the
+        duplicates the newest-first rule will drop, counted per input."""
+        storage, inputs = self.storage, self.inputs
+        counts = {name: buckets.count_split(storage, self.stage_uri(name)) for name in inputs}
+        _collect_rejects(storage, self.stage_uri, inputs, self.rejects_uri)
+        _check_reject_rates(self.cfg, counts, self.rejects_uri)
+        _check_not_empty(inputs, counts, self.rejects_uri)
+        dups = _count_duplicates(storage, self.stage_uri, self.n, self.cpus, self.threads)
+        for name, item in inputs.items():
+            counts[name] |= {
+                "duplicates": dups.get(name, 0),
+                "shards": len(item.files) + len(item.empty),
+                "empty_shards": len(item.empty),
+                "quarantined_shards": len(self.quarantined.get(name, {})),
+            }
+        self.counts = counts
+
+    def link(self) -> None:
+        """S2 identifiers → key buckets; then bucket k of the keys meets bucket k of the works.
+
+        Each task re-buckets one bucket of papers by their identifiers' keys, written straight
+        into the key buckets (no shuffle)."""
+        storage, n = self.storage, self.n
+        run_buckets(
+            n,
+            partial(
+                _s2_keys_bucket,
+                storage=storage,
+                papers_uri=self.stage_uri("papers"),
+                papers_schema=self.rows_schema("papers"),
+                out=self.stage_uri("s2_keys"),
+                num_buckets=n,
+            ),
+            self.cpus,
+        )
+        match = partial(
+            _match_bucket,
+            storage=storage,
+            s2_uri=self.stage_uri("s2_keys"),
+            s2_schema=self.s2_keys_schema(),
+            works_uri=self.stage_uri("works"),
+            works_schema=self.rows_schema("works"),
+            out=self.stage_uri("matches"),
+            num_buckets=n,
+            threads=self.threads,
+        )
+        run_buckets(n, match, self.cpus)
+
+    def s2_keys_schema(self) -> pa.Schema:
+        return rows_schema(linking.s2_keys(self.rows_schema("papers").empty_table(), self.n).schema)
+
+    def assemble(self) -> None:
+        """Papers and citations per corpus-id bucket, written as Lance fragments per bucket."""
+        matches_schema = linking.match_keys(
+            self.s2_keys_schema().empty_table(), self.rows_schema("works").empty_table(), self.n
+        ).schema
+        side = {
+            name: (self.stage_uri(name), self.rows_schema(name))
+            for name in ("papers", "abstracts", "citations", "s2orc")
+        }
+        side["matches"] = (self.stage_uri("matches"), rows_schema(matches_schema))
+        for name, uri, bucket_fn, schema, key in (
+            ("papers", self.papers_uri, _papers_bucket, schemas.PAPERS, "corpus_id"),
+            # citations bucketed by the citing paper: mining joins a paper with what it cites
+            ("citations", self.citations_uri, _citations_bucket, schemas.CITATIONS, "citing_id"),
+        ):
+            console.print(f"  assembling {name} into {self.n} bucket(s) of Lance fragments")
+            self.layouts[name], _ = write_bucketed_table(
+                self.n,
+                partial(bucket_fn, storage=self.storage, side=side, threads=self.threads),
+                uri,
+                schema,
+                key=key,
+                fragment_rows=self.cfg.ingest.lance_fragment_rows,
+                storage=self.storage,
+                cpus=self.cpus,
+            )
+
+    def build_venues(self) -> None:
+        """Venues: small tables joined once, with papers per field counted per bucket."""
+        storage = self.storage
+        papers_plan = plan_buckets(
+            self.layouts["papers"],
+            storage,
+            self.papers_uri,
+            storage.open_lance(self.papers_uri).version,
+        )
+        self.venues = build_venues(
+            storage,
+            papers_plan,
+            self.stage_uri("publication-venues"),
+            self.stage_uri("sources"),
+            self.cpus,
+        )
+        storage.write_parquet(self.venues, self.venues_uri)
+
+    def corpus_counts(self) -> dict[str, Any]:
+        """What the corpus tables hold (and the staging tables go)."""
+        storage = self.storage
+        papers = storage.open_lance(self.papers_uri)
+        citations = storage.open_lance(self.citations_uri)
+        n_papers = papers.count_rows()
+        join_rate = {
+            key: papers.count_rows(filter=f"join_key = '{key}'") for key in linking.KEY_PRIORITY
+        }
+        join_rate["none"] = n_papers - sum(join_rate.values())
+        storage.delete_dir(self.staging)
+        return {
+            "papers": n_papers,
+            "papers_version": papers.version,
+            "papers_with_abstract": papers.count_rows(filter="abstract IS NOT NULL"),
+            "papers_with_topics": papers.count_rows(filter="field_id IS NOT NULL"),
+            "join_by_key": join_rate,
+            "join_rate": round((n_papers - join_rate["none"]) / n_papers, 4) if n_papers else 0.0,
+            "citations": citations.count_rows(),
+            "citations_version": citations.version,
+            "citations_with_context": citations.count_rows(filter="context_source IS NOT NULL"),
         }
 
-    phase.lap("rejects_duplicates")
-
-    # 2. S2 identifiers → key buckets; then match keys bucket by bucket ----------------------
-    s2_keys_schema = rows_schema(
-        linking.s2_keys(rows_schema(empty_schema["papers"]).empty_table(), n).schema
-    )
-    # each task re-buckets one bucket of papers by their S2 identifiers' keys, written straight
-    # into the key buckets (no shuffle); then bucket k of those keys meets bucket k of the works
-    papers_schema = rows_schema(empty_schema["papers"])
-    run_buckets(
-        n,
-        partial(
-            _s2_keys_bucket,
-            storage=storage,
-            papers_uri=stage_uri("papers"),
-            papers_schema=papers_schema,
-            out=stage_uri("s2_keys"),
-            num_buckets=n,
-        ),
-        cpus,
-    )
-    match = partial(
-        _match_bucket,
-        storage=storage,
-        s2_uri=stage_uri("s2_keys"),
-        s2_schema=s2_keys_schema,
-        works_uri=stage_uri("works"),
-        works_schema=rows_schema(empty_schema["works"]),
-        out=stage_uri("matches"),
-        num_buckets=n,
-        threads=threads,
-    )
-    run_buckets(n, match, cpus)
-
-    phase.lap("link")
-
-    # 3. assemble papers and citations per corpus-id bucket, into Lance ----------------------
-    matches_schema = linking.match_keys(
-        s2_keys_schema.empty_table(), match.keywords["works_schema"].empty_table(), n
-    ).schema
-    side = {
-        "papers": (stage_uri("papers"), rows_schema(empty_schema["papers"])),
-        "abstracts": (stage_uri("abstracts"), rows_schema(empty_schema["abstracts"])),
-        "matches": (stage_uri("matches"), rows_schema(matches_schema)),
-        "citations": (stage_uri("citations"), rows_schema(empty_schema["citations"])),
-        "s2orc": (stage_uri("s2orc"), rows_schema(empty_schema["s2orc"])),
-    }
-    papers_uri = join(run.out, "papers.lance")
-    citations_uri = join(run.out, "citations.lance")
-    layouts = {}
-    for name, uri, bucket_fn, schema, key in (
-        ("papers", papers_uri, _papers_bucket, schemas.PAPERS, "corpus_id"),
-        # citations bucketed by the citing paper: mining joins a paper with what it cites
-        ("citations", citations_uri, _citations_bucket, schemas.CITATIONS, "citing_id"),
-    ):
-        console.print(f"  assembling {name} into {n} bucket(s) of Lance fragments")
-        layouts[name], _ = write_bucketed_table(
-            n,
-            partial(bucket_fn, storage=storage, side=side, threads=threads),
-            uri,
-            schema,
-            key=key,
-            fragment_rows=cfg.ingest.lance_fragment_rows,
-            storage=storage,
-            cpus=cpus,
+    def output(self, corpus: dict[str, Any], phase_seconds: dict[str, float]) -> StageOutput:
+        counts, venues = self.counts, self.venues
+        assert venues is not None
+        stats = {
+            "inputs": counts,
+            "openalex_snapshot": snapshot_label(self.cfg, self.inputs["works"]),
+            **{k: v for k, v in corpus.items() if not k.endswith("_version")},
+            "venues": venues.num_rows,
+            "venues_linked_to_openalex": venues.num_rows - venues["openalex_source_id"].null_count,
+            "rejects": sum(c["rejected"] for c in counts.values()),
+            "duplicates": sum(c["duplicates"] for c in counts.values()),
+            "quarantined_shards": [
+                {"input": name, "shard": uri, "detail": detail}
+                for name, shards in self.quarantined.items()
+                for uri, detail in shards.items()
+            ],
+            "phase_seconds": phase_seconds,
+        }
+        _print_summary(stats)
+        return StageOutput(
+            tables={
+                # the version is what readers check (`stage.require_manifest`) and a refresh
+                # restores
+                "papers": {
+                    "uri": self.papers_uri,
+                    "format": "lance",
+                    "rows": corpus["papers"],
+                    "version": corpus["papers_version"],
+                    "layout": self.layouts["papers"].as_dict(),
+                },
+                "citations": {
+                    "uri": self.citations_uri,
+                    "format": "lance",
+                    "rows": corpus["citations"],
+                    "version": corpus["citations_version"],
+                    "layout": self.layouts["citations"].as_dict(),
+                },
+                "venues": {"uri": self.venues_uri, "format": "parquet", "rows": venues.num_rows},
+                "rejects": {"uri": self.rejects_uri, "format": "parquet", "rows": stats["rejects"]},
+                **{
+                    table: {
+                        "uri": self.stage_uri(name),
+                        "format": "bucketed-parquet",
+                        "rows": counts[name]["kept"],
+                    }
+                    for name, table in KEPT_INPUTS.items()
+                },
+            },
+            stats=stats,
         )
-
-    phase.lap("assemble")
-
-    # 4. venues: small tables, joined once -----------------------------------------------------
-    venues_uri = join(run.out, "venues.parquet")
-    papers_plan = plan_buckets(
-        layouts["papers"],
-        storage,
-        papers_uri,
-        storage.open_lance(papers_uri).version,
-    )
-    venues = build_venues(
-        storage, papers_plan, stage_uri("publication-venues"), stage_uri("sources"), cpus
-    )
-    storage.write_parquet(venues, venues_uri)
-    phase.lap("venues")
-
-    papers_tbl = storage.open_lance(papers_uri)
-    n_papers = papers_tbl.count_rows()
-    join_rate = {
-        key: papers_tbl.count_rows(filter=f"join_key = '{key}'") for key in linking.KEY_PRIORITY
-    }
-    join_rate["none"] = n_papers - sum(join_rate.values())
-    n_citations = storage.open_lance(citations_uri).count_rows()
-    with_context = storage.open_lance(citations_uri).count_rows(filter="context_source IS NOT NULL")
-    storage.delete_dir(staging)
-    phase.lap("counts")
-
-    stats = {
-        "inputs": counts,
-        "openalex_snapshot": snapshot_label(cfg, inputs["works"]),
-        "papers": n_papers,
-        "papers_with_abstract": papers_tbl.count_rows(filter="abstract IS NOT NULL"),
-        "papers_with_topics": papers_tbl.count_rows(filter="field_id IS NOT NULL"),
-        "join_by_key": join_rate,
-        "join_rate": round((n_papers - join_rate["none"]) / n_papers, 4) if n_papers else 0.0,
-        "citations": n_citations,
-        "citations_with_context": with_context,
-        "venues": venues.num_rows,
-        "venues_linked_to_openalex": venues.num_rows - venues["openalex_source_id"].null_count,
-        "rejects": sum(c["rejected"] for c in counts.values()),
-        "duplicates": sum(c["duplicates"] for c in counts.values()),
-        "quarantined_shards": [
-            {"input": name, "shard": uri, "detail": detail}
-            for name, shards in quarantined.items()
-            for uri, detail in shards.items()
-        ],
-        "phase_seconds": phase.seconds,
-    }
-    _print_summary(stats)
-    return StageOutput(
-        tables={
-            # the version is what readers check (`stage.require_manifest`) and a refresh restores
-            "papers": {
-                "uri": papers_uri,
-                "format": "lance",
-                "rows": n_papers,
-                "version": papers_tbl.version,
-                "layout": layouts["papers"].as_dict(),
-            },
-            "citations": {
-                "uri": citations_uri,
-                "format": "lance",
-                "rows": n_citations,
-                "version": storage.open_lance(citations_uri).version,
-                "layout": layouts["citations"].as_dict(),
-            },
-            "venues": {"uri": venues_uri, "format": "parquet", "rows": venues.num_rows},
-            "rejects": {"uri": rejects_uri, "format": "parquet", "rows": stats["rejects"]},
-            **{
-                table: {
-                    "uri": stage_uri(name),
-                    "format": "bucketed-parquet",
-                    "rows": counts[name]["kept"],
-                }
-                for name, table in KEPT_INPUTS.items()
-            },
-        },
-        stats=stats,
-    )
 
 
 def rows_schema(schema: pa.Schema) -> pa.Schema:
