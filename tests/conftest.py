@@ -376,7 +376,8 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whole files go to a worker in collection order (`--dist loadfile`): the dry run alone
-    takes most of a worker's time, so it and the other long files start first."""
+    """Whole files go to a worker in collection order (`--dist loadfile
+    --no-loadscope-reorder`; xdist would otherwise start with the files of most tests): the dry
+    run alone takes most of a worker's time, so it and the other long files start first."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
