@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.slow
 def ray_head(tmp_path_factory):
     """A head with its dashboard (the Jobs API), in its own process group: `ray stop` would stop
     every Ray on this machine, the tests' own included."""
-    temp = tmp_path_factory.mktemp("head")
+    # short: Ray's socket paths must fit in 107 characters, which a pytest-xdist worker's tmp
+    # path (…/popen-gw1/head0/session_…/sockets/dash_MetricsHead) does not
+    temp = Path(tempfile.mkdtemp(prefix="cprhead-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))
     dashboard = _free_port()
     # an entrypoint's `python` is the first on the head's PATH: this environment's, as on a node
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
