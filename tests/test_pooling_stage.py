@@ -53,9 +53,7 @@ def poolers(dense: str, splade: str | None = None) -> str:
     )
     return (
         f"[{{name: dense, kind: dense, encoder: {{model: '{dense}', max_length: 64, "
-        "device: cpu}}, "
-        + sparse
-        + "{name: bm25, kind: bm25, doc_template: '{title} {abstract}'}]"
+        "device: cpu}}, " + sparse + "{name: bm25, kind: bm25, doc_template: '{title} {abstract}'}]"
     )
 
 

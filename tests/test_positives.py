@@ -17,6 +17,7 @@ from .conftest import LLM_STAGES, TO_POSITIVES, copy_build, scripted_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
+
 def test_sample_build_through_every_llm_stage_then_zero_calls(sample_positives, tmp_path, llm):
     root = copy_build(sample_positives, tmp_path / "build")
     cfg = scripted_config(root, llm)
