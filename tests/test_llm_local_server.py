@@ -171,3 +171,32 @@ def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
         for v in query_rule_violations(row["written_query"])
         if not v.startswith(AFTER_ARRIVAL_ONLY)
     ] == []
+
+
+def test_two_processes_needing_the_server_build_it_once(tmp_path, monkeypatch):
+    """`server_binary` builds under a file lock: a second caller waits, then finds the binary
+    the first built (the ~6 minute compile itself is replaced by a file write here)."""
+    import threading
+
+    from cpr_ray.llm import local_server as ls
+
+    monkeypatch.setattr(ls, "CACHE", tmp_path)
+    monkeypatch.delenv("CPR_LLAMA_SERVER", raising=False)
+    monkeypatch.setattr(ls.shutil, "which", lambda name: None)  # none on PATH
+    builds = []
+
+    def build(target):
+        builds.append(target)
+        time.sleep(0.5)  # long enough for the other caller to reach the lock
+        target.write_bytes(b"binary")
+        return target
+
+    monkeypatch.setattr(ls, "_build", build)
+    found = []
+    callers = [threading.Thread(target=lambda: found.append(ls.server_binary())) for _ in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=30)
+    assert len(builds) == 1 and len(found) == 2 and found[0] == found[1] == builds[0]
+    assert found[0].parent.name.endswith(ls.BUILD_FLAVOUR)  # never a native build's cache
