@@ -97,8 +97,8 @@ def paper_text(title: pa.Array | pa.ChunkedArray, abstract: pa.Array | pa.Chunke
     text a retriever is trained, pooled, evaluated and searched on — so no two stages see two
     different papers: "title. abstract", no second full stop after a title ending in . ? or !,
     either alone when the other is empty or null."""
-    t = pc.utf8_trim_whitespace(pc.fill_null(_one_chunk(title).cast(pa.string()), ""))
-    a = pc.utf8_trim_whitespace(pc.fill_null(_one_chunk(abstract).cast(pa.string()), ""))
+    t = pc.utf8_trim_whitespace(pc.fill_null(one_chunk(title).cast(pa.string()), ""))
+    a = pc.utf8_trim_whitespace(pc.fill_null(one_chunk(abstract).cast(pa.string()), ""))
     sep = pc.if_else(pc.match_substring_regex(t, r"[.?!]$"), " ", ". ")
     both = pc.binary_join_element_wise(t, sep, a, "")
     return pc.if_else(pc.equal(a, ""), t, pc.if_else(pc.equal(t, ""), a, both))
@@ -115,5 +115,6 @@ def passage(title: str | None, abstract: str | None) -> str:
     return passages(pa.array([title], pa.string()), pa.array([abstract], pa.string()))[0].as_py()
 
 
-def _one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+def one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """An Arrow column as one array (compute kernels and list offsets want one chunk)."""
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values

@@ -49,12 +49,12 @@ from cpr_ray.corpus.ingest import (
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES, ReadShards
+from cpr_ray.corpus.tables import INGEST
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.stage import console, manifest_uri, read_manifest
 from cpr_ray.storage import Storage, join
 
-INGEST = "ingest"
 DATASETS_ORDER = ("papers", "abstracts", "citations")
 CITATION_KEY = ["citing_id", "cited_id"]
 DELETE_CHUNK = 20_000  # ids per Lance delete predicate

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from cpr_ray.columns import Column, data_files, read_checked, where
 from cpr_ray.errors import InputError
+from cpr_ray.schemas import one_chunk
 from cpr_ray.storage import Storage
 from cpr_ray.train.examples import RAW
 
@@ -21,10 +22,6 @@ def text_keys(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """int64 key per text: equal texts, equal keys (polars' vectorised 64-bit hash)."""
     series = pl.from_arrow(one_chunk(texts).cast(pa.string()))
     return pa.array(series.hash(seed=0).to_numpy().view(np.int64), pa.int64())
-
-
-def one_chunk(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def as_strings(values: pa.Array | pa.ChunkedArray) -> pa.Array:
