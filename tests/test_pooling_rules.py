@@ -12,6 +12,7 @@ import pytest
 from cpr_ray.config import ConfigError, load_config
 from cpr_ray.pooling.rules import (
     build_queries,
+    deeper_queries,
     doc_text,
     earliest_date,
     group_sizes,
@@ -219,6 +220,34 @@ def test_group_sizes_count_empty_groups():
         {"query_id": "r", "group": "shares_positive_topic", "candidates": 0},
         {"query_id": "r", "group": "other", "candidates": 0},
     ]
+
+
+def test_only_a_short_group_that_a_full_list_could_grow_is_pooled_deeper():
+    q, p = "shares_query_topic", "shares_positive_topic"
+    hits = _hits(
+        [("full", q, 1, "a", 0), ("full", q, 2, "a", 1)]  # a's list full at depth 2: may hold more
+        + [("full", q, 3, "b", 0)]
+        + [("exhausted", q, 1, "a", 0), ("exhausted", q, 3, "b", 0)]  # every list below depth 2
+        + [("long", p, i, "a", i - 10) for i in (10, 11)]  # full at depth 2
+        + [("long", q, 4, "b", 0)]
+    )
+    cands = round_robin(
+        hits,
+        pa.table(
+            {"query_id": [], "candidate_id": [], "group": []},
+            schema=pa.schema(
+                [("query_id", pa.string()), ("candidate_id", pa.int64()), ("group", pa.string())]
+            ),
+        ),
+        ["a", "b"],
+        pa.table({"query_id": ["full", "exhausted", "long"], "depth": [2] * 3}),
+    )
+    sizes = group_sizes(cands, pa.array(["full", "exhausted", "long"]))
+    # min_group_size 4: every query has short groups; "exhausted"'s lists are all below depth
+    assert deeper_queries(sizes, hits, 4, 2).to_pylist() == ["full", "long"]
+    # min_group_size 2: "full" holds 3; "long"'s short group (1) came from b's list of 1
+    assert deeper_queries(sizes, hits, 2, 2).to_pylist() == []
+    assert deeper_queries(sizes, hits, 3, 3).to_pylist() == []  # no list reached depth 3
 
 
 def test_build_queries_follow_the_contract():

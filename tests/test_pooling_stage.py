@@ -311,6 +311,8 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
             f"storage.s3_endpoint={s3_endpoint}",
             f"pooling.poolers={poolers(tiny_models['qwen'], tiny_models['splade'])}",
             "pooling.min_group_size=5",
+            "pooling.top_k=3",  # every list full at 3: short groups are pooled again
+            "pooling.top_k_short=300",
         ],
     )
     storage = Storage(cfg.storage)
@@ -324,7 +326,7 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
     got = {}
     for row in candidates.to_pylist():
         got.setdefault((row["query_id"], row["group"]), []).append(row["candidate_id"])
-    # depth 300 exceeds every group, so each group holds every eligible paper of it
+    # pooled again at 300, which exceeds every group: each group holds every eligible paper of it
     eligible_q1 = [c for c in range(100, 130) if c not in (106,)]  # 106: 2020, not before
     eligible_q2 = [c for c in range(100, 130) if c < 128 and c not in (105, 106)]
     q2_before = [
@@ -350,7 +352,7 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
     assert queries.filter(pc.equal(queries["query_id"], "2-12"))["base_date"].to_pylist() == [
         D(2012, 1, 1)
     ]
-    assert m["stats"]["queries_pooled_deeper"] >= 1  # small groups: pooled again at top_k_short
+    assert m["stats"]["queries_pooled_deeper"] == 2  # short groups with full lists at top_k
     forced = pool(cfg, storage, force=True)
     assert all(forced["stats"]["poolers"][n]["encoded"] == 0 for n in ("dense", "splade"))
     assert storage.read_parquet(forced["tables"]["candidates"]["uri"]).equals(candidates)

@@ -16,6 +16,8 @@ IVF above) that each search actor loads; for SPLADE ``sparse.parquet``.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from math import ceil
 
 import numpy as np
@@ -40,12 +42,19 @@ def store_uri(storage: Storage, plan: PoolerPlan) -> str:
     return join(storage.root, STORE, plan.store_key)
 
 
-def doc_keys(batch: pa.Table, template: str) -> pa.Table:
-    """(corpus_id, key) of DOCS rows under a pooler's document template."""
-    text = doc_text(batch["title"], batch["abstract"], template)
-    return pa.table(
-        {"corpus_id": batch["corpus_id"], "key": content_keys(batch["corpus_id"], text)}
-    )
+def key_column(template: str) -> str:
+    """The DOCS column holding each paper's content key under a document template (the pool
+    stage's snapshot writes one per template of its encoding poolers)."""
+    return "key_" + hashlib.sha256(template.encode()).hexdigest()[:12]
+
+
+def with_keys(docs: pa.Table, templates: Sequence[str]) -> pa.Table:
+    """DOCS rows with their content key under each template, so that finding what a store lacks
+    reads two columns instead of re-deriving every text."""
+    for template in dict.fromkeys(templates):
+        text = doc_text(docs["title"], docs["abstract"], template)
+        docs = docs.append_column(key_column(template), content_keys(docs["corpus_id"], text))
+    return docs
 
 
 def texts_to_encode(batch: pa.Table, template: str, stored: pa.Array) -> pa.Table:
@@ -73,16 +82,9 @@ def encode_missing(
 ) -> tuple[pa.Table, int]:
     """Encode the universe papers the pooler's store lacks; returns (this universe's keys,
     papers encoded now)."""
-    loc = storage.resolve(docs_uri)
-    docs = ray.data.read_parquet(loc.path, filesystem=loc.fs).select_columns(
-        ["corpus_id", "title", "abstract"]
-    )
-    keys = gather(
-        docs.map_batches(
-            doc_keys, fn_kwargs={"template": plan.template}, batch_format="pyarrow", batch_size=None
-        ),
-        KEYS,
-    )
+    column = key_column(plan.template)
+    keys = storage.read_parquet(docs_uri, ["corpus_id", column]).rename_columns(KEYS.names)
+    keys = keys.cast(KEYS)
     store = store_uri(storage, plan)
     stored = _stored_keys(storage, store)
     todo = int(pc.sum(pc.invert(pc.is_in(keys["key"], value_set=stored))).as_py() or 0)
@@ -90,6 +92,10 @@ def encode_missing(
         return keys, 0
     # blocks small enough that every actor gets work, at most batch_rows rows per call
     rows = max(1, min(batch_rows, ceil(todo / (2 * plan.actors))))
+    loc = storage.resolve(docs_uri)
+    docs = ray.data.read_parquet(loc.path, filesystem=loc.fs).select_columns(
+        ["corpus_id", "title", "abstract"]
+    )
     missing = docs.map_batches(
         texts_to_encode,
         fn_kwargs={"template": plan.template, "stored": stored},

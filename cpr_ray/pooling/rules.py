@@ -14,6 +14,10 @@
   (rank 0 of every pooler in pooler order, then rank 1, …), duplicates skipped; each candidate
   keeps every pooler whose list holds it and its rank there. A group keeps at most as many
   candidates as its query's depth.
+- **Pooling deeper**: a query with a group short of ``min_group_size`` is pooled again at
+  ``top_k_short`` only when some pooler's list for that group was full at ``top_k``. The filters
+  run inside each search, so a list shorter than its depth already holds every eligible paper the
+  pooler ranks there, and a deeper search could not grow the group.
 """
 
 from __future__ import annotations
@@ -232,6 +236,22 @@ def round_robin(
         depths=depths.select(["query_id", "depth"]),
     )
     return table.cast(CANDIDATES)
+
+
+def deeper_queries(sizes: pa.Table, hits: pa.Table, min_group_size: int, depth: int) -> pa.Array:
+    """The query ids to pool again deeper: a group short of `min_group_size` (`sizes` rows of
+    `group_sizes`) that some pooler's HITS list filled to `depth`."""
+    return duck.query(
+        f"""SELECT DISTINCT s.query_id
+            FROM sizes s
+            JOIN (SELECT query_id, "group", pooler, count(*) AS n
+                  FROM hits GROUP BY query_id, "group", pooler) h
+              ON h.query_id = s.query_id AND h."group" = s."group"
+            WHERE s.candidates < {int(min_group_size)} AND h.n >= {int(depth)}
+            ORDER BY s.query_id""",
+        sizes=sizes.select(["query_id", "group", "candidates"]),
+        hits=hits.select(["query_id", "group", "pooler"]),
+    )["query_id"].combine_chunks()
 
 
 def group_sizes(candidates: pa.Table, query_ids: pa.Array) -> pa.Table:

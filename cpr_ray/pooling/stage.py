@@ -13,7 +13,8 @@ Phases (their seconds are in the stats):
 - **search**: per pooler, search actors turn batches of queries into per-group ranked lists
   (`poolers.PoolerSearch`, `search`).
 - **merge**: the fill order (`rules.round_robin`, DuckDB). Queries left with a group shorter than
-  ``min_group_size`` are searched again at ``top_k_short`` (search_short, merge_short).
+  ``min_group_size`` that a deeper list can grow (`rules.deeper_queries`) are searched again at
+  ``top_k_short`` (search_short, merge_short).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import ray
 
 from cpr_ray.config import Config, PoolingConfig
 from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
-from cpr_ray.pooling.embeddings import assemble_index, encode_missing, gather
+from cpr_ray.pooling.embeddings import assemble_index, encode_missing, gather, with_keys
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.pooling.rules import (
     build_queries,
+    deeper_queries,
     group_sizes,
     rejected_citations,
     round_robin,
@@ -60,20 +62,29 @@ def paper_meta(storage: Storage, papers: PinnedTable, ids: pa.Array) -> pa.Table
     return t.drop_columns(["topics"]).append_column("topic_ids", topic_ids(t["topics"]))
 
 
-def snapshot_docs(storage: Storage, papers: PinnedTable, universe_uri: str, docs_uri: str) -> int:
-    """The universe's DOCS rows under `docs_uri`: one streaming scan of the papers, each block
-    filtered against the (broadcast) universe ids. Returns the universe's size."""
+def _keyed_docs(papers: pa.Table, universe_ids: pa.Array, templates: list[str]) -> pa.Table:
+    return with_keys(universe_docs(papers, universe_ids), templates)
+
+
+def snapshot_docs(
+    storage: Storage, papers: PinnedTable, universe_uri: str, docs_uri: str, templates: list[str]
+) -> int:
+    """The universe's DOCS rows under `docs_uri`, with their content key under each document
+    template: one streaming scan of the papers, each block filtered against the (broadcast)
+    universe ids. Returns the universe's size."""
     universe_ids = storage.read_parquet(universe_uri, ["corpus_id"])["corpus_id"].combine_chunks()
     ds = papers.read_ray(storage, PAPER_COLUMNS).map_batches(
-        universe_docs,
-        fn_kwargs={"universe_ids": universe_ids},
+        _keyed_docs,
+        fn_kwargs={"universe_ids": universe_ids, "templates": templates},
         batch_format="pyarrow",
         batch_size=None,
     )
     loc = storage.resolve(docs_uri)
     ds.write_parquet(loc.path, filesystem=loc.fs, try_create_dir=not loc.is_s3)
     if not storage.exists(docs_uri) or not storage.list_files(docs_uri, (".parquet",)):
-        storage.write_parquet(DOCS.empty_table(), join(docs_uri, "empty.parquet"))
+        storage.write_parquet(
+            with_keys(DOCS.empty_table(), templates), join(docs_uri, "empty.parquet")
+        )
     return len(universe_ids)
 
 
@@ -84,12 +95,14 @@ def _search(
     docs_uri: str,
     index_uris: dict[str, str],
 ) -> pa.Table:
-    """Every pooler's HITS for the SEARCH_QUERIES rows in `queries`."""
+    """Every pooler's HITS for the SEARCH_QUERIES rows in `queries`: one actor pool per pooler,
+    one pooler after another (concurrent Ray Data executions each size themselves to the whole
+    cluster: on a small one, actors holding every CPU starve the other's tasks)."""
     cfg = run.cfg.pooling
     step = cfg.search_batch
     blocks = [queries.slice(s, step) for s in range(0, queries.num_rows, step)]
-    parts = []
-    for plan in pool_plans:
+
+    def search(plan: PoolerPlan) -> pa.Table:
         ds = ray.data.from_arrow(blocks).map_batches(
             PoolerSearch,
             fn_constructor_kwargs={
@@ -105,12 +118,10 @@ def _search(
             num_gpus=plan.num_gpus,
             **({"resources": dict(plan.resources)} if plan.resources else {}),
         )
-        parts.append(gather(ds, HITS))
+        return gather(ds, HITS)
+
+    parts = [search(plan) for plan in pool_plans]
     return pa.concat_tables(parts) if parts else HITS.empty_table()
-
-
-def _short(sizes: pa.Table, cfg: PoolingConfig) -> pa.Table:
-    return sizes.filter(pc.less(sizes["candidates"], cfg.min_group_size))
 
 
 def _pool(
@@ -127,7 +138,8 @@ def _pool(
         )
         queries, search = build_queries(positives, paper_meta(storage, papers, ids), cfg.top_k)
         if queries.num_rows:
-            in_universe = snapshot_docs(storage, papers, universe_uri, docs_uri)
+            templates = [p.template for p in pool_plans if p.spec is not None]
+            in_universe = snapshot_docs(storage, papers, universe_uri, docs_uri, templates)
             docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"])
             judged = storage.read_parquet(judged_uri, ["base_id", "cited_id", "status", "decision"])
             rejected = rejected_citations(judged, search, docs)
@@ -169,8 +181,10 @@ def _pool(
     with phase("merge"):
         candidates = round_robin(hits, rejected, names, search.select(["query_id", "depth"]))
         sizes = group_sizes(candidates, queries["query_id"])
-    deeper = pc.unique(_short(sizes, cfg)["query_id"])
-    if len(deeper) and cfg.top_k_short > cfg.top_k:
+    deeper = pa.array([], pa.string())
+    if cfg.top_k_short > cfg.top_k:
+        deeper = deeper_queries(sizes, hits, cfg.min_group_size, cfg.top_k)
+    if len(deeper):
         again = search.filter(pc.is_in(search["query_id"], value_set=deeper))
         again = again.set_column(
             again.schema.get_field_index("depth"),
@@ -193,7 +207,7 @@ def _pool(
         universe=docs.num_rows,
         universe_dropped_no_abstract_or_date=in_universe - docs.num_rows,
         rejected_citations=rejected.num_rows,
-        queries_pooled_deeper=len(deeper) if cfg.top_k_short > cfg.top_k else 0,
+        queries_pooled_deeper=len(deeper),
         poolers=poolers,
     )
     return _publish(run, queries, candidates, stats, phase)
