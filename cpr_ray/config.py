@@ -289,10 +289,23 @@ class LLMConfig(_Section):
             )
         return self
 
-    def unpinned(self) -> LLMConfig:
-        """This config with every stage's pins dropped: for a real judge, which decides."""
-        stages = {k: v.model_copy(update={"pin": {}}) for k, v in self.stages.items()}
-        return self.model_copy(update={"stages": stages})
+    @model_validator(mode="after")
+    def _pins_only_for_the_placeholder(self) -> LLMConfig:
+        # A pin forces an answer through the schema. With an endpoint configured, a real model
+        # would be made to pass every pair (the dry-run profile's pins on `cpr build --profile
+        # dry-run --llm-base-url …`): stop as the config loads, before any stage or call.
+        pinned = [(name, o.pin) for name, o in self.stages.items() if o.pin]
+        if pinned and self.base_url:
+            named = ", ".join(
+                f"llm.stages.{name}.pin {{{', '.join(f'{k}: {v}' for k, v in pin.items())}}}"
+                for name, pin in pinned
+            )
+            raise ValueError(
+                f"{named} would force these answers on the model at llm.base_url "
+                f"{self.base_url}; pins are for the dry run's embedded placeholder judge only: "
+                "remove them for a real endpoint (cpr dry-run --llm-base-url drops them itself)"
+            )
+        return self
 
     def pin_for(self, stage: str) -> dict[str, bool | int | str]:
         """The answer fields a stage pins (see LLMStageConfig.pin)."""
@@ -1097,10 +1110,16 @@ def load_config(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    *,
+    unpin_for_endpoint: bool = False,
 ) -> Config:
     """Build the config: profile < YAML file (which may name its own `profile`) < env < --set <
     flags. `flags` maps dotted keys to typed values (a command's own options, e.g. `--top-k` for
-    `eval.top_k`); None means the flag was not given."""
+    `eval.top_k`); None means the flag was not given.
+
+    `unpin_for_endpoint` (the dry run only): when the result names an LLM endpoint, a real judge
+    decides, so the profile's placeholder pins are dropped before validation; everywhere else
+    pins beside an endpoint are a config error."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     file_data: dict[str, Any] = {}
@@ -1127,6 +1146,11 @@ def load_config(
     for dotted, value in (flags or {}).items():
         if value is not None:
             _set_path(data, dotted, value)
+    llm = data.get("llm")
+    if unpin_for_endpoint and isinstance(llm, dict) and llm.get("base_url"):
+        for options in (llm.get("stages") or {}).values():
+            if isinstance(options, dict):
+                options.pop("pin", None)
     try:
         return Config.model_validate(_expand(data))
     except ValidationError as err:

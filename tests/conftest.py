@@ -324,6 +324,7 @@ def scripted_config(root: Path | str, llm: ScriptedLLM, *extra: str):
             "llm.max_in_flight=8",
             *extra,
         ],
+        unpin_for_endpoint=True,  # the scripted model answers for itself, as a real one does
     )
 
 

@@ -119,3 +119,36 @@ def test_a_commands_flags_and_its_jobs_are_one_table_typed_by_the_config():
     assert bad.exit_code == 2 and "Invalid value for '--top-k'" in bad.output
     bm25 = job_parser("doc", INDEX_FLAGS, "x").parse_args(["--bm25"])
     assert flag_values(INDEX_FLAGS, vars(bm25))["search.bm25"] is True
+
+
+PIN_LINE = "llm.stages.judge-analogy.pin {decision: observed_analogy}"
+
+
+def test_the_placeholder_pins_never_reach_another_endpoint(tmp_path):
+    """`--profile dry-run` pins each judge's passing answer for the embedded placeholder: every
+    entry point that would send those pins to another endpoint stops with one config line as the
+    config loads (nothing written, no Ray), and `cpr dry-run --llm-base-url` drops them itself."""
+    url = "http://127.0.0.1:9/v1"  # never reached
+    root = tmp_path / "root"
+    common = ["--profile", "dry-run", "--set", f"storage.root={root}"]
+    for command in (
+        ["build", *common, "--llm-base-url", url],
+        ["refresh", *common, "--llm-base-url", url],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, (command, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: invalid config: llm: "), lines
+        assert PIN_LINE in lines[0] and url in lines[0]
+    for job in ("jobs/build_dataset.py", "jobs/refresh.py"):
+        done = _run(job, *common, "--set", f"llm.base_url={url}")
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and PIN_LINE in lines[0], lines
+    assert not root.exists()
+
+    from cpr_ray.config import load_config
+
+    dry = load_config("dry-run", env={}, overrides=[f"llm.base_url={url}"], unpin_for_endpoint=True)
+    assert not any(dry.llm.pin_for(stage) for stage in dry.llm.stages)
+    assert load_config("dry-run", env={}).llm.pin_for("judge-analogy")  # the placeholder's

@@ -81,8 +81,11 @@ def test_section_hash_tracks_only_named_sections():
 def test_how_a_stage_runs_is_not_part_of_its_fingerprint():
     """The dry run's judge listens on a new port each run, and more actors answer the same:
     neither reruns an LLM stage; a different model or pin does."""
-    base = load_config("dry-run").section_hash("llm")
-    same = ["llm.base_url=http://127.0.0.1:41234/v1", "llm.actors=4", "llm.timeout_s=5"]
+    cfg = load_config("dry-run")
+    base = cfg.section_hash("llm")
+    same = ["llm.actors=4", "llm.timeout_s=5"]
     assert load_config("dry-run", overrides=same).section_hash("llm") == base
+    served = cfg.llm.model_copy(update={"base_url": "http://127.0.0.1:41234/v1"})  # as dry_run
+    assert cfg.model_copy(update={"llm": served}).section_hash("llm") == base
     for change in ("llm.model=other", 'llm.stages.dedup.pin={"same_problem": true}'):
         assert load_config("dry-run", overrides=[change]).section_hash("llm") != base, change

@@ -335,7 +335,7 @@ def build_config(root: str, llm=None, *more: str):
         env={},
         overrides=[
             f"storage.root={root}",
-            *([f"llm.base_url={llm.base_url}"] if llm else []),
+            *([f"llm.base_url={llm.base_url}", "llm.stages={}"] if llm else []),
             "llm.model=scripted",
             "llm.max_in_flight=8",
             "llm.max_rows_per_stage=null",

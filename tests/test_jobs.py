@@ -159,6 +159,7 @@ def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fail
         f"refresh.api_url={s2_api.api_url}",
         "refresh.requests_per_second=50",
         f"llm.base_url={scripted_llm.base_url}",
+        "llm.stages={}",  # the dry-run profile's placeholder pins never go to another endpoint
         "llm.model=scripted",
         "llm.max_in_flight=8",
         "llm.max_rows_per_stage=8",

@@ -132,6 +132,7 @@ def _cfg(root, llm, *overrides: str):
             "llm.max_rows_per_stage=100",
             *overrides,
         ],
+        unpin_for_endpoint=True,
     )
 
 

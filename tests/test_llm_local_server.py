@@ -55,6 +55,7 @@ def test_schema_valid_rows_from_llama_cpp(tmp_path):
                 f"llm.model={MODEL_ALIAS}",
                 "llm.max_tokens=512",  # room for the whole reasoning field: no truncated answer
             ],
+            unpin_for_endpoint=True,  # what the model itself answers
         )
         run = StageRun("t", "r1", str(tmp_path / "out"), cfg, Storage(cfg.storage))
         out = run_llm_task(run, UsefulnessGrader(), rows, base_url=url)
@@ -101,7 +102,7 @@ PAIRS = pa.Table.from_pylist(
 
 def _cfg(tmp_path, url: str, *overrides: str):
     """The dry run's LLM settings without its pins: what the schemas alone make of the model."""
-    cfg = load_config(
+    return load_config(
         "dry-run",
         env={},
         overrides=[
@@ -110,8 +111,8 @@ def _cfg(tmp_path, url: str, *overrides: str):
             f"llm.model={MODEL_ALIAS}",
             *overrides,
         ],
+        unpin_for_endpoint=True,
     )
-    return cfg.model_copy(update={"llm": cfg.llm.unpinned()})
 
 
 def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):

@@ -55,6 +55,8 @@ def cpr_build(root: Path, base_url: str, *extra: str) -> tuple[int, str]:
             "--llm-model",
             "scripted",
             "--set",
+            "llm.stages={}",
+            "--set",
             f"storage.root={root}",
             "--set",
             f"llm.max_rows_per_stage={ROWS}",
@@ -191,7 +193,8 @@ def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm):
     cmd = [
         sys.executable, "-m", "cpr_ray.cli", "build", "--profile", "dry-run",
         "--stages", "judge-analogy", "--llm-base-url", llm.base_url, "--llm-model", "scripted",
-        "--set", f"storage.root={build}", "--set", f"llm.max_rows_per_stage={ROWS}",
+        "--set", "llm.stages={}", "--set", f"storage.root={build}",
+        "--set", f"llm.max_rows_per_stage={ROWS}",
         "--set", f"llm.max_in_flight={ROWS}", "--set", "ray.num_cpus=1",
     ]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ""}

@@ -45,7 +45,7 @@ def settings(root: Path, openalex: Path, s2: S2StandIn, llm=None) -> list[str]:
         f"refresh.api_url={s2.api_url}",
         "refresh.requests_per_second=50",
         "refresh.retain_versions_days=0",
-        *([f"llm.base_url={llm.base_url}"] if llm else []),
+        *([f"llm.base_url={llm.base_url}", "llm.stages={}"] if llm else []),
         "llm.model=scripted",
         "llm.max_in_flight=8",
         "llm.max_rows_per_stage=null",

@@ -28,10 +28,12 @@ PLACEHOLDER_NOTICE = (
 def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None:
     """Every stage on the bundled sample under `out` (the embedded judge unless the overrides
     name an endpoint), then fine-tune, evaluate, index and search what it exported."""
-    cfg = load_config("dry-run", overrides=[f"storage.root={out}", *overrides])
+    cfg = load_config(
+        "dry-run", overrides=[f"storage.root={out}", *overrides], unpin_for_endpoint=True
+    )
     console.rule("cpr dry run: bundled sample → " + str(out))
-    if cfg.llm.base_url:  # a real judge decides: the placeholder's pins do not apply
-        manifests = run_build(cfg.model_copy(update={"llm": cfg.llm.unpinned()}), force=force)
+    if cfg.llm.base_url:  # a real judge decides: loaded without the placeholder's pins
+        manifests = run_build(cfg, force=force)
     else:
         console.print(PLACEHOLDER_NOTICE)
         with local_server() as url:
