@@ -400,9 +400,16 @@ class EvalConfig(_Section):
     )
     rerank_workers: int = Field(8, ge=1, description="Queries reranked concurrently.")
     rewrite: RewriteKind | None = Field(None, description="Query rewriter before retrieval.")
-    fusion_k: int = Field(60, ge=0, description="k of reciprocal rank fusion (RAG-Fusion).")
+    fusion_k: int = Field(60, ge=0, description="k of reciprocal rank fusion (RAG-Fusion, HyDE).")
     fusion_include_original: bool = Field(
-        True, description="RAG-Fusion also ranks with the original query."
+        True, description="RAG-Fusion also ranks with the original query (once)."
+    )
+    hyde_passages: int = Field(
+        4,
+        ge=1,
+        le=16,
+        description="Passages HyDE writes per query (one call); their rankings are fused "
+        "by reciprocal rank fusion.",
     )
     seed: int = Field(0, description="Seeds tie-breaking, bootstrap and AnaloBench T1 items.")
     resamples: int = Field(2000, ge=1, description="Bootstrap resamples.")

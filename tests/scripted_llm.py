@@ -146,6 +146,13 @@ def hyde_passage(prompt: str) -> dict[str, Any]:
     return {"passage": f"We study {_title(prompt, 'Question').rstrip('?')} with a new method."}
 
 
+def hyde_passages(prompt: str) -> dict[str, Any]:
+    q = _title(prompt, "Question").rstrip("?")
+    asked = re.search(r"Imagine (\d+) different papers", prompt)
+    n = int(asked.group(1)) if asked else 1
+    return {"passages": [f"We study {q} with method {i}." for i in range(n)]}
+
+
 def fusion(prompt: str) -> dict[str, Any]:
     q = _title(prompt, "Question")
     return {"queries": [f"{q} variant {i}" for i in range(4)]}
@@ -177,6 +184,7 @@ ANSWERS = {
     "Chosen": chosen,
     "Score": score,
     "Passage": hyde_passage,
+    "Passages": hyde_passages,
     "Queries": fusion,
     "AnalogyJudgment": analogy,
     "TransferVerdict": transfer,

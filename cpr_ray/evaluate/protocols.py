@@ -1,7 +1,9 @@
 """What the evaluation runner needs besides a retriever and a reranker, as a small typed
 interface: a :class:`QueryRewriter` in front of any retriever (a returned string replaces the
-query, as HyDE and Query2doc do; a returned list is searched query by query and the rankings are
-fused with reciprocal rank fusion, as RAG-Fusion does). Rerankers are
+query, as Query2doc does; a returned list is searched text by text and the rankings are fused
+with reciprocal rank fusion, as HyDE's passages and RAG-Fusion's queries are). The list is
+searched exactly as returned: a rewriter that wants the original query in the fusion puts it
+there itself, once. Rerankers are
 `cpr_ray.retrieval.rerank`'s, shared with search.
 
 The LLM rewriters (`cpr_ray.evaluate.rewriters`) are imported only when a run asks for

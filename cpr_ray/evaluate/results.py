@@ -40,6 +40,7 @@ RECORDED_SETTINGS = (
     ("eval", "tournament_rounds"),
     ("eval", "fusion_k"),
     ("eval", "fusion_include_original"),
+    ("eval", "hyde_passages"),
 )
 
 

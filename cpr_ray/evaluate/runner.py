@@ -104,11 +104,6 @@ def rerank(
     return out
 
 
-def with_original(texts: list[str | list[str]], queries: list[str]) -> list[str | list[str]]:
-    """RAG-Fusion ranks with the original query too."""
-    return [t if isinstance(t, str) else [q, *t] for t, q in zip(texts, queries)]
-
-
 def summarize_parts(
     parts: Sequence[Benchmark], rankings: Sequence[list[np.ndarray]], opts: SummaryOptions
 ) -> dict[str, Any]:
@@ -158,8 +153,8 @@ def _run_part(
                 f"rewriter {rewriter.name} returned {len(texts)} rewrites for "
                 f"{part.n_queries} queries"
             )
-        if ev.fusion_include_original:
-            texts = with_original(texts, part.queries)
+        # searched as returned: RAG-Fusion's rewriter already leads with the original query
+        # (eval.fusion_include_original); adding it here too counted it twice in the fusion
     timer.add("rewrite_s", t)
 
     t = time.perf_counter()

@@ -40,8 +40,14 @@ class Score(_Answer):
 
 
 class ChooseTask(LLMTask):
+    """Listwise: the `k` candidates of a group most likely to help solve the problem.
+
+    Prompt v2 states the task neutrally (v1 hinted that the answer may come from another field
+    and that topical similarity is not enough, which tilts a reference baseline toward CPR's
+    cross-topic positives)."""
+
     stage = "rerank-choose"
-    prompts = (prompts.load("rerank_choose"),)
+    prompts = (prompts.load("rerank_choose", "v2"),)
     key_columns = ("query", "group", "k", "texts")
     output_schema = pa.schema([("chosen", pa.list_(pa.string()))])
 
@@ -74,8 +80,11 @@ class ChooseTask(LLMTask):
 
 
 class ScoreTask(LLMTask):
+    """Pointwise: a 0-10 usefulness score of one paper for the problem (prompt v2: without
+    v1's "not topical similarity" hint, for the same reason as `ChooseTask`)."""
+
     stage = "rerank-score"
-    prompts = (prompts.load("rerank_score"),)
+    prompts = (prompts.load("rerank_score", "v2"),)
     key_columns = ("query", "passage")
     output_schema = pa.schema([("score", pa.int8())])
 
