@@ -194,6 +194,7 @@ class LLMConfig(_Section):
             "tokens_per_minute",
             "min_calls_for_failure_rate",
             "prices",
+            "allow_same_verifier",
         }
     )
 
@@ -271,6 +272,12 @@ class LLMConfig(_Section):
     prices: dict[str, Price] = Field(
         default_factory=dict, description="Price table per model name, for the ledger's cost."
     )
+    allow_same_verifier: bool = Field(
+        False,
+        description="Let judge-transfer ask the analogy judge's own model. The method verifies "
+        "with a second, different model (llm.stages.judge-transfer.model); a build with one "
+        "model for both stops before it starts unless this is true, and its summary says so.",
+    )
 
     @field_validator("stages", mode="before")
     @classmethod
@@ -310,6 +317,21 @@ class LLMConfig(_Section):
     def pin_for(self, stage: str) -> dict[str, bool | int | str]:
         """The answer fields a stage pins (see LLMStageConfig.pin)."""
         return self.stages.get(stage_name(stage), LLMStageConfig()).pin
+
+    def same_verifier(self) -> bool:
+        """Whether judge-transfer would ask the analogy judge's own model."""
+        return self.for_stage("judge-transfer")[0] == self.for_stage("judge-analogy")[0]
+
+    def check_verifier(self) -> None:
+        """The method's transfer verification is a second, different model: one model for both
+        judges is a config error unless `allow_same_verifier` says it is meant."""
+        if self.same_verifier() and not self.allow_same_verifier:
+            raise ConfigError(
+                "invalid config: llm.stages.judge-transfer.model: judge-transfer would ask "
+                f"{self.for_stage('judge-transfer')[0]}, the analogy judge's own model; the "
+                "method verifies with a second, different model: name one there, or set "
+                "llm.allow_same_verifier: true to accept one model for both"
+            )
 
     def for_stage(self, stage: str) -> tuple[str, float, int]:
         """(model, temperature, max_tokens) of a stage, overrides applied."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-PASSAGE_CHARS = 2000  # what a grader reads of a paper (B.5: title and abstract, cut here)
+PASSAGE_CHARS = 2000  # what a grader reads of an abstract (B.5: the title, then this much)
 
 TOPIC = pa.struct(
     [
@@ -106,8 +106,12 @@ def paper_text(title: pa.Array | pa.ChunkedArray, abstract: pa.Array | pa.Chunke
 
 def passages(titles: pa.Array | pa.ChunkedArray, abstracts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """What a grader reads of each paper — the usefulness grader (positives and negatives
-    alike), the reranker's pointwise score: the one paper text, cut at 2,000 characters."""
-    return pc.utf8_slice_codeunits(paper_text(titles, abstracts), 0, PASSAGE_CHARS)
+    alike), the reranker's pointwise score: the one paper text, its abstract cut at 2,000
+    characters (B.5: the title is read whole)."""
+    cut = pc.utf8_slice_codeunits(
+        pc.fill_null(one_chunk(abstracts).cast(pa.string()), ""), 0, PASSAGE_CHARS
+    )
+    return paper_text(titles, cut)
 
 
 def passage(title: str | None, abstract: str | None) -> str:

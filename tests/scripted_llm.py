@@ -3,8 +3,12 @@
 It stands in for the external LLM service only (the client, actors and stages under test are
 real). Answers are deterministic functions of the request, chosen by the requested schema's
 name; markers in the prompt pick special behaviour (SAME → same problem, UNRELATED → not an
-analogy, INCONSISTENT → a decision that always contradicts the booleans, REJECT → reject verdict,
-BADQUERY → a rule-breaking query, USELESS → usefulness 1, PLAINSCORE → a non-JSON grader reply).
+analogy, INCONSISTENT → a decision that always contradicts the rest of the answer, REJECT →
+reject verdict,
+BADQUERY → a rule-breaking query, BADFORM → a query the schema refuses until an objection is
+given, USELESS → usefulness 1, PLAINSCORE → a non-JSON grader reply; the strongest-analogy judge
+picks the candidate titled STRONGEST, else the first, and names no candidate for a citing paper
+titled OUTOFRANGE).
 The analogy judge *obeys* injected text: a prompt that says "ignore previous instructions"
 anywhere gets a consistent, accepting judgment (observed analogy, valid mappings and relations)
 whatever the pair, as a gullible production model would.
@@ -43,8 +47,21 @@ def _title(prompt: str, label: str) -> str:
 
 INJECTION = re.compile(r"ignore (?:all |any |the )?(?:previous|prior|above) instructions", re.I)
 
+NO_EXCLUSION = dict.fromkeys(
+    (
+        "background_only",
+        "tool_or_data_as_is",
+        "terminology_only",
+        "surface_similarity",
+        "unsupported_possibility",
+        "off_goal_mapping",
+        "adoption_without_transfer",
+    ),
+    False,
+)
 ACCEPTING = {
     "same_problem": False,
+    **NO_EXCLUSION,
     "object_mappings": [
         {"q_object": "data distribution", "d_object": "initial state", "role": "start"},
         {"q_object": "noise distribution", "d_object": "equilibrium state", "role": "end"},
@@ -60,19 +77,25 @@ ACCEPTING = {
     "transfer_holds": True,
     "transferable": True,
     "transfer_type": "method",
-    "transfer_path": "The diffusion process is taken from d. It maps data to noise.",
+    "transfer_path": {
+        "from_d": "the diffusion process of d",
+        "through_mappings": "data and noise map to the initial and equilibrium states",
+        "helps_q": "q turns data into noise and back",
+    },
     "reason": "the citing text uses the process",
     "decision": "observed_analogy",
 }
 REJECTING = {
     "same_problem": False,
+    **NO_EXCLUSION,
+    "surface_similarity": True,
     "object_mappings": [],
     "shared_relations": [],
     "structural_analogy": False,
     "transfer_holds": False,
     "transferable": False,
     "transfer_type": "none",
-    "transfer_path": "",
+    "transfer_path": {"from_d": "", "through_mappings": "", "helps_q": ""},
     "reason": "no correspondence of relations",
     "decision": "not_analogy",
 }
@@ -85,6 +108,7 @@ def analogy(prompt: str) -> dict[str, Any]:
     if "SAME" in title:
         return REJECTING | {
             "same_problem": True,
+            "surface_similarity": False,
             "transfer_type": "same_problem",
             "reason": "same task",
         }
@@ -111,6 +135,8 @@ def query(prompt: str) -> dict[str, Any]:
     if "badquery" in text.lower():
         # fits the schema's pattern, breaks the mechanical rules
         return {"query": "How to apply the analogy of the cited paper by using noise?"}
+    if "badform" in text.lower() and "Objection:" not in prompt:
+        return {"query": "How to recover signals [3]."}  # the pattern refuses it
     words = re.findall(r"[a-z]+", text.lower())[3:12]
     return {"query": "How to " + " ".join(words) + "?"}
 
@@ -124,11 +150,19 @@ def same_problem(prompt: str) -> dict[str, Any]:
     return {"same_problem": a.split()[:5] == b.split()[:5], "reason": "compared openings"}
 
 
+def strongest(prompt: str) -> dict[str, Any]:
+    titles = re.findall(r"^Cited title: (.*)$", prompt, re.M)
+    if "OUTOFRANGE" in _title(prompt, "Citing paper's title"):
+        return {"index": len(titles) + 1, "reason": "names no candidate"}
+    marked = [i for i, t in enumerate(titles, 1) if "STRONGEST" in t]
+    return {"index": marked[0] if marked else 1, "reason": "carries over its own method"}
+
+
 def usefulness(prompt: str) -> dict[str, Any] | str:
     passage = _title(prompt, "Passage")
     if "PLAINSCORE" in passage:
         return "The passage offers a usable method after adaptation. Final score: 2"
-    return {"reasoning": "intent matches", "score": 1 if "USELESS" in passage else 3}
+    return {"score": 1 if "USELESS" in passage else 3}
 
 
 def chosen(prompt: str) -> dict[str, Any]:
@@ -192,6 +226,7 @@ ANSWERS = {
     "WrittenQuery": query,
     "QueryReview": review,
     "SameProblem": same_problem,
+    "StrongestAnalogy": strongest,
     "Usefulness": usefulness,
 }
 
@@ -262,14 +297,14 @@ async def chat(request: web.Request) -> web.Response:
         if kind == "invalid_json":
             return web.json_response(_reply('{"same_problem": tru', "stop", prompt))
         if kind == "truncate":
-            return web.json_response(_reply('{"reasoning": "the passage', "length", prompt))
+            return web.json_response(_reply('{"score": ', "length", prompt))
         if kind == "inconsistent" and name == "AnalogyJudgment":
             bad = analogy(prompt) | {"decision": "not_analogy"}
             return web.json_response(_reply(json.dumps(bad), "stop", prompt))
     answer = ANSWERS[name](prompt) if name in ANSWERS else {}
     unmapped = script.unmapped_score
-    if name == "Usefulness" and unmapped is not None and "Mappings: (none)" in prompt:
-        answer = {"reasoning": "graded as set by /_negatives", "score": unmapped}
+    if name == "Usefulness" and unmapped is not None and "Mappings:" not in prompt:
+        answer = {"score": unmapped}  # a negative's grader gets no mapping block
     content = answer if isinstance(answer, str) else json.dumps(answer)
     return web.json_response(_reply(content, "stop", prompt))
 

@@ -132,39 +132,51 @@ MAPPINGS = [
 
 
 def _relations(n: int) -> list[dict[str, Any]]:
-    """n shared relations of arity 1, 2, …, over the first mapping (grounded when it exists)."""
-    first = MAPPINGS[0]
+    """n shared relations of arity 2 over the first two mappings (grounded when they exist)."""
+    first, second = MAPPINGS[0], MAPPINGS[1]
     return [
         {
             "predicate": f"Converts{i}",
-            "q_arguments": [first["q_object"]] * (i + 1),
-            "d_arguments": [first["d_object"]] * (i + 1),
+            "q_arguments": [first["q_object"], second["q_object"]],
+            "d_arguments": [first["d_object"], second["d_object"]],
         }
         for i in range(n)
     ]
 
 
 def _judgment(
-    same: bool, mappings: int, relations: int, structural: bool, holds: bool, able: bool, d: str
+    same: bool,
+    excluded: bool,
+    kind: str,
+    mappings: int,
+    relations: int,
+    structural: bool,
+    holds: bool,
+    able: bool,
+    d: str,
 ) -> dict[str, Any]:
     return {
         "same_problem": same,
+        **scripted_llm.NO_EXCLUSION,
+        "surface_similarity": excluded,
         "object_mappings": MAPPINGS[:mappings],
         "shared_relations": _relations(relations),
         "structural_analogy": structural,
         "transfer_holds": holds,
         "transferable": able,
-        "transfer_type": "method",
-        "transfer_path": "the process comes from d",
+        "transfer_type": kind,
+        "transfer_path": {"from_d": "the process", "through_mappings": "m", "helps_q": "h"},
         "reason": "r",
         "decision": d,
     }
 
 
-ALL_JUDGMENTS = [  # relations need a mapping to be grounded: that rule is the schema's blind spot
-    _judgment(same, m, r, *rest)
-    for same, m, r, *rest in itertools.product(
+ALL_JUDGMENTS = [  # relations need two mappings to be grounded: the schema's blind spot
+    _judgment(same, excluded, kind, m, r, *rest)
+    for same, excluded, kind, m, r, *rest in itertools.product(
         (False, True),
+        (False, True),
+        ("method", "none", "same_problem"),
         (0, 1, 2, 3),
         (0, 1, 2),
         (False, True),
@@ -172,21 +184,23 @@ ALL_JUDGMENTS = [  # relations need a mapping to be grounded: that rule is the s
         (False, True),
         ("observed_analogy", "potential_analogy", "not_analogy"),
     )
-    if m or not r
+    if m >= 2 or not r
 ]
 
 
 def test_the_analogy_schema_accepts_exactly_the_consistent_judgments():
-    """Every combination of booleans, decision and list sizes (with grounded relations): the
-    schema and the rule checks agree on each one."""
+    """Every combination of same problem, an exclusion, transfer type, booleans, decision and
+    list sizes (with grounded relations): the schema and the rule checks agree on each one."""
     consistent = 0
     for value in ALL_JUDGMENTS:
         problems = analogy_problems(AnalogyJudgment.model_validate(value))
         assert fits(AnalogyJudgment, value) == (not problems), (problems, value)
         consistent += not problems
-    # same problem: 1; no structural analogy: 10 list sizes x 3 (holds, transferable); a
-    # structural analogy: 4 list sizes x 3 decisions
-    assert (consistent, len(ALL_JUDGMENTS)) == (43, 480)
+    # same problem (type same_problem, nothing mapped): 2 (with or without another exclusion);
+    # an exclusion: 2 types (method, none); no exclusion and no structural analogy: 2 types x 8
+    # list sizes x 3 (holds, transferable); a structural analogy: 4 list sizes x (observed and
+    # potential with a contribution, not_analogy with either type)
+    assert (consistent, len(ALL_JUDGMENTS)) == (2 + 2 + 48 + 16, 2304)
 
 
 @pytest.mark.parametrize(
@@ -207,44 +221,54 @@ def test_the_scripted_judgments_the_rules_accept_fit(value):
 @pytest.mark.parametrize(
     ("value", "problem"),
     [
-        (scripted_llm.ACCEPTING | {"decision": "not_analogy"}, "contradicts the booleans"),
+        (scripted_llm.ACCEPTING | {"decision": "not_analogy"}, "contradicts the rest"),
         (scripted_llm.ACCEPTING | {"transferable": False}, "so transferable must be true"),
         (scripted_llm.ACCEPTING | {"same_problem": True}, "same_problem is true"),
         (  # tests/test_llm_decisions.py: a structural analogy without mappings
-            _judgment(False, 0, 0, True, False, True, "potential_analogy"),
+            _judgment(False, False, "method", 0, 0, True, False, True, "potential_analogy"),
             "at least two mappings",
         ),
-        (
-            scripted_llm.ACCEPTING
-            | {
-                "shared_relations": [
-                    {
-                        "predicate": "Converts",
-                        "q_arguments": ["data distribution", "noise distribution"],
-                        "d_arguments": ["initial state"],
-                    }
-                ]
-            },
-            "same arguments on both sides",
-        ),
-        (
-            scripted_llm.ACCEPTING
-            | {"shared_relations": [{"predicate": "P", "q_arguments": [], "d_arguments": []}]},
-            "same arguments on both sides",
-        ),
+        (scripted_llm.ACCEPTING | {"off_goal_mapping": True}, "off_goal_mapping is true"),
+        (scripted_llm.ACCEPTING | {"transfer_type": "tool_as_is"}, "contribution of D"),
+        (scripted_llm.ACCEPTING | {"transfer_type": "same_problem"}, "exactly when same_problem"),
     ],
-    ids=["decision", "holds-not-transferable", "same-problem", "no-mappings", "arity", "empty"],
+    ids=[
+        "decision",
+        "holds-not-transferable",
+        "same-problem",
+        "no-mappings",
+        "exclusion",
+        "no-contribution",
+        "same-problem-type",
+    ],
 )
 def test_judgments_the_rules_reject_do_not_fit(value, problem):
     assert problem in "; ".join(analogy_problems(AnalogyJudgment.model_validate(value)))
     assert not fits(AnalogyJudgment, value)
 
 
+@pytest.mark.parametrize(
+    ("q_arguments", "d_arguments"),
+    [
+        (["data distribution", "noise distribution"], ["initial state"]),  # arity differs
+        (["data distribution"], ["initial state"]),  # a property of one object, no relation
+        ([], []),
+    ],
+    ids=["arity", "one-argument", "empty"],
+)
+def test_a_relation_holds_over_two_or_more_mapped_objects_on_both_sides(q_arguments, d_arguments):
+    relation = {"predicate": "P", "q_arguments": q_arguments, "d_arguments": d_arguments}
+    value = scripted_llm.ACCEPTING | {"shared_relations": [relation]}
+    assert not fits(AnalogyJudgment, value)
+    judged = parses(AnalogyJudgment, value)
+    assert judged is None or "same arguments on both sides" in "; ".join(analogy_problems(judged))
+
+
 def test_an_ungrounded_relation_is_only_caught_after_arrival():
     """A schema cannot say that an argument is one of the mapped objects."""
     value = scripted_llm.ACCEPTING | {
         "shared_relations": [
-            {"predicate": "P", "q_arguments": ["a thing"], "d_arguments": ["another thing"]}
+            {"predicate": "P", "q_arguments": ["a", "b"], "d_arguments": ["c", "d"]}
         ]
     }
     assert fits(AnalogyJudgment, value)
@@ -274,6 +298,11 @@ ACCEPTED_QUERIES = [
     "how to estimate crop yield from sparse field samples?",
     "How to schedule radios, given a duty cycle of 10 percent?",
     "how to " + " ".join(["word"] * 43) + "?",  # 45 words
+    # "paper", "citation" and "analogous" are ordinary words; only meta phrases are banned
+    "how to measure paper thickness in packaging lines?",
+    "how to predict the citation counts of new articles?",
+    "how to build analogous circuits at low power?",
+    "how to forecast demand in 2010 prices with 3 layers of suppliers?",
 ]
 REJECTED_QUERIES = {  # rules a pattern can say
     "Why do sparse signals fail?": 'start with "How to"',
@@ -285,6 +314,14 @@ REJECTED_QUERIES = {  # rules a pattern can say
 }
 ONLY_AFTER_ARRIVAL = {  # rules about words a pattern without look-ahead cannot exclude
     "How to use the cited paper?": "meta-language",
+    "how to do what the cited paper does?": "meta-language: the cited paper",
+    "how to solve the problem of this paper?": "meta-language: this paper",
+    "how to find the citation?": "meta-language: the citation",
+    "how to do something analogous to the cited method?": "meta-language: the cited method",
+    "how to transfer the analogy to networks?": "meta-language: analogy",
+    "how to keep the mappings between graphs?": "meta-language: mappings",
+    "how to model queues as in smith (2010)?": "citation marker",
+    "how to denoise images via diffusion?": "names a method: via",
     "how to denoise images by using diffusion?": "names a method",
 }
 
@@ -331,12 +368,12 @@ def test_the_word_bound_lives_in_the_pattern_the_grammar_enforces():
 
 @pytest.mark.parametrize(("model", "low", "high"), [(Usefulness, 0, 3), (llm_judge.Score, 0, 10)])
 def test_scores_are_bounded_integers(model, low, high):
-    extra = {"reasoning": "r"} if model is Usefulness else {}
     for score in range(low - 2, high + 3):
-        value = extra | {"score": score}
+        value = {"score": score}
         assert fits(model, value) == (low <= score <= high) == (parses(model, value) is not None)
-    assert not fits(model, extra | {"score": "2"}) and not fits(model, extra | {"score": 1.5})
-    assert not fits(Usefulness, {"reasoning": "x" * 601, "score": 2})
+    assert not fits(model, {"score": "2"}) and not fits(model, {"score": 1.5})
+    # the method's grader writes no reasoning: the score is the whole answer
+    assert list(constrained_schema(Usefulness)["properties"]) == ["score"]
 
 
 # -- the request ---------------------------------------------------------------------------------
@@ -349,7 +386,8 @@ def test_response_format_per_endpoint_form():
     constrained = response_format(AnalogyJudgment, "json_schema")
     assert constrained["type"] == "json_schema"
     assert constrained["json_schema"]["name"] == "AnalogyJudgment"
-    assert len(constrained["json_schema"]["schema"]["anyOf"]) == 6
+    # same problem; an exclusion; no structural analogy (2); a structural analogy (3)
+    assert len(constrained["json_schema"]["schema"]["anyOf"]) == 7
     plain = response_format(AnalogyJudgment, "json_schema_plain")["json_schema"]["schema"]
     assert plain == AnalogyJudgment.model_json_schema() and "anyOf" not in plain
     legacy = response_format(AnalogyJudgment, "json_object_schema")

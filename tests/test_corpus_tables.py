@@ -102,6 +102,8 @@ def test_the_judged_pooled_trained_and_searched_text_of_a_paper_is_one_string(tm
     t, a = pa.array(titles, pa.string()), pa.array(abstracts, pa.string())
     assert passages(t, a).to_pylist() == expected  # score-positives and judge-negatives
     assert [passage(x, y) for x, y in zip(titles, abstracts)] == expected
+    long = passage("A title", "x" * 2500)  # the abstract is cut at 2,000 characters, not the title
+    assert long == "A title. " + "x" * 2000
     assert document_texts(t, a) == expected  # cpr eval and the search index
     pooled = doc_text(t, a, PoolerConfig.model_fields["doc_template"].default)
     assert pooled.to_pylist() == expected

@@ -72,7 +72,7 @@ def publish_negatives(storage: Storage, made: dict, cfg: Config) -> pa.Table:
             "stats": {
                 "split_fingerprint": split_fingerprint(cfg.dataset),
                 "model": "scripted",
-                "prompt_version": "usefulness.v1",
+                "prompt_version": "usefulness.v2",
             },
             "complete": True,
         },
@@ -166,7 +166,7 @@ def test_export_round_trip_through_s3_into_datasets_and_the_loader(
     card = (local / "README.md").read_text()
     stats = json.loads((local / "stats.json").read_text())
     assert "| cpr-eval | 4 |" in card and "79.9%" in card and "45.3%" in card
-    assert "openalex updated_date<=2025-06-01" in card and "usefulness.v1" in card
+    assert "openalex updated_date<=2025-06-01" in card and "usefulness.v2" in card
     assert "cpr hydrate" in card and "No leakage" in card
     assert stats["splits"]["cpr-eval"]["per_field"] == {"Medicine": 2, "Physics": 2}
     assert stats["splits"]["cpr-eval"]["share_crosses_field"] == 0.5

@@ -387,7 +387,7 @@ def test_judge_negatives_stage_then_zero_calls_on_rerun(tmp_path, llm):
         "split",
     ]
     assert judged.num_rows == negatives.num_rows == stats["judged"]
-    assert set(judged["prompt_version"].to_pylist()) == {"usefulness.v1"}
+    assert set(judged["prompt_version"].to_pylist()) == {"usefulness.v2"}
     assert set(judged["model"].to_pylist()) == {"scripted"}
     assert set(judged["mappings"].to_pylist()) == {None}  # graded without mappings (B.6)
     assert llm.stats()["Usefulness"] == stats["asked"] == stats["judged"]

@@ -88,7 +88,7 @@ def test_inconsistent_decision_is_reasked_then_rejected(llm):
     client, _ = _client(llm)  # one client per event loop, as in an actor
     out, usage = _ask(client, check=analogy_problems)
     assert out.status == "invalid" and usage.reasks == 2
-    assert "contradicts the booleans" in out.error
+    assert "contradicts the rest of the answer" in out.error
 
 
 def test_an_obedient_model_passes_the_contract_checks_so_inputs_are_flagged(llm):

@@ -53,7 +53,6 @@ def test_schema_valid_rows_from_llama_cpp(tmp_path):
                 f"storage.root={tmp_path}",
                 f"llm.base_url={url}",
                 f"llm.model={MODEL_ALIAS}",
-                "llm.max_tokens=512",  # room for the whole reasoning field: no truncated answer
             ],
             unpin_for_endpoint=True,  # what the model itself answers
         )
@@ -64,7 +63,7 @@ def test_schema_valid_rows_from_llama_cpp(tmp_path):
     # every row: the schema leaves the model no invalid answer, and re-asks cover a truncation
     assert [r["status"] for r in table] == ["ok", "ok"], [r["error"] for r in table]
     for r in table:
-        assert r["usefulness"] in (0, 1, 2, 3) and isinstance(r["usefulness_reasoning"], str)
+        assert r["usefulness"] in (0, 1, 2, 3)  # the score alone: no reasoning field
         assert r["model"] == MODEL_ALIAS and r["completion_tokens"] > 0
 
 
@@ -158,9 +157,14 @@ def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
             assert (r["verdict"] == "transfer") == (r["reject_reason"] is None)
 
         writing = PAIRS.select(["base_id", "cited_id", "q_title", "q_abstract", "contexts"])
-        writing = writing.append_column(
-            "transfer_path", pa.array(["The slow noising chain is taken from d."] * 2)
-        ).append_column("d_fields", pa.array(["Physics", "Biology"]))
+        path = {
+            "from_d": "the slow noising chain of d",
+            "through_mappings": "images map to the physical system's states",
+            "helps_q": "q generates images by reversing the chain",
+        }
+        writing = writing.append_column("transfer_path", pa.array([path] * 2)).append_column(
+            "d_fields", pa.array(["Physics", "Biology"])
+        )
         start = time.perf_counter()
         written = run_llm_task(run, QueryWriter(), writing.slice(0, 1), base_url=url)
         print(f"one write-queries row (3 calls or more): {time.perf_counter() - start:.1f} s")

@@ -257,6 +257,7 @@ def test_every_llm_stage_on_s3(s3_endpoint, s3_bucket, llm):
             f"storage.root=s3://{s3_bucket}/build",
             f"storage.s3_endpoint={s3_endpoint}",
             f"llm.base_url={llm.base_url}",
+            "llm.stages={}",
             "llm.model=scripted",
             "llm.max_rows_per_stage=4",
             "llm.max_in_flight=4",

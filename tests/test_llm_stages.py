@@ -11,6 +11,7 @@ import pytest
 from cpr_ray.config import load_config
 from cpr_ray.llm.runner import LLMStageError, ledger_uri, run_llm_task
 from cpr_ray.queries.judges import AnalogyJudge
+from cpr_ray.queries.stages import _dedup
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.stage import StageRun
@@ -23,6 +24,7 @@ def _run(tmp_path, llm, **llm_cfg):
     overrides = [
         f"storage.root={tmp_path}",
         f"llm.base_url={llm.base_url}",
+        "llm.stages={}",
         "llm.model=scripted",
         "llm.max_in_flight=8",
         "llm.actors=2",
@@ -153,7 +155,11 @@ def test_query_writer_regenerates_twice_then_drops(tmp_path, llm):
                 "q_title": "sparse signal recovery in sensors",
                 "q_abstract": "a",
                 "contexts": ["We use the scheme of Smith et al. (2010)."],
-                "transfer_path": "The scheme comes from d. It carries over.",
+                "transfer_path": {
+                    "from_d": "the scheme of d",
+                    "through_mappings": "sensors map to detectors",
+                    "helps_q": "q recovers signals",
+                },
                 "d_fields": "Physics",
             },
             {
@@ -165,16 +171,89 @@ def test_query_writer_regenerates_twice_then_drops(tmp_path, llm):
                 "transfer_path": None,
                 "d_fields": "Physics",
             },
+            {  # a question the schema refuses, until the objection names why
+                "base_id": 5,
+                "cited_id": 6,
+                "q_title": "BADFORM routing of buses",
+                "q_abstract": "a",
+                "contexts": [],
+                "transfer_path": None,
+                "d_fields": "Physics",
+            },
         ]
     )
     out = run_llm_task(_run(tmp_path, llm), QueryWriter(), rows, base_url=llm.base_url)
-    good, bad = out.table.to_pylist()
+    good, bad, refused = out.table.to_pylist()
     assert good["status"] == "ok" and good["query"].startswith("How to sparse signal")
     assert good["regenerations"] == 0 and good["drop_reason"] is None
     assert bad["status"] == "ok" and bad["query"] is None and bad["regenerations"] == 2
-    assert "meta-language: analogy, cited, paper" in bad["drop_reason"]
+    assert "meta-language: analogy, the cited paper" in bad["drop_reason"]
     assert "names a method: by using" in bad["drop_reason"]
-    assert llm.stats()["WrittenQuery"] == 4  # 1 + (1 + 2 regenerations)
+    # refused by the schema: regenerated with the reason, not recorded as a failure
+    assert refused["status"] == "ok" and refused["regenerations"] == 1
+    assert refused["query"].startswith("How to badform routing") and not refused["form_issue"]
+    assert out.stats["new_invalid"] == 0
+    assert llm.stats()["WrittenQuery"] == 6  # 1 + (1 + 2 regenerations) + (1 + 1)
+
+
+def _written(base: int, cited: int, query: str, **kw) -> dict:
+    """A row of write-queries' output, with the columns dedup reads."""
+    return {
+        "base_id": base,
+        "cited_id": cited,
+        "query": query,
+        "q_title": kw.pop("q_title", f"paper {base}"),
+        "q_abstract": "We recover sparse signals.",
+        "d_title": kw.pop("d_title", f"cited {cited}"),
+        "d_abstract": "A method from another field.",
+        "contexts": ["We adapt the method of [4]."],
+        "object_mappings": [{"q_object": "signal", "d_object": "field", "role": "measured"}],
+        "shared_relations": [],
+        "decision": kw.pop("decision", "potential_analogy"),
+        "transfer_type": "method",
+    }
+
+
+def test_dedup_asks_the_model_for_the_strongest_and_falls_back_to_the_ranking(tmp_path, llm):
+    same = "how to recover sparse signals from few sensors"
+    queries = pa.Table.from_pylist(
+        [  # base 1: 11-13 one problem (the ranking prefers 12; the model picks 13), 14 apart
+            _written(1, 11, f"{same}?"),
+            _written(1, 12, f"{same} quickly?", decision="observed_analogy"),
+            _written(1, 13, f"{same} at night?", d_title="STRONGEST cited 13"),
+            _written(1, 14, "how to schedule trains on one track?"),
+            # base 2: the model's answer names no candidate: the ranking keeps 22
+            _written(2, 21, f"{same}?", q_title="OUTOFRANGE paper"),
+            _written(
+                2, 22, f"{same} now?", q_title="OUTOFRANGE paper", decision="observed_analogy"
+            ),
+            _written(3, 31, f"{same}?"),
+        ]
+    )
+    run = _run(tmp_path, llm)
+    uri = f"{tmp_path}/write-queries/queries.parquet"
+    run.storage.write_parquet(queries, uri)
+    out = _dedup(run, uri)
+    kept = pq.read_table(out.tables["queries"]["uri"]).to_pylist()
+    assert {r["cited_id"]: r["dedup_chosen_by"] for r in kept} == {
+        13: "model", 14: "alone", 22: "rule", 31: "alone",
+    }  # fmt: skip
+    stats = out.stats
+    assert (stats["comparisons"], stats["same_problem_links"], stats["groups"]) == (7, 4, 2)
+    assert (stats["groups_chosen_by_model"], stats["groups_chosen_by_rule"]) == (1, 1)
+    assert stats["rows"] == 7 + 2 and stats["strongest"]["new_invalid"] == 1
+    assert stats["prompt_version"] == "dedup.v2+strongest.v1+strongest_candidate.v1"
+    choices = pq.read_table(out.tables["strongest"]["uri"]).to_pylist()
+    assert [(c["chosen_cited_id"], c["chosen_by"]) for c in choices] == [
+        (13, "model"),
+        (22, "rule"),
+    ]
+    assert llm.stats()["StrongestAnalogy"] == 2 and out.complete
+
+    calls = llm.stats()["total"]
+    again = _dedup(_run(tmp_path, llm), uri)  # the valid answers come from the cache
+    assert llm.stats()["total"] == calls + 1  # only the invalid answer is asked again
+    assert again.stats["groups_chosen_by_model"] == 1
 
 
 def test_identical_requests_are_asked_once_and_every_row_answered(tmp_path, llm):

@@ -34,6 +34,7 @@ def test_diverse_queries_become_multi_query_training_data(tmp_path, llm, minilm)
     cfg, storage, _, _ = built(
         str(tmp_path),
         f"llm.base_url={llm.base_url}",
+        "llm.stages={}",
         f"synthesis.embed_model={minilm}",
     )
     train = storage.read_parquet(export(cfg, storage)["tables"]["cpr-train"]["uri"])
@@ -72,6 +73,7 @@ def test_paraphrase_mode_rewrites_each_train_query(tmp_path, llm):
     cfg, storage, _, _ = built(
         str(tmp_path),
         f"llm.base_url={llm.base_url}",
+        "llm.stages={}",
         "synthesis.mode=paraphrase",
         "synthesis.paraphrases=3",
         "synthesis.embed_model=null",

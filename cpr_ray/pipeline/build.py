@@ -68,11 +68,14 @@ def check_root(storage: Storage) -> None:
 
 
 def preflight(cfg: Config, storage: Storage, selected: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Check what needs no Ray — the storage root, the LLM stages' pins, and the input shards when
-    ingest runs — so a bad path, bucket or pin fails in seconds, not after Ray's start. Returns
+    """Check what needs no Ray — the storage root, the LLM stages' pins, a second model for the
+    transfer verification, and the input shards when ingest runs — so a bad path, bucket, pin or
+    verifier fails in seconds, not after Ray's start. Returns
     per-stage arguments (the shards found, so ingest reads exactly what was checked)."""
     check_root(storage)
     check_pins(cfg.llm)
+    if "judge-transfer" in selected:
+        cfg.llm.check_verifier()
     if "ingest" not in selected:
         return {}
     return {"ingest": {"inputs": discover_inputs(cfg, storage)}}

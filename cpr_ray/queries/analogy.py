@@ -7,7 +7,7 @@ instead (`cpr_ray/llm/injection.py`).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,8 +26,30 @@ TransferType = Literal[
     "same_problem",
     "none",
 ]
+# what a passing analogy carries over from d: a contribution of its own
+CONTRIBUTIONS: tuple[TransferType, ...] = (
+    "method",
+    "problem_formulation",
+    "evaluation_design",
+    "data_construction",
+    "finding_or_evidence",
+)
+NOT_SAME_PROBLEM = tuple(t for t in get_args(TransferType) if t != "same_problem")
 Decision = Literal["observed_analogy", "potential_analogy", "not_analogy"]
 PASSING: tuple[Decision, ...] = ("observed_analogy", "potential_analogy")
+
+# The method's "reject before accepting" list, past the same-problem test: each a boolean the
+# model sets before it maps anything; any one set ends the judgment (nothing mapped, not_analogy).
+EXCLUSIONS: dict[str, str] = {
+    "background_only": "Q cites D only as background or narrative",
+    "tool_or_data_as_is": "Q uses a tool or dataset of D unchanged",
+    "terminology_only": "Q borrows D's terminology or metaphor without a correspondence of "
+    "relations",
+    "surface_similarity": "the papers only look alike on the surface (both involve networks)",
+    "unsupported_possibility": "a link is possible but the texts do not support it",
+    "off_goal_mapping": "a mapping exists but does not serve Q's goal",
+    "adoption_without_transfer": "Q adopts something of D without carrying any relation over",
+}
 
 
 OBJECT_CHARS = 80
@@ -43,7 +65,7 @@ class ObjectMapping(_Answer):
     role: str = Field(max_length=120, description="The role both objects play.")
 
 
-MAX_ARGUMENTS = 4
+MIN_ARGUMENTS, MAX_ARGUMENTS = 2, 4  # a relation holds between objects: one alone is a property
 # an argument is one of the mapped objects, so it is no longer than they are
 Argument = Annotated[str, Field(max_length=OBJECT_CHARS)]
 
@@ -53,53 +75,102 @@ class SharedRelation(_Answer):
         max_length=60, description="A relation holding on both sides, e.g. Converts."
     )
     q_arguments: list[Argument] = Field(
-        max_length=MAX_ARGUMENTS, description="Its arguments among the mapped q objects."
+        min_length=MIN_ARGUMENTS,
+        max_length=MAX_ARGUMENTS,
+        description="Its arguments among the mapped q objects (two or more).",
     )
     d_arguments: list[Argument] = Field(
-        max_length=MAX_ARGUMENTS, description="The mapped d objects, in the same order."
+        min_length=MIN_ARGUMENTS,
+        max_length=MAX_ARGUMENTS,
+        description="The mapped d objects, in the same order.",
     )
 
     branches = tuple(
         Branch(
-            f"{n} argument(s) on each side",
+            f"{n} arguments on each side",
             {"q_arguments": Items(n, n), "d_arguments": Items(n, n)},
         )
-        for n in range(1, MAX_ARGUMENTS + 1)
+        for n in range(MIN_ARGUMENTS, MAX_ARGUMENTS + 1)
     )
 
 
+PATH_CHARS = 200
+
+
+class TransferPath(_Answer):
+    """The method's transfer path in its three parts, so that query writing can be told what q
+    took from d (`from_d`) without being handed q's goal (`helps_q`)."""
+
+    from_d: str = Field(
+        max_length=PATH_CHARS, description="What comes from D: its method, formulation or finding."
+    )
+    through_mappings: str = Field(
+        max_length=PATH_CHARS, description="How the object mappings carry it to Q's problem."
+    )
+    helps_q: str = Field(max_length=PATH_CHARS, description="How it helps Q reach its goal.")
+
+
+def _exclusion_field(why: str) -> Any:
+    return Field(description=f"True when {why}.")
+
+
 class AnalogyJudgment(_Answer):
-    same_problem: bool
+    same_problem: bool = Field(description="True when D is earlier work on Q's own problem.")
+    background_only: bool = _exclusion_field(EXCLUSIONS["background_only"])
+    tool_or_data_as_is: bool = _exclusion_field(EXCLUSIONS["tool_or_data_as_is"])
+    terminology_only: bool = _exclusion_field(EXCLUSIONS["terminology_only"])
+    surface_similarity: bool = _exclusion_field(EXCLUSIONS["surface_similarity"])
+    unsupported_possibility: bool = _exclusion_field(EXCLUSIONS["unsupported_possibility"])
+    off_goal_mapping: bool = _exclusion_field(EXCLUSIONS["off_goal_mapping"])
+    adoption_without_transfer: bool = _exclusion_field(EXCLUSIONS["adoption_without_transfer"])
     object_mappings: list[ObjectMapping] = Field(max_length=8)
     shared_relations: list[SharedRelation] = Field(max_length=6)
     structural_analogy: bool
     transfer_holds: bool
     transferable: bool
     transfer_type: TransferType
-    transfer_path: str = Field(max_length=600)
+    transfer_path: TransferPath
     reason: str = Field(max_length=400)
     decision: Decision
 
     branches = (
         Branch(
-            "same problem or an exclusion: nothing mapped, nothing holds",
+            "same problem: nothing mapped, nothing holds",
             {
+                "same_problem": True,
                 "object_mappings": Items(max=0),
                 "shared_relations": Items(max=0),
                 "structural_analogy": False,
                 "transfer_holds": False,
                 "transferable": False,
+                "transfer_type": "same_problem",
+                "decision": "not_analogy",
+            },
+        ),
+        Branch(
+            "an exclusion (or nothing found): nothing mapped, nothing holds",
+            {
+                "same_problem": False,
+                "object_mappings": Items(max=0),
+                "shared_relations": Items(max=0),
+                "structural_analogy": False,
+                "transfer_holds": False,
+                "transferable": False,
+                "transfer_type": NOT_SAME_PROBLEM,
                 "decision": "not_analogy",
             },
         ),
         *(
             Branch(
-                "no structural analogy, whatever was mapped (transfer_holds implies transferable)",
+                "no exclusion, no structural analogy, whatever was mapped (transfer_holds "
+                "implies transferable)",
                 {
                     "same_problem": False,
+                    **dict.fromkeys(EXCLUSIONS, False),
                     "structural_analogy": False,
                     "transfer_holds": holds,
                     "transferable": transferable,
+                    "transfer_type": NOT_SAME_PROBLEM,
                     "decision": "not_analogy",
                 },
             )
@@ -107,14 +178,17 @@ class AnalogyJudgment(_Answer):
         ),
         *(
             Branch(
-                f"a structural analogy (two mappings and a relation at least): {decision}",
+                f"no exclusion, a structural analogy (two mappings and a relation at least): "
+                f"{decision}",
                 {
                     "same_problem": False,
+                    **dict.fromkeys(EXCLUSIONS, False),
                     "object_mappings": Items(min=2),
                     "shared_relations": Items(min=1),
                     "structural_analogy": True,
                     "transfer_holds": holds,
                     "transferable": transferable,
+                    "transfer_type": CONTRIBUTIONS if decision in PASSING else NOT_SAME_PROBLEM,
                     "decision": decision,
                 },
             )
@@ -126,14 +200,26 @@ class AnalogyJudgment(_Answer):
         ),
     )
 
+    @property
+    def exclusions(self) -> list[str]:
+        """The exclusions the model found, same_problem first."""
+        flags = {"same_problem": self.same_problem} | {k: getattr(self, k) for k in EXCLUSIONS}
+        return [name for name, value in flags.items() if value]
+
 
 def analogy_decision(answers: pa.Table) -> pa.ChunkedArray:
-    """The decision the booleans imply: the only decision the pipeline ever acts on.
+    """The decision the answer implies: the only decision the pipeline ever acts on.
 
-    Over a table of answers (`structural_analogy`, `transfer_holds`, `transferable`), so it runs
-    after every cache read and a changed rule reaches old answers; null where there is no answer.
+    Over a table of answers (`exclusions`, `transfer_type`, `structural_analogy`,
+    `transfer_holds`, `transferable`), so it runs after every cache read and a changed rule
+    reaches old answers; null where there is no answer. Same problem or any exclusion, or a
+    transfer that carries no contribution of d, is not an analogy whatever the booleans say.
     """
-    structural = answers["structural_analogy"]
+    ruled_out = pc.or_(
+        pc.greater(pc.list_value_length(answers["exclusions"]), 0),
+        pc.invert(pc.is_in(answers["transfer_type"], value_set=pa.array(CONTRIBUTIONS))),
+    )
+    structural = pc.and_(answers["structural_analogy"], pc.invert(ruled_out))
     observed = pc.and_(structural, answers["transfer_holds"])
     potential = pc.and_(structural, answers["transferable"])
     return pc.if_else(
@@ -145,6 +231,8 @@ def derived_decision(j: AnalogyJudgment) -> Decision:
     """`analogy_decision` for one answer, to check the model's own decision before accepting it."""
     one = pa.table(
         {
+            "exclusions": pa.array([j.exclusions], pa.list_(pa.string())),
+            "transfer_type": [j.transfer_type],
             "structural_analogy": [j.structural_analogy],
             "transfer_holds": [j.transfer_holds],
             "transferable": [j.transferable],
@@ -171,7 +259,7 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
     problems = []
     if j.transfer_holds and not j.transferable:
         problems.append("transfer_holds is true, so transferable must be true")
-    if j.same_problem and (
+    if j.exclusions and (
         j.object_mappings
         or j.shared_relations
         or j.structural_analogy
@@ -180,15 +268,23 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
         or j.decision != "not_analogy"
     ):
         problems.append(
-            "same_problem is true: mappings and relations must be empty, every other boolean "
-            "false and decision not_analogy"
+            f"{', '.join(j.exclusions)} is true: mappings and relations must be empty, every "
+            "other boolean false and decision not_analogy"
+        )
+    if j.same_problem != (j.transfer_type == "same_problem"):
+        problems.append('transfer_type is "same_problem" exactly when same_problem is true')
+    transfers = j.structural_analogy and j.transferable
+    if (transfers or j.decision in PASSING) and j.transfer_type not in CONTRIBUTIONS:
+        problems.append(
+            "a structural analogy that carries over (a passing decision) carries a contribution "
+            f"of D ({', '.join(CONTRIBUTIONS)}), not {j.transfer_type}"
         )
     if j.structural_analogy and (len(j.object_mappings) < 2 or not j.shared_relations):
         problems.append("a structural analogy needs at least two mappings and one shared relation")
     q_objects = {normalized(m.q_object) for m in j.object_mappings}
     d_objects = {normalized(m.d_object) for m in j.object_mappings}
     for rel in j.shared_relations:
-        if len(rel.q_arguments) != len(rel.d_arguments) or not rel.q_arguments:
+        if len(rel.q_arguments) != len(rel.d_arguments):
             problems.append(f"relation {rel.predicate!r} needs the same arguments on both sides")
         unmapped = [a for a in rel.q_arguments if normalized(a) not in q_objects] + [
             a for a in rel.d_arguments if normalized(a) not in d_objects
@@ -197,7 +293,8 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
             problems.append(f"relation {rel.predicate!r} has unmapped arguments: {unmapped}")
     if j.decision != derived_decision(j):
         problems.append(
-            f"decision {j.decision} contradicts the booleans, which give {derived_decision(j)}"
+            f"decision {j.decision} contradicts the rest of the answer, which gives "
+            f"{derived_decision(j)}"
         )
     return problems
 

@@ -1,4 +1,7 @@
-"""The judging steps over (q, d) pairs: analogy (B.1) and transfer verification (B.2)."""
+"""The judging steps over (q, d) pairs: analogy (B.1) and transfer verification (B.2).
+
+The stage `judge-transfer` must be asked of a second, different model (`llm.stages.judge-transfer.
+model`): the config refuses one equal to the analogy judge's unless `llm.allow_same_verifier`."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.injection import input_flags
 from cpr_ray.llm.runner import LLMTask
 from cpr_ray.queries.analogy import (
+    EXCLUSIONS,
     AnalogyJudgment,
     TransferVerdict,
     analogy_decision,
@@ -27,6 +31,9 @@ RELATION = pa.struct(
         ("q_arguments", pa.list_(pa.string())),
         ("d_arguments", pa.list_(pa.string())),
     ]
+)
+PATH = pa.struct(
+    [("from_d", pa.string()), ("through_mappings", pa.string()), ("helps_q", pa.string())]
 )
 # what others wrote about a pair, where an injection would hide (topics are OpenAlex's names)
 PAIR_TEXT_COLUMNS = ("q_title", "q_abstract", "contexts", "d_title", "d_abstract")
@@ -53,6 +60,16 @@ def format_mappings(mappings: list[dict[str, Any]] | None) -> str:
     return "; ".join(f"{m['q_object']} -> {m['d_object']} ({m['role']})" for m in mappings or [])
 
 
+def format_transfer_path(path: dict[str, Any] | None) -> str:
+    """The three parts of a transfer path as one line (empty parts left out)."""
+    parts = (
+        ("from D", (path or {}).get("from_d")),
+        ("through the mappings", (path or {}).get("through_mappings")),
+        ("for Q", (path or {}).get("helps_q")),
+    )
+    return "; ".join(f"{label}: {text.strip()}" for label, text in parts if text and text.strip())
+
+
 def format_relations(relations: list[dict[str, Any]] | None) -> str:
     return "; ".join(
         f"{r['predicate']}({', '.join(r['q_arguments'])}) ~ "
@@ -69,7 +86,7 @@ class AnalogyJudge(LLMTask):
     """
 
     stage = "judge-analogy"
-    prompts = (prompts.load("analogy"),)
+    prompts = (prompts.load("analogy", "v2"),)
     key_columns = (
         "base_id",
         "cited_id",
@@ -84,13 +101,14 @@ class AnalogyJudge(LLMTask):
     output_schema = pa.schema(
         [
             ("same_problem", pa.bool_()),
+            ("exclusions", pa.list_(pa.string())),  # same_problem first, then EXCLUSIONS' order
             ("object_mappings", pa.list_(MAPPING)),
             ("shared_relations", pa.list_(RELATION)),
             ("structural_analogy", pa.bool_()),
             ("transfer_holds", pa.bool_()),
             ("transferable", pa.bool_()),
             ("transfer_type", pa.string()),
-            ("transfer_path", pa.string()),
+            ("transfer_path", PATH),
             ("reason", pa.string()),
             ("model_decision", pa.string()),
         ]
@@ -120,8 +138,9 @@ class AnalogyJudge(LLMTask):
         )
         if out.value is None:
             return self.empty_output(), out.status, out.error
-        answer = out.value.model_dump(exclude={"decision"})
-        return {**answer, "model_decision": out.value.decision}, "ok", None
+        j = out.value
+        answer = j.model_dump(exclude={"decision", *EXCLUSIONS})
+        return {**answer, "exclusions": j.exclusions, "model_decision": j.decision}, "ok", None
 
 
 class TransferVerifier(LLMTask):
@@ -129,7 +148,7 @@ class TransferVerifier(LLMTask):
     `verified`."""
 
     stage = "judge-transfer"
-    prompts = (prompts.load("transfer"),)
+    prompts = (prompts.load("transfer", "v2"),)
     key_columns = (
         "base_id",
         "cited_id",
@@ -166,7 +185,7 @@ class TransferVerifier(LLMTask):
             transfer_type=row["transfer_type"],
             mappings=format_mappings(row["object_mappings"]),
             relations=format_relations(row["shared_relations"]),
-            transfer_path=row["transfer_path"] or "",
+            transfer_path=format_transfer_path(row["transfer_path"]),
             reason=row["reason"] or "",
         )
         out = await client.ask(

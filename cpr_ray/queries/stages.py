@@ -22,9 +22,16 @@ from cpr_ray.llm.runner import (
     write_failures,
 )
 from cpr_ray.queries.analogy import analogy_passed
-from cpr_ray.queries.dedup import SameProblemJudge, keep_strongest, query_pairs
-from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier, format_mappings
-from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader
+from cpr_ray.queries.dedup import (
+    SameProblemJudge,
+    StrongestAnalogyJudge,
+    keep_strongest,
+    model_choices,
+    query_pairs,
+    strongest_requests,
+)
+from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
+from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader, grader_reference
 from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.schemas import passages
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
@@ -144,7 +151,14 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageO
 def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
     rows = without_answer_columns(run.storage.read_parquet(analogies_uri))
     result = run_llm_task(run, TransferVerifier(), rows, base_url=endpoint_url(run.cfg.llm))
-    return _publish(run, result, _ok(result.table, "verified"), "transfers", {})
+    same = run.cfg.llm.same_verifier()
+    if same:
+        console.print(
+            f"  {run.name}: verified by {run.cfg.llm.for_stage(run.name)[0]}, the analogy judge's "
+            "own model (llm.allow_same_verifier): the method verifies with a second model"
+        )
+    verifier = {"verifier_model": run.cfg.llm.for_stage(run.name)[0], "same_verifier": same}
+    return _publish(run, result, _ok(result.table, "verified"), "transfers", verifier)
 
 
 def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
@@ -155,10 +169,12 @@ def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
     ]
     rows = rows.append_column("d_fields", pa.array(d_fields, pa.string()))
     result = run_llm_task(run, QueryWriter(), rows, base_url=endpoint_url(run.cfg.llm))
-    written = pc.and_(pc.equal(result.table["status"], "ok"), pc.is_valid(result.table["query"]))
+    answered = pc.equal(result.table["status"], "ok")
+    written = pc.and_(answered, pc.is_valid(result.table["query"]))
     ok_rows = result.table.filter(written)
     words = pc.mean(ok_rows["query_words"]).as_py() if ok_rows.num_rows else None
-    dropped = result.table.filter(pc.is_valid(result.table["drop_reason"])).num_rows
+    dropped = result.table.filter(pc.is_valid(result.table["drop_reason"]))
+    regenerated = pc.and_(answered, pc.greater(pc.fill_null(result.table["regenerations"], 0), 0))
     return _publish(
         run,
         result,
@@ -166,15 +182,33 @@ def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
         "queries",
         {
             "mean_query_words": round(words, 1) if words else None,
-            "dropped_after_regenerations": dropped,
+            "regenerated": int(pc.sum(regenerated).as_py() or 0),
+            "dropped_after_regenerations": dropped.num_rows,
+            # of those, the ones whose last question the answer schema refused (its form)
+            "dropped_for_form": int(pc.sum(pc.is_valid(dropped["form_issue"])).as_py() or 0),
         },
     )
+
+
+def _merged_stats(*parts: dict[str, Any]) -> dict[str, Any]:
+    """One stage's stats over its LLM tasks: counts, tokens and cost add up; the models and
+    prompt versions are listed (a task's own stats stay under its name in the stage's stats)."""
+    out: dict[str, Any] = {}
+    for stats in parts:
+        for key, value in stats.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                seen = [v for v in str(out.get(key) or "").split("+") if v]
+                out[key] = "+".join(dict.fromkeys([*seen, str(value)]))
+            else:
+                out[key] = round(out.get(key, 0) + value, 6)
+    return out
 
 
 def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
     queries = without_answer_columns(run.storage.read_parquet(queries_uri))
     pairs = query_pairs(queries)
-    result = run_llm_task(run, SameProblemJudge(), pairs, base_url=endpoint_url(run.cfg.llm))
+    url = endpoint_url(run.cfg.llm)
+    result = run_llm_task(run, SameProblemJudge(), pairs, base_url=url)
     same = result.table.filter(_ok(result.table, "same_problem"))
     links = list(
         zip(
@@ -184,39 +218,80 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
             strict=True,
         )
     )
-    deduped = keep_strongest(queries, links)
+    # the strongest analogy of each group of two or more: one call per group, the ranking only
+    # where the answer names no candidate
+    requests = strongest_requests(queries, links)
+    strongest = (
+        run_llm_task(run, StrongestAnalogyJudge(), requests, base_url=url)
+        if requests.num_rows
+        else None
+    )
+    deduped = keep_strongest(queries, links, model_choices(strongest.table) if strongest else {})
     rows_uri = join(run.out, "queries.parquet")
     kept = deduped.filter(deduped["kept"])
     run.storage.write_parquet(kept, rows_uri)
     pairs_uri = join(run.out, "comparisons.parquet")
     run.storage.write_parquet(result.table, pairs_uri)
     n_failures = write_failures(run.storage, result.table, join(run.out, "failures.parquet"))
+    tables = {
+        "queries": {"uri": rows_uri, "format": "parquet", "rows": kept.num_rows},
+        "comparisons": {"uri": pairs_uri, "format": "parquet", "rows": pairs.num_rows},
+    }
+    by = pc.value_counts(kept["dedup_chosen_by"]).to_pylist() if kept.num_rows else []
+    chosen = {c["values"]: c["counts"] for c in by}
+    if strongest is not None:
+        picks = {
+            (r["base_id"], r["dedup_group"]): (r["cited_id"], r["dedup_chosen_by"])
+            for r in kept.select(
+                ["base_id", "dedup_group", "cited_id", "dedup_chosen_by"]
+            ).to_pylist()
+        }
+        groups = list(zip(*(strongest.table[c].to_pylist() for c in ("base_id", "dedup_group"))))
+        choices = strongest.table.append_column(
+            "chosen_cited_id", pa.array([picks[g][0] for g in groups], pa.int64())
+        ).append_column("chosen_by", pa.array([picks[g][1] for g in groups], pa.string()))
+        choices_uri = join(run.out, "strongest.parquet")
+        run.storage.write_parquet(choices, choices_uri)
+        tables["strongest"] = {"uri": choices_uri, "format": "parquet", "rows": choices.num_rows}
+        n_failures += write_failures(
+            run.storage, choices, join(run.out, "strongest_failures.parquet")
+        )
     stats = {
-        **result.stats,
+        **_merged_stats(result.stats, *([strongest.stats] if strongest else [])),
+        "same_problem": result.stats,
+        "strongest": strongest.stats if strongest else None,
         "rows_in": queries.num_rows,
         "rows_out": kept.num_rows,
         "comparisons": pairs.num_rows,
         "same_problem_links": len(links),
+        "groups": requests.num_rows,
+        "groups_chosen_by_model": chosen.get("model", 0),
+        "groups_chosen_by_rule": chosen.get("rule", 0),
         "survival": round(kept.num_rows / queries.num_rows, 4) if queries.num_rows else 0,
         "failures": n_failures,
     }
     console.print(
         f"  dedup: {pairs.num_rows:,} comparisons within base papers, {len(links):,} same-problem;"
-        f" {kept.num_rows:,} of {queries.num_rows:,} queries kept"
+        f" {requests.num_rows:,} groups of two or more (strongest chosen by the model in "
+        f"{stats['groups_chosen_by_model']:,}, by the ranking in "
+        f"{stats['groups_chosen_by_rule']:,}); {kept.num_rows:,} of {queries.num_rows:,} "
+        "queries kept"
     )
     return StageOutput(
-        tables={
-            "queries": {"uri": rows_uri, "format": "parquet", "rows": kept.num_rows},
-            "comparisons": {"uri": pairs_uri, "format": "parquet", "rows": pairs.num_rows},
-        },
+        tables=tables,
         stats=stats,
-        complete=result.complete,
+        complete=result.complete and (strongest is None or strongest.complete),
     )
 
 
 def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
     rows = without_answer_columns(run.storage.read_parquet(queries_uri))
-    mappings = [format_mappings(m) for m in rows["object_mappings"].to_pylist()]
+    mappings = [
+        grader_reference(m, r)
+        for m, r in zip(
+            rows["object_mappings"].to_pylist(), rows["shared_relations"].to_pylist(), strict=True
+        )
+    ]
     rows = rows.append_column(
         "passage", passages(rows["d_title"], rows["d_abstract"])
     ).append_column("mappings", pa.array(mappings, pa.string()))

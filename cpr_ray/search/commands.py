@@ -25,6 +25,7 @@ from cpr_ray.command_line import (
 )
 from cpr_ray.config import Config, load_config
 from cpr_ray.errors import InputError, UserError
+from cpr_ray.queries.judges import format_transfer_path
 from cpr_ray.storage import Storage
 
 
@@ -122,7 +123,8 @@ def _explanation_text(exp: dict[str, Any] | None) -> str:
     maps = "; ".join(f"{m['q_object']} ↔ {m['d_object']}" for m in exp["object_mappings"] or [])
     rels = "; ".join(r["predicate"] for r in exp["shared_relations"] or [])
     return (
-        f"[italic]{exp['decision']} ({exp['transfer_type']})[/]: {exp['transfer_path']}"
+        f"[italic]{exp['decision']} ({exp['transfer_type']})[/]: "
+        f"{format_transfer_path(exp['transfer_path'])}"
         + (f"\nmappings: {maps}" if maps else "")
         + (f"\nshared relations: {rels}" if rels else "")
     )
