@@ -65,7 +65,10 @@ class ObjectMapping(_Answer):
     role: str = Field(max_length=120, description="The role both objects play.")
 
 
-MIN_ARGUMENTS, MAX_ARGUMENTS = 2, 4  # a relation holds between objects: one alone is a property
+# a relation holds between objects (one alone is a property); three arguments cover the method's
+# relations (Converts(x, y)), and every bound keeps a whole answer within a stage's max_tokens: a
+# grammar-held model writes lists to their bound, and a truncated answer is an invalid one
+MIN_ARGUMENTS, MAX_ARGUMENTS, MAX_RELATIONS = 2, 3, 4
 # an argument is one of the mapped objects, so it is no longer than they are
 Argument = Annotated[str, Field(max_length=OBJECT_CHARS)]
 
@@ -123,8 +126,8 @@ class AnalogyJudgment(_Answer):
     unsupported_possibility: bool = _exclusion_field(EXCLUSIONS["unsupported_possibility"])
     off_goal_mapping: bool = _exclusion_field(EXCLUSIONS["off_goal_mapping"])
     adoption_without_transfer: bool = _exclusion_field(EXCLUSIONS["adoption_without_transfer"])
-    object_mappings: list[ObjectMapping] = Field(max_length=8)
-    shared_relations: list[SharedRelation] = Field(max_length=6)
+    object_mappings: list[ObjectMapping] = Field(max_length=8)  # the method's 4 to 8
+    shared_relations: list[SharedRelation] = Field(max_length=MAX_RELATIONS)
     structural_analogy: bool
     transfer_holds: bool
     transferable: bool
