@@ -164,13 +164,14 @@ def test_the_walk_keeps_what_judging_everything_would_keep(groups, need, margin)
         assert enough <= len(judged) <= enough + math.ceil(need * margin)
 
 
-def test_the_graders_passage_is_the_paper_text_cut_at_2000_characters():
-    titles = pa.chunked_array([["A title", None, " spaced ", "é" * 2500]])
-    abstracts = pa.chunked_array([["An abstract.", "only abstract", None, "x"]])
+def test_the_graders_passage_is_the_title_and_the_abstract_cut_at_2000_characters():
+    titles = pa.chunked_array([["A title", None, " spaced ", "T", "é" * 2100]])
+    abstracts = pa.chunked_array([["An abstract.", "only abstract", None, "é" * 2500, "x"]])
     got = passages(titles, abstracts).to_pylist()
     assert got[:3] == ["A title. An abstract.", "only abstract", "spaced"]
-    assert got[3] == "é" * 2000
-    assert passage("é" * 2500, "x") == got[3]
+    assert got[3] == "T. " + "é" * 2000  # B.5: the abstract is cut, in characters
+    assert got[4] == "é" * 2100 + ". x"  # the title is read whole
+    assert passage("T", "é" * 2500) == got[3]
 
 
 # -- a fake build: ingest's papers and pool's tables ----------------------------------------------

@@ -291,7 +291,7 @@ def test_a_failed_llm_stage_as_a_job_ends_with_the_same_one_line(build, llm, cap
             "--profile", "dry-run", "--stages", "judge-analogy",
             "--set", f"storage.root={build}", "--set", f"llm.base_url={llm.base_url}",
             "--set", "llm.model=scripted", "--set", f"llm.max_rows_per_stage={ROWS}",
-            "--set", "llm.max_retries=0",
+            "--set", "llm.max_retries=0", "--set", "llm.stages={}",
         ]
     )  # fmt: skip
     assert rc == 2
