@@ -22,6 +22,7 @@ from cpr_ray.command_line import (
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, StorageError, UserError
 from cpr_ray.evaluate.commands import eval_command, report_command
+from cpr_ray.judge_check.command import judge_check_command
 from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.pipeline.build import STAGES, manifests_table, resolve_stages, run_build
 from cpr_ray.pipeline.dry_run import run_dry_run
@@ -204,6 +205,7 @@ app.command("train")(train_command)
 app.command("index")(index_command)
 app.command("search")(search_command)
 app.command("serve")(serve_command)
+app.command("judge-check")(judge_check_command)
 
 
 if __name__ == "__main__":

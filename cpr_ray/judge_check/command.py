@@ -1,0 +1,110 @@
+"""`cpr judge-check`: the command (parse, call `check_judges`, print, gate on κ)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cpr_ray.command_line import (
+    ConfigOpt,
+    LLMModelOpt,
+    LLMUrlOpt,
+    ProfileOpt,
+    SetOpt,
+    console,
+    fail,
+)
+from cpr_ray.config import Config, load_config, stage_name
+from cpr_ray.errors import ConfigError, UserError
+from cpr_ray.judge_check.check import below, check_judges, print_report
+from cpr_ray.judge_check.gold import JUDGE_STAGES
+
+
+def judge_config(
+    config: str | None, profile: str | None, overrides: list[str]
+) -> tuple[Config, list[str]]:
+    """The settings to measure with, and the stages whose pins were dropped to load them.
+
+    Pins beside an endpoint are a config error everywhere else; judge-check measures the
+    model, never a pin, so it drops them as the dry run does (`unpin_for_endpoint`) and says
+    which it dropped. Without --config or --profile: the defaults when an endpoint is given
+    (flag, --set or CPR_LLM__BASE_URL), otherwise the dry-run profile, whose LLM settings
+    (slots, timeouts, token limits) are sized for the embedded judge."""
+    if config is None and profile is None:
+        cfg = load_config(overrides=overrides)
+        if cfg.llm.base_url:
+            return cfg, []
+        profile = "dry-run"
+    # the pins the settings hold, read with no endpoint (where pins are allowed)
+    bare = load_config(profile, config, [*overrides, "llm.base_url=null"])
+    pinned = sorted(s for s, o in bare.llm.stages.items() if o.pin)
+    return load_config(profile, config, overrides, unpin_for_endpoint=True), pinned
+
+
+def parse_stages(stages: str | None) -> list[str]:
+    """The judged stages asked for, in either spelling (judge_analogy = judge-analogy)."""
+    if not stages:
+        return list(JUDGE_STAGES)
+    names = [stage_name(s.strip()) for s in stages.split(",") if s.strip()]
+    unknown = [s for s in names if s not in JUDGE_STAGES]
+    if unknown or not names:
+        raise ConfigError(
+            f"--stages: {', '.join(unknown) or '(none)'} not judged; choose from "
+            f"{', '.join(JUDGE_STAGES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def judge_check_command(
+    config: ConfigOpt = None,
+    profile: ProfileOpt = None,
+    stages: Annotated[
+        str | None,
+        typer.Option("--stages", help=f"Comma-separated subset of: {', '.join(JUDGE_STAGES)}"),
+    ] = None,
+    root: Annotated[
+        str | None,
+        typer.Option(
+            "--root",
+            help="A build (path or s3://…) whose mined pairs size the projection; default: the "
+            "full-scale rows of benchmarks/SCALE.md.",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help="At most N gold cases per stage, spread over labels."),
+    ] = None,
+    min_kappa: Annotated[
+        float | None,
+        typer.Option("--min-kappa", help="Exit 2 when any stage's κ is below this."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the report as JSON to this file.")
+    ] = None,
+    llm_base_url: LLMUrlOpt = None,
+    llm_model: LLMModelOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Measure each LLM judge on the shipped gold set (agreement, Cohen's κ, invalid answers,
+    tokens and seconds per answer) and project a full build's calls, tokens, USD and hours.
+    Run it before the first cluster build."""
+    overrides = [f"llm.base_url={llm_base_url}"] if llm_base_url else []
+    overrides += [f"llm.model={llm_model}"] if llm_model else []
+    try:
+        cfg, pinned = judge_config(config, profile, [*overrides, *(set_ or [])])
+        names = parse_stages(stages)
+        report = check_judges(cfg, names, limit=limit, root=root, pins_ignored=pinned)
+    except UserError as exc:
+        fail(exc)
+    print_report(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        console.print(f"report written to {out}", soft_wrap=True)
+    if min_kappa is not None:
+        failing = below(report, min_kappa)
+        if failing:
+            fail(UserError(f"judge-check: {'; '.join(failing)} below --min-kappa {min_kappa}"))

@@ -1,0 +1,156 @@
+"""The scripted endpoint (tests/scripted_llm.py) with one more script: answers set per prompt.
+
+`POST /_gold [{"schema": NAME, "markers": [...], "answer": {...}}, ...]` makes every chat request
+whose requested schema is NAME and whose prompt holds all the markers get that answer (the first
+entry that matches); any other request is answered by scripted_llm's rules. `judge-check`'s tests
+use it as a judge that answers each gold case's expected label. `gold_answers` builds those
+entries from the gold set, shaped by the answer models as they are now (so a field added to a
+contract is filled from the model, not from a copy here).
+
+Run: python tests/gold_llm.py --port PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from aiohttp import web
+
+try:  # as a script, tests/ is on sys.path; as a module, the repository root is
+    import scripted_llm
+except ImportError:  # pragma: no cover
+    from tests import scripted_llm
+
+
+@web.middleware
+async def gold_first(request: web.Request, handler: Any) -> web.StreamResponse:
+    if request.path == "/v1/chat/completions" and request.app["gold"]:
+        body = await request.json()  # aiohttp keeps the body: the scripted handler reads it again
+        name = ((body.get("response_format") or {}).get("json_schema") or {}).get("name")
+        prompt = body["messages"][0]["content"]
+        for entry in request.app["gold"]:
+            if entry["schema"] == name and all(m in prompt for m in entry["markers"]):
+                content = json.dumps(entry["answer"])
+                return web.json_response(scripted_llm._reply(content, "stop", prompt))
+    return await handler(request)
+
+
+async def set_gold(request: web.Request) -> web.Response:
+    request.app["gold"] = await request.json()
+    return web.json_response({"entries": len(request.app["gold"])})
+
+
+def app() -> web.Application:
+    application = scripted_llm.app()
+    application.middlewares.append(gold_first)
+    application["gold"] = []
+    application.router.add_post("/_gold", set_gold)
+    return application
+
+
+# -- answers that reach each gold label (built in the test process) --------------------------------
+
+
+def _path_value(model: Any) -> Any:
+    """`transfer_path` as the answer model declares it: a string or an object of strings."""
+    from pydantic import BaseModel
+
+    annotation = model.model_fields["transfer_path"].annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {name: "carried over through the mappings" for name in annotation.model_fields}
+    return "The contribution of d carries over through the mappings and serves q's goal."
+
+
+def analogy_answer(decision: str, exclusion: str | None) -> dict[str, Any]:
+    from cpr_ray.judge_check.gold import EXCLUSIONS
+    from cpr_ray.queries.analogy import AnalogyJudgment
+
+    fields = AnalogyJudgment.model_fields
+    checklist = {name: False for name in EXCLUSIONS[1:] if name in fields}
+    if decision == "not_analogy":
+        if exclusion in checklist:
+            checklist[exclusion] = True
+        kinds = {
+            "same_problem": "same_problem",
+            "tool_or_data_as_is": "tool_as_is",
+            "background_only": "narrative_only",
+        }
+        return {
+            "same_problem": exclusion == "same_problem",
+            **checklist,
+            "object_mappings": [],
+            "shared_relations": [],
+            "structural_analogy": False,
+            "transfer_holds": False,
+            "transferable": False,
+            "transfer_type": kinds.get(exclusion, "none"),
+            "transfer_path": _path_value(AnalogyJudgment),
+            "reason": f"not an analogy ({exclusion})",
+            "decision": "not_analogy",
+        }
+    observed = decision == "observed_analogy"
+    return {
+        "same_problem": False,
+        **checklist,
+        "object_mappings": [
+            {"q_object": "control parameter", "d_object": "drive", "role": "slow forcing"},
+            {"q_object": "tipping point", "d_object": "bifurcation", "role": "transition"},
+        ],
+        "shared_relations": [
+            {
+                "predicate": "Approaches",
+                "q_arguments": ["control parameter", "tipping point"],
+                "d_arguments": ["drive", "bifurcation"],
+            }
+        ],
+        "structural_analogy": True,
+        "transfer_holds": observed,
+        "transferable": True,
+        "transfer_type": "method",
+        "transfer_path": _path_value(AnalogyJudgment),
+        "reason": "the mappings carry the relation",
+        "decision": decision,
+    }
+
+
+def transfer_answer(label: str) -> dict[str, Any]:
+    if label == "transfer":
+        return {"verdict": "transfer", "reject_reason": None, "reason": "q builds on d"}
+    return {"verdict": "reject", "reject_reason": label, "reason": f"rejected: {label}"}
+
+
+def usefulness_answer(score: int) -> dict[str, Any]:
+    from cpr_ray.queries.usefulness import Usefulness
+
+    answer: dict[str, Any] = {"score": score}
+    if "reasoning" in Usefulness.model_fields:
+        answer = {"reasoning": "graded as the gold says", **answer}
+    return answer
+
+
+def gold_answers(cases: list[Any]) -> list[dict[str, Any]]:
+    """One `/_gold` entry per gold case: the answer that reaches its expected label, matched by
+    texts only that case's prompt holds."""
+    entries = []
+    for case in cases:
+        row = case.input
+        if case.stage == "judge-analogy":
+            schema, markers = "AnalogyJudgment", [row["q_title"], row["d_title"]]
+            answer = analogy_answer(case.label, case.exclusion)
+        elif case.stage == "judge-transfer":
+            schema, markers = "TransferVerdict", [row["q_title"], row["d_title"]]
+            answer = transfer_answer(case.label)
+        else:
+            schema, markers = "Usefulness", [row["query"], row["passage"][:120]]
+            answer = usefulness_answer(case.label)
+        entries.append({"schema": schema, "markers": markers, "answer": answer})
+    return entries
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    web.run_app(app(), host="127.0.0.1", port=args.port, print=None, shutdown_timeout=1)
