@@ -101,8 +101,7 @@ def analogy_answer(decision: str, exclusion: str | None) -> dict[str, Any]:
         "shared_relations": [
             {
                 "predicate": "Approaches",
-                "q_arguments": ["control parameter", "tipping point"],
-                "d_arguments": ["drive", "bifurcation"],
+                "arguments": [1, 2],
             }
         ],
         "structural_analogy": True,

@@ -69,8 +69,7 @@ ACCEPTING = {
     "shared_relations": [
         {
             "predicate": "Converts",
-            "q_arguments": ["data distribution", "noise distribution"],
-            "d_arguments": ["initial state", "equilibrium state"],
+            "arguments": [1, 2],  # data distribution, noise distribution
         }
     ],
     "structural_analogy": True,

@@ -132,16 +132,8 @@ MAPPINGS = [
 
 
 def _relations(n: int) -> list[dict[str, Any]]:
-    """n shared relations of arity 2 over the first two mappings (grounded when they exist)."""
-    first, second = MAPPINGS[0], MAPPINGS[1]
-    return [
-        {
-            "predicate": f"Converts{i}",
-            "q_arguments": [first["q_object"], second["q_object"]],
-            "d_arguments": [first["d_object"], second["d_object"]],
-        }
-        for i in range(n)
-    ]
+    """n shared relations over the first two mappings (grounded when they exist)."""
+    return [{"predicate": f"Converts{i}", "arguments": [1, 2]} for i in range(n)]
 
 
 def _judgment(
@@ -247,32 +239,31 @@ def test_judgments_the_rules_reject_do_not_fit(value, problem):
     assert not fits(AnalogyJudgment, value)
 
 
-@pytest.mark.parametrize(
-    ("q_arguments", "d_arguments"),
-    [
-        (["data distribution", "noise distribution"], ["initial state"]),  # arity differs
-        (["data distribution"], ["initial state"]),  # a property of one object, no relation
-        ([], []),
-    ],
-    ids=["arity", "one-argument", "empty"],
-)
-def test_a_relation_holds_over_two_or_more_mapped_objects_on_both_sides(q_arguments, d_arguments):
-    relation = {"predicate": "P", "q_arguments": q_arguments, "d_arguments": d_arguments}
-    value = scripted_llm.ACCEPTING | {"shared_relations": [relation]}
-    assert not fits(AnalogyJudgment, value)
-    judged = parses(AnalogyJudgment, value)
-    assert judged is None or "same arguments on both sides" in "; ".join(analogy_problems(judged))
+@pytest.mark.parametrize("arguments", [[1], [], [1, 2, 3, 4], [0, 1], [1, 9]])
+def test_a_relation_holds_over_two_or_three_mapping_numbers(arguments):
+    """A property of one object is not a relation; an argument is a mapping's number."""
+    value = scripted_llm.ACCEPTING | {
+        "shared_relations": [{"predicate": "P", "arguments": arguments}]
+    }
+    assert not fits(AnalogyJudgment, value) and parses(AnalogyJudgment, value) is None
 
 
 def test_an_ungrounded_relation_is_only_caught_after_arrival():
-    """A schema cannot say that an argument is one of the mapped objects."""
-    value = scripted_llm.ACCEPTING | {
-        "shared_relations": [
-            {"predicate": "P", "q_arguments": ["a", "b"], "d_arguments": ["c", "d"]}
-        ]
-    }
+    """A schema bounds a mapping's number, not by how many mappings the answer gave."""
+    value = scripted_llm.ACCEPTING | {"shared_relations": [{"predicate": "P", "arguments": [1, 5]}]}
     assert fits(AnalogyJudgment, value)
-    assert "unmapped arguments" in analogy_problems(AnalogyJudgment.model_validate(value))[0]
+    problems = analogy_problems(AnalogyJudgment.model_validate(value))
+    assert "names mapping(s) [5], but 2 were given" in problems[0]
+
+
+def test_the_stored_relations_read_the_numbered_mappings_on_each_side():
+    from cpr_ray.queries.judges import format_relations, stated_relations
+
+    judged = AnalogyJudgment.model_validate(scripted_llm.ACCEPTING)
+    assert format_relations(stated_relations(judged)) == (
+        "Converts(data distribution, noise distribution) ~ "
+        "Converts(initial state, equilibrium state)"
+    )
 
 
 # -- the transfer verdict ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from cpr_ray.llm.answers import Branch, Items, _Answer, normalized
+from cpr_ray.llm.answers import Branch, Items, _Answer
 
 TransferType = Literal[
     "method",
@@ -65,36 +65,31 @@ class ObjectMapping(_Answer):
     role: str = Field(max_length=120, description="The role both objects play.")
 
 
-# a relation holds between objects (one alone is a property); three arguments cover the method's
-# relations (Converts(x, y)), and every bound keeps a whole answer within a stage's max_tokens: a
-# grammar-held model writes lists to their bound, and a truncated answer is an invalid one
+MAX_MAPPINGS = 8  # the method's 4 to 8, when the texts support them
+# A relation holds between objects (one alone is a property) and over *mapped* ones: its
+# arguments are the numbers of mappings (from 1), so the same relation reads over their q objects
+# on q's side and over their d objects on d's, and no argument can name an object that was not
+# mapped. Three arguments cover the method's relations (Converts(x, y)); the bounds keep a whole
+# answer within a stage's max_tokens (a grammar-held model writes lists to their bound).
 MIN_ARGUMENTS, MAX_ARGUMENTS, MAX_RELATIONS = 2, 3, 4
-# an argument is one of the mapped objects, so it is no longer than they are
-Argument = Annotated[str, Field(max_length=OBJECT_CHARS)]
+MappingNumber = Annotated[int, Field(ge=1, le=MAX_MAPPINGS)]
 
 
 class SharedRelation(_Answer):
     predicate: str = Field(
         max_length=60, description="A relation holding on both sides, e.g. Converts."
     )
-    q_arguments: list[Argument] = Field(
+    arguments: list[MappingNumber] = Field(
         min_length=MIN_ARGUMENTS,
         max_length=MAX_ARGUMENTS,
-        description="Its arguments among the mapped q objects (two or more).",
-    )
-    d_arguments: list[Argument] = Field(
-        min_length=MIN_ARGUMENTS,
-        max_length=MAX_ARGUMENTS,
-        description="The mapped d objects, in the same order.",
+        description="The numbers (from 1) of the mappings it holds over, in order: over their q "
+        "objects in Q's problem and over their d objects in D's.",
     )
 
-    branches = tuple(
-        Branch(
-            f"{n} arguments on each side",
-            {"q_arguments": Items(n, n), "d_arguments": Items(n, n)},
-        )
-        for n in range(MIN_ARGUMENTS, MAX_ARGUMENTS + 1)
-    )
+    def sides(self, mappings: list[ObjectMapping]) -> tuple[list[str], list[str]]:
+        """(q arguments, d arguments): the objects of the mappings it names."""
+        named = [mappings[n - 1] for n in self.arguments if 1 <= n <= len(mappings)]
+        return [m.q_object for m in named], [m.d_object for m in named]
 
 
 PATH_CHARS = 200
@@ -126,7 +121,7 @@ class AnalogyJudgment(_Answer):
     unsupported_possibility: bool = _exclusion_field(EXCLUSIONS["unsupported_possibility"])
     off_goal_mapping: bool = _exclusion_field(EXCLUSIONS["off_goal_mapping"])
     adoption_without_transfer: bool = _exclusion_field(EXCLUSIONS["adoption_without_transfer"])
-    object_mappings: list[ObjectMapping] = Field(max_length=8)  # the method's 4 to 8
+    object_mappings: list[ObjectMapping] = Field(max_length=MAX_MAPPINGS)
     shared_relations: list[SharedRelation] = Field(max_length=MAX_RELATIONS)
     structural_analogy: bool
     transfer_holds: bool
@@ -284,16 +279,13 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
         )
     if j.structural_analogy and (len(j.object_mappings) < 2 or not j.shared_relations):
         problems.append("a structural analogy needs at least two mappings and one shared relation")
-    q_objects = {normalized(m.q_object) for m in j.object_mappings}
-    d_objects = {normalized(m.d_object) for m in j.object_mappings}
     for rel in j.shared_relations:
-        if len(rel.q_arguments) != len(rel.d_arguments):
-            problems.append(f"relation {rel.predicate!r} needs the same arguments on both sides")
-        unmapped = [a for a in rel.q_arguments if normalized(a) not in q_objects] + [
-            a for a in rel.d_arguments if normalized(a) not in d_objects
-        ]
+        unmapped = [n for n in rel.arguments if n > len(j.object_mappings)]
         if unmapped:
-            problems.append(f"relation {rel.predicate!r} has unmapped arguments: {unmapped}")
+            problems.append(
+                f"relation {rel.predicate!r} names mapping(s) {unmapped}, but "
+                f"{len(j.object_mappings)} were given"
+            )
     if j.decision != derived_decision(j):
         problems.append(
             f"decision {j.decision} contradicts the rest of the answer, which gives "

@@ -60,6 +60,16 @@ def format_mappings(mappings: list[dict[str, Any]] | None) -> str:
     return "; ".join(f"{m['q_object']} -> {m['d_object']} ({m['role']})" for m in mappings or [])
 
 
+def stated_relations(j: AnalogyJudgment) -> list[dict[str, Any]]:
+    """The relations as every later reader takes them (RELATION): the predicate over the q
+    objects and over the d objects of the mappings the answer numbered."""
+    out = []
+    for rel in j.shared_relations:
+        q_args, d_args = rel.sides(j.object_mappings)
+        out.append({"predicate": rel.predicate, "q_arguments": q_args, "d_arguments": d_args})
+    return out
+
+
 def format_transfer_path(path: dict[str, Any] | None) -> str:
     """The three parts of a transfer path as one line (empty parts left out)."""
     parts = (
@@ -139,8 +149,17 @@ class AnalogyJudge(LLMTask):
         if out.value is None:
             return self.empty_output(), out.status, out.error
         j = out.value
-        answer = j.model_dump(exclude={"decision", *EXCLUSIONS})
-        return {**answer, "exclusions": j.exclusions, "model_decision": j.decision}, "ok", None
+        answer = j.model_dump(exclude={"decision", "shared_relations", *EXCLUSIONS})
+        return (
+            {
+                **answer,
+                "shared_relations": stated_relations(j),
+                "exclusions": j.exclusions,
+                "model_decision": j.decision,
+            },
+            "ok",
+            None,
+        )
 
 
 class TransferVerifier(LLMTask):
