@@ -39,6 +39,8 @@ from typing import Any
 
 from aiohttp import web
 
+from cpr_ray.queries.analogy import EXCLUSIONS
+
 
 def _title(prompt: str, label: str) -> str:
     m = re.search(rf"{label}: (.*)", prompt)
@@ -47,18 +49,7 @@ def _title(prompt: str, label: str) -> str:
 
 INJECTION = re.compile(r"ignore (?:all |any |the )?(?:previous|prior|above) instructions", re.I)
 
-NO_EXCLUSION = dict.fromkeys(
-    (
-        "background_only",
-        "tool_or_data_as_is",
-        "terminology_only",
-        "surface_similarity",
-        "unsupported_possibility",
-        "off_goal_mapping",
-        "adoption_without_transfer",
-    ),
-    False,
-)
+NO_EXCLUSION = dict.fromkeys(EXCLUSIONS, False)  # the answer contract's checklist, all clear
 ACCEPTING = {
     "same_problem": False,
     **NO_EXCLUSION,

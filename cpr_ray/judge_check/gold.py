@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from cpr_ray.errors import InputError
+from cpr_ray.queries.analogy import EXCLUSIONS as ANALOGY_EXCLUSIONS
 from cpr_ray.queries.analogy import Decision, RejectReason, TransferType
 from cpr_ray.schemas import PASSAGE_CHARS
 
@@ -35,16 +36,7 @@ JUDGE_STAGES: tuple[str, ...] = (
     "judge-negatives",
 )
 # what the analogy judge must rule out before accepting (METHOD.md §3.2 P2), same problem first
-EXCLUSIONS: tuple[str, ...] = (
-    "same_problem",
-    "background_only",
-    "tool_or_data_as_is",
-    "terminology_only",
-    "surface_similarity",
-    "unsupported_possibility",
-    "off_goal_mapping",
-    "adoption_without_transfer",
-)
+EXCLUSIONS: tuple[str, ...] = ("same_problem", *ANALOGY_EXCLUSIONS)
 NO_STRUCTURE = "no_structure"  # not an analogy though no exclusion fires: nothing is shared
 DECISIONS: tuple[str, ...] = get_args(Decision)
 TRANSFER_LABELS: tuple[str, ...] = ("transfer", *get_args(RejectReason))
