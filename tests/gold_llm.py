@@ -53,65 +53,29 @@ def app() -> web.Application:
 # -- answers that reach each gold label (built in the test process) --------------------------------
 
 
-def _path_value(model: Any) -> Any:
-    """`transfer_path` as the answer model declares it: a string or an object of strings."""
-    from pydantic import BaseModel
-
-    annotation = model.model_fields["transfer_path"].annotation
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return {name: "carried over through the mappings" for name in annotation.model_fields}
-    return "The contribution of d carries over through the mappings and serves q's goal."
-
-
 def analogy_answer(decision: str, exclusion: str | None) -> dict[str, Any]:
-    from cpr_ray.judge_check.gold import EXCLUSIONS
-    from cpr_ray.queries.analogy import AnalogyJudgment
-
-    fields = AnalogyJudgment.model_fields
-    checklist = {name: False for name in EXCLUSIONS[1:] if name in fields}
-    if decision == "not_analogy":
-        if exclusion in checklist:
-            checklist[exclusion] = True
-        kinds = {
-            "same_problem": "same_problem",
-            "tool_or_data_as_is": "tool_as_is",
-            "background_only": "narrative_only",
-        }
-        return {
-            "same_problem": exclusion == "same_problem",
-            **checklist,
-            "object_mappings": [],
-            "shared_relations": [],
-            "structural_analogy": False,
-            "transfer_holds": False,
-            "transferable": False,
-            "transfer_type": kinds.get(exclusion, "none"),
-            "transfer_path": _path_value(AnalogyJudgment),
-            "reason": f"not an analogy ({exclusion})",
-            "decision": "not_analogy",
-        }
-    observed = decision == "observed_analogy"
-    return {
-        "same_problem": False,
-        **checklist,
-        "object_mappings": [
-            {"q_object": "control parameter", "d_object": "drive", "role": "slow forcing"},
-            {"q_object": "tipping point", "d_object": "bifurcation", "role": "transition"},
-        ],
-        "shared_relations": [
-            {
-                "predicate": "Approaches",
-                "arguments": [1, 2],
-            }
-        ],
-        "structural_analogy": True,
-        "transfer_holds": observed,
-        "transferable": True,
-        "transfer_type": "method",
-        "transfer_path": _path_value(AnalogyJudgment),
-        "reason": "the mappings carry the relation",
-        "decision": decision,
+    """The scripted judge's accepting answer with the gold's decision, or its rejecting one with
+    the gold's exclusion as the only flag set."""
+    if decision != "not_analogy":
+        observed = decision == "observed_analogy"
+        return scripted_llm.ACCEPTING | {"transfer_holds": observed, "decision": decision}
+    flags = dict.fromkeys(scripted_llm.NO_EXCLUSION, False)
+    if exclusion in flags:
+        flags[exclusion] = True
+    kinds = {
+        "same_problem": "same_problem",
+        "tool_or_data_as_is": "tool_as_is",
+        "background_only": "narrative_only",
     }
+    return (
+        scripted_llm.REJECTING
+        | flags
+        | {
+            "same_problem": exclusion == "same_problem",
+            "transfer_type": kinds.get(exclusion, "none"),
+            "reason": f"not an analogy ({exclusion})",
+        }
+    )
 
 
 def transfer_answer(label: str) -> dict[str, Any]:
@@ -121,12 +85,7 @@ def transfer_answer(label: str) -> dict[str, Any]:
 
 
 def usefulness_answer(score: int) -> dict[str, Any]:
-    from cpr_ray.queries.usefulness import Usefulness
-
-    answer: dict[str, Any] = {"score": score}
-    if "reasoning" in Usefulness.model_fields:
-        answer = {"reasoning": "graded as the gold says", **answer}
-    return answer
+    return {"score": score}
 
 
 def gold_answers(cases: list[Any]) -> list[dict[str, Any]]:
