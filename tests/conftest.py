@@ -171,6 +171,13 @@ class ScriptedLLM:
     def faults(self, *faults: dict) -> None:
         self._post("/_faults", list(faults))
 
+    def pause(self) -> None:
+        """Hold every request until `resume`."""
+        self._post("/_pause", {})
+
+    def resume(self) -> None:
+        self._post("/_resume", {})
+
     def latency(self, ms: float) -> None:
         self._post("/_latency", {"ms": ms})
 

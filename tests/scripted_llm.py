@@ -21,7 +21,9 @@ Faults are queued through `POST /_faults` and consumed by the next requests, in 
 answer 429 (Retry-After 1) or 500 when no queued fault is due; `POST /_negatives {"score": 1}`
 grades every passage judged without mappings (the N2 negatives grader) with that score, so a
 negatives walk ends as it does with a real model (most candidates are not usable), not after
-the whole pool.
+the whole pool. `POST /_pause` holds every request until `POST /_resume` (a node can be removed
+while its requests wait); `answered` counts the answers sent to a client still connected,
+`undelivered` those whose client had gone.
 
 Run: python tests/scripted_llm.py --port PORT
 """
@@ -230,6 +232,8 @@ class Script:
         self.arrivals: list[float] = []  # wall time of each chat request, for rate checks
         self.fault_rates: dict[str, float] = {}
         self.rng = random.Random(0)
+        self.open = asyncio.Event()  # cleared by /_pause: requests wait for /_resume
+        self.open.set()
 
 
 def _reply(content: str, finish: str, prompt: str) -> dict[str, Any]:
@@ -264,6 +268,7 @@ async def chat(request: web.Request) -> web.Response:
     script.arrivals.append(time.time())
     if script.latency_s:
         await asyncio.sleep(script.latency_s)
+    await script.open.wait()
     fault = _next_fault(script)
     if fault:
         kind = fault["kind"]
@@ -296,6 +301,10 @@ async def chat(request: web.Request) -> web.Response:
     if name == "Usefulness" and unmapped is not None and "Mappings:" not in prompt:
         answer = {"score": unmapped}  # a negative's grader gets no mapping block
     content = answer if isinstance(answer, str) else json.dumps(answer)
+    if request.transport is None or request.transport.is_closing():
+        script.counts["undelivered"] += 1  # its client is gone (a lost node): nothing was paid
+    else:
+        script.counts["answered"] += 1
     return web.json_response(_reply(content, "stop", prompt))
 
 
@@ -341,6 +350,7 @@ async def stats(request: web.Request) -> web.Response:
 
 
 async def reset(request: web.Request) -> web.Response:
+    request.app["script"].open.set()  # requests held by a pause go on
     request.app["script"] = Script()
     return web.json_response({"ok": True})
 
@@ -355,6 +365,16 @@ async def fault_rates(request: web.Request) -> web.Response:
     script = request.app["script"]
     script.rng = random.Random(body.pop("seed", 0))
     script.fault_rates = {kind: float(rate) for kind, rate in body.items()}
+    return web.json_response({"ok": True})
+
+
+async def pause(request: web.Request) -> web.Response:
+    request.app["script"].open.clear()
+    return web.json_response({"ok": True})
+
+
+async def resume(request: web.Request) -> web.Response:
+    request.app["script"].open.set()
     return web.json_response({"ok": True})
 
 
@@ -373,6 +393,8 @@ def app() -> web.Application:
     application.router.add_post("/_reset", reset)
     application.router.add_post("/_latency", latency)
     application.router.add_post("/_negatives", negatives)
+    application.router.add_post("/_pause", pause)
+    application.router.add_post("/_resume", resume)
     application.router.add_post("/_fault_rates", fault_rates)
     application.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
     return application

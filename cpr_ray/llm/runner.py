@@ -9,7 +9,9 @@ output columns. `run_llm_task`:
 3. sends the rest through a pool of `LLMActor`s (async, a semaphore of requests in flight each).
    Each actor appends its answers to the cache and every row's cost to the ledger as they
    arrive (small atomic Parquet parts, flushed at least every `FLUSH_S`), so a killed run loses
-   at most a second of paid answers and its rerun asks only for what is missing;
+   at most a second of paid answers and its rerun asks only for what is missing. An actor lost
+   with its node is restarted by Ray on a surviving node and given its batches again; it serves
+   what the lost actor had flushed and asks only for the rest (`LLMActor._answered_in_this_run`);
 4. stops the stage with one clear line when the endpoint refuses us (key, model, URL) or when
    more calls fail or come back invalid than the configured rates allow, and otherwise returns
    every input row with its answer, status and reason.
@@ -25,7 +27,6 @@ import hashlib
 import json
 import time
 import uuid
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -236,6 +237,10 @@ class LLMActor:
             self._sem = asyncio.Semaphore(self.llm.max_in_flight)
             self._flusher = asyncio.get_running_loop().create_task(self._flush_every())
         sem = self._sem
+        recovered = self.schema.empty_table()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            recovered = self._answered_in_this_run(batch[KEY])
+            batch = batch.filter(pc.invert(pc.is_in(batch[KEY], value_set=recovered[KEY])))
         tasks = [asyncio.ensure_future(self._one(sem, r)) for r in batch.to_pylist()]
         try:
             rows = await asyncio.gather(*tasks)
@@ -245,7 +250,25 @@ class LLMActor:
             raise
         finally:
             self.flush()  # what was answered is kept even when the batch stops on a refusal
-        return pa.Table.from_pylist(rows, schema=self.schema)
+        return pa.concat_tables([recovered, pa.Table.from_pylist(rows, schema=self.schema)])
+
+    def _answered_in_this_run(self, keys: pa.Array) -> pa.Table:
+        """The answers this run's actors already flushed for `keys`, as they were cached.
+
+        Only a restarted actor asks: its node was lost with a batch in hand, and Ray retries
+        that batch here. The lost actor's answers reached the cache as they arrived (at most
+        `FLUSH_S` behind), and they were paid for: they are served, not asked again, and keep
+        their single ledger row. Reading this run's parts only keeps it cheap."""
+        parts = [
+            f.path
+            for f in self.storage.list_files(self.sink.cache, (".parquet",), missing_ok=True)
+            if f.base_name.startswith(f"{self.sink.tag}-")
+        ]
+        if not parts:
+            return self.schema.empty_table()
+        loc = self.storage.resolve(self.sink.cache)
+        found = pds.dataset(parts, filesystem=loc.fs, format="parquet", schema=self.schema)
+        return _first_per_key(found.to_table(filter=pc.field(KEY).isin(keys)))
 
     def __del__(self) -> None:
         if self._flusher is not None:
@@ -425,9 +448,9 @@ def ask_pool(
     if not blocks:
         yield iter(())
         return
-    with user_errors_from_ray(), warnings.catch_warnings():
-        # Ray 2.60 deprecates remote args in map_batches but names no parameter for restarts
-        warnings.simplefilter("ignore", DeprecationWarning)
+    with user_errors_from_ray():
+        # Ray Data's defaults restart a lost actor and retry its batches there (max_restarts
+        # and max_task_retries -1): a lost spot node costs the stage no rerun
         ds = ray.data.from_arrow(blocks).map_batches(
             LLMActor,
             fn_constructor_kwargs={
@@ -444,17 +467,9 @@ def ask_pool(
             batch_size=batch,
             batch_format="pyarrow",
             num_cpus=ACTOR_CPUS,
-            ray_remote_args_fn=_no_restarts,
         )
         stream = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
         yield (t.cast(schema) for t in stream if t.num_rows)
-
-
-def _no_restarts() -> dict[str, Any]:
-    """Restarting an LLM actor would re-run its constructor from arguments Ray keeps in the
-    object store (and warns about it on every stage); a lost actor fails the chunk instead, and
-    since every answer is durable on arrival the rerun asks only for what is missing."""
-    return {"max_restarts": 0}
 
 
 def _check_rates(
