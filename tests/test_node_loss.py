@@ -19,8 +19,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pyarrow.dataset as pds
 import pytest
@@ -126,6 +128,21 @@ def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen, timeo
         time.sleep(0.05)
 
 
+def lose_node_running(
+    cluster: LosableCluster, marker: str, when: Callable[[], bool], proc: subprocess.Popen
+) -> None:
+    """Once `when()` holds, lose the first worker node found running `marker`."""
+    found: list[object] = []
+
+    def ready() -> bool:
+        node = cluster.node_running(marker) if when() else None
+        found[:] = [node] if node is not None else []
+        return bool(found)
+
+    wait_for(f"a node running {marker}", ready, proc)
+    cluster.lose(found[0])
+
+
 def published_table(root: Path, stage: str, table: str):
     import json
 
@@ -167,9 +184,7 @@ def test_an_llm_stage_goes_on_when_an_actor_node_is_lost_and_pays_each_row_once(
     held = llm.stats()
     # batch 2 of 3 (4 rows each) is half answered, its other two rows wait at the endpoint
     assert (held["answered"], held["total"]) == (6, 8), held
-    node = cluster.node_running("LLMActor")
-    assert node is not None, "no worker node runs the LLM actor"
-    cluster.lose(node)
+    lose_node_running(cluster, "LLMActor", lambda: True, proc)
     llm.resume()
     out = finish(proc)
     stats = llm.stats()
@@ -184,3 +199,109 @@ def test_an_llm_stage_goes_on_when_an_actor_node_is_lost_and_pays_each_row_once(
     lost = published_table(root, "judge-analogy", "judged").sort_by("request_key")
     whole = published_table(again, "judge-analogy", "judged").sort_by("request_key")
     assert lost.equals(whole)
+
+
+# -- ingest and mining -----------------------------------------------------------------------------
+
+
+def _table(root: Path, stage: str, name: str):
+    import json
+
+    import lance
+
+    entry = json.loads((root / stage / "_MANIFEST.json").read_text())["tables"][name]
+    if entry["format"] == "lance":
+        return lance.dataset(entry["uri"], version=entry["version"]).to_table()
+    return pds.dataset(entry["uri"], format="parquet").to_table()
+
+
+def _has_parquet(folder: Path) -> bool:
+    return folder.exists() and any(folder.rglob("*.parquet"))
+
+
+def test_ingest_and_mining_finish_on_the_surviving_nodes_with_the_same_tables(
+    cluster: LosableCluster, sample_mined: Path, tmp_path: Path
+):
+    """The sample through ingest, venues and mine; the node running a bucket task is removed
+    once ingest has written parsed rows, and again once mining has written pairs. Ray retries
+    each lost task elsewhere (a retried task rewrites its own files; only the fragments a
+    finished task returns are committed), so the run ends as the uninterrupted one did: the
+    same papers, citations, venues, base papers, pairs and universe, row for row."""
+    root = tmp_path / "build"
+    proc = driver(
+        cluster, "build", "--profile", "dry-run", "--stages", "ingest,venues,mine",
+        "--set", f"storage.root={root}",
+    )  # fmt: skip
+    for stage in ("ingest", "mine"):
+        runs = root / stage / "runs"
+        lose_node_running(cluster, "ray::_call", partial(_has_parquet, runs), proc)
+    finish(proc)
+    for stage, table, keys in (
+        ("ingest", "papers", ["corpus_id"]),
+        ("ingest", "citations", ["citing_id", "cited_id"]),
+        ("ingest", "venues", ["venue_id"]),
+        ("mine", "base_papers", ["corpus_id"]),
+        ("mine", "pairs", ["base_id", "cited_id"]),
+        ("mine", "universe", ["corpus_id"]),
+    ):
+        order = [(k, "ascending") for k in keys]
+        lost = _table(root, stage, table).sort_by(order)
+        whole = _table(sample_mined, stage, table).sort_by(order)
+        assert lost.num_rows == whole.num_rows > 0, table
+        assert lost.equals(whole), table
+
+
+# -- an encoder actor pool on the GPU node type ----------------------------------------------------
+
+
+def _busy_for(cluster: LosableCluster, marker: str, cpu_s: float) -> bool:
+    """Some worker process titled `marker` has used `cpu_s` of CPU: it is mid-work."""
+    for node in list(cluster.cluster.worker_nodes):
+        for proc in cluster._processes(node):
+            try:
+                if marker in " ".join(proc.cmdline()) and sum(proc.cpu_times()[:2]) >= cpu_s:
+                    return True
+            except psutil.Error:
+                continue
+    return False
+
+
+def test_an_index_build_re_encodes_a_lost_encoder_actors_batches_elsewhere(
+    cluster: LosableCluster, minilm: str, tmp_path: Path
+):
+    """`cpr index` with two MiniLM actors that need `cpr_gpu_node` (one per worker): once an
+    actor is encoding, its node is removed. Its batches are encoded again by a restarted actor
+    on the new node; the index holds every paper once, with the vector MiniLM gives it."""
+    from cpr_ray.retrieval.encoder import DenseEncoder
+    from cpr_ray.retrieval.spec import EncoderSpec
+    from cpr_ray.search.index import _read_vectors, read_manifest
+    from cpr_ray.storage import Storage, StorageConfig
+
+    from .search_corpus import papers, write_export
+
+    rows = papers(1200)
+    export = write_export(tmp_path / "export", rows)
+    out = tmp_path / "index"
+    proc = driver(
+        cluster, "index", "--corpus", str(export), "--out", str(out), "--model", minilm,
+        "--set", "encoder.actors=2", "--set", "encoder.resources_per_actor={cpr_gpu_node: 1}",
+    )  # fmt: skip
+    encoder = "EncodeDocs"
+    lose_node_running(cluster, encoder, partial(_busy_for, cluster, encoder, 4.0), proc)
+    finish(proc)
+
+    storage = Storage(StorageConfig())
+    manifest = read_manifest(storage, str(out))
+    docs = storage.read_parquet(f"{out}/{manifest['docs']}")
+    vectors = _read_vectors(storage, str(out), manifest)
+    assert sorted(docs["corpus_id"].to_pylist()) == sorted(r["corpus_id"] for r in rows)
+    # a batch that never came back would leave zero rows: every paper has a unit vector
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    by_id = {r["corpus_id"]: r for r in rows}
+    sample = np.random.default_rng(0).choice(len(rows), 200, replace=False)
+    texts = [
+        f"{r['title']}. {r['abstract']}" if r["abstract"] else r["title"]
+        for r in (by_id[docs["corpus_id"][int(i)].as_py()] for i in sample)
+    ]
+    expected = DenseEncoder(EncoderSpec(minilm)).encode_docs(texts)
+    np.testing.assert_allclose(vectors[sample], expected, atol=1e-4)
