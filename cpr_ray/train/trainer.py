@@ -19,9 +19,9 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
 - ``workers.json``: each worker's peak memory and the last step's metrics;
 - ``train.json``: the summary, written last: a run whose summary exists is not trained again.
 
-Rerunning with the same OUT resumes from the newest checkpoint (Ray Train finds the run by its
-name and storage); within one run a failed worker group restarts from it up to
-``train.max_failures`` times.
+Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
+one run a failed worker group (a lost node) restarts from it up to ``train.max_failures``
+times (`_newest_checkpoint` says why storage, not Ray Train's registry, decides which).
 """
 
 from __future__ import annotations
@@ -168,6 +168,39 @@ def _upload(storage: Storage, local: str, uri: str) -> None:
     pafs.copy_files(local, loc.path, destination_filesystem=loc.fs)
 
 
+def _model_files(folder: str) -> dict[str, int]:
+    """Each file of a checkpoint's model, with its size: what a whole copy must hold."""
+    root = Path(folder)
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def _newest_checkpoint(storage: Storage, out: str, local: str) -> tuple[str, dict[str, Any]] | None:
+    """The newest whole checkpoint of the run under ``OUT/run``, copied to `local`, with its
+    training state; None when there is none.
+
+    Ray Train hands a restarted worker group only the checkpoints its controller registered,
+    and it registers one once every worker's report has reached it: a node lost a moment
+    after a checkpoint was written (the common case on spot workers) made the run start again
+    from step 0. So the run restores from what storage holds: checkpoint folders are named by
+    time, and one counts when its ``state.pt`` loads and its model files have the sizes the
+    state lists (a copy cut short by the loss is passed over)."""
+    run = join(out, RUN_NAME)
+    for uri in reversed(storage.list_dirs(run)):
+        if not uri.rsplit("/", 1)[-1].startswith("checkpoint_"):
+            continue
+        folder = os.path.join(local, uri.rsplit("/", 1)[-1])
+        loc = storage.resolve(uri)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            pafs.copy_files(loc.path, folder, source_filesystem=loc.fs)
+            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)
+        except (OSError, RuntimeError, EOFError, ValueError):
+            continue
+        if state.get("files") == _model_files(os.path.join(folder, MODEL_DIR)):
+            return folder, state
+    return None
+
+
 def _write_metrics(storage: Storage, out: str, history: list[dict[str, Any]]) -> None:
     loc = storage.resolve(join(out, METRICS_FILE))
     with loc.fs.open_output_stream(loc.path) as f:
@@ -199,11 +232,9 @@ def train_worker(config: dict[str, Any]) -> None:
 
     with tempfile.TemporaryDirectory(prefix="cpr-train-") as tmp:
         model_path, state = plan.model, None
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is not None:  # a restart, or a rerun of the same OUT
-            restored = checkpoint.to_directory(os.path.join(tmp, "restored"))
-            state = torch.load(os.path.join(restored, "state.pt"), weights_only=False)
-            model_path = os.path.join(restored, MODEL_DIR)
+        restored = _newest_checkpoint(storage, plan.out, os.path.join(tmp, "restored"))
+        if restored is not None:  # a restart, or a rerun of the same OUT
+            model_path, state = os.path.join(restored[0], MODEL_DIR), restored[1]
         encoder = Encoder.build(
             model_path, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
         )
@@ -298,6 +329,7 @@ def _checkpoint(
             "scheduler": scheduler.state_dict(),
             "step": step,
             "history": history,
+            "files": _model_files(os.path.join(folder, MODEL_DIR)),
         }
         torch.save(state, os.path.join(folder, "state.pt"))
         _write_metrics(storage, plan.out, history)
