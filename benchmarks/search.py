@@ -123,7 +123,7 @@ def main() -> None:
     flat.add(vectors)
     nq, k = min(args.queries, len(qvec)), args.k
     q = qvec[:nq]
-    queries = [Query(f"q{i}", "") for i in range(nq)]
+    queries = [Query(f"q{i}", f"synthetic query {i}") for i in range(nq)]  # searched by q[i]
     settings = {
         "plain": lambda s: index.search(queries[s], SearchOptions(k=k), vectors=q[s]),
         "filtered": lambda s: index.search(

@@ -4,12 +4,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-from typer.testing import CliRunner
+import pytest
+from typer.testing import CliRunner, Result
 
 from cpr_ray.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def error_line(result: Result) -> str:
+    """The one line a user's mistake prints (exit code 2, no traceback), less its `error: `."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0].removeprefix("error: ")
 
 
 def test_build_with_bad_config_key_fails_before_work(tmp_path):
@@ -42,6 +51,54 @@ def test_stats_on_empty_root(tmp_path):
     result = runner.invoke(app, ["stats", str(tmp_path)])
     assert result.exit_code == 2
     assert "no published stage" in result.output
+
+
+BAD_INPUTS = {
+    "search: no index there": (
+        ["search", "{tmp}/none", "How to fold a protein?"],
+        "{tmp}/none holds no search index (no index.json): build it with cpr index",
+    ),
+    "serve: no index there": (
+        ["serve", "{tmp}/none"],
+        "{tmp}/none holds no search index (no index.json): build it with cpr index",
+    ),
+    "index: a malformed corpus line": (
+        ["index", "--corpus", "{tmp}/corpus", "--model", "{minilm}", "--out", "{tmp}/idx"],
+        "{tmp}/corpus/corpus.jsonl: line 2 is not valid JSON",
+    ),
+    "train: an unreachable S3 --out": (
+        ["train", "--data", "{tmp}/t.jsonl", "--format", "triplets", "--model", "{minilm}"]
+        + ["--out", "s3://cpr-unreachable/run", "--s3-endpoint", "http://127.0.0.1:9"],
+        "cannot reach s3://cpr-unreachable/run/",
+    ),
+    "eval: no export there": (
+        ["eval", "--benchmark", "cpr", "--data", "{tmp}/none", "--retriever", "bm25"],
+        "{tmp}/none is not a CPR export",
+    ),
+    "hydrate: no export there": (
+        ["hydrate", "{tmp}/none", "--s2", "{tmp}/s2"],
+        "{tmp}/none is not a CPR export",
+    ),
+    "stats: no root there": (["stats", "{tmp}/none"], "no published stage under {tmp}/none"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2_before_any_work(case, tmp_path, minilm, monkeypatch):
+    """What a user gets wrong most (a wrong path, a broken file, an endpoint that is not there):
+    one line naming it. (A malformed training line: test_train_ray.py; a dead S2 API:
+    test_refresh.py; a blank query or k out of range: test_search.py.)"""
+
+    def no_serve(cfg):
+        raise AssertionError("Serve started before the index was checked")
+
+    monkeypatch.setattr("cpr_ray.search.serve.run_locally", no_serve)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "corpus.jsonl").write_text('{"corpus_id": 1, "title": "a"}\n{oops\n')
+    (tmp_path / "t.jsonl").write_text('{"query": "How to a?", "positive": "b"}\n')
+    args, message = BAD_INPUTS[case]
+    given = [a.format(tmp=tmp_path, minilm=minilm) for a in args]
+    assert message.format(tmp=tmp_path) in error_line(runner.invoke(app, given))
 
 
 def test_console_script_is_installed():

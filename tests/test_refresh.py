@@ -17,8 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from cpr_ray import buckets, leases
+from cpr_ray.cli import app
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
@@ -30,6 +32,7 @@ from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
 
 from .conftest import S2StandIn, assert_equals_whole_table_mining, start_s2_standin
+from .test_cli import error_line
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -335,3 +338,18 @@ def test_a_refresh_killed_mid_step_then_rerun_ends_where_an_uninterrupted_one_do
         assert a.num_rows == b.num_rows and a.equals(b), name
     changes = [s["changes"] for s in done["killed"]["corpus"]["applied"]]
     assert changes == [s["changes"] for s in done["full"]["corpus"]["applied"]]
+
+
+@pytest.mark.slow
+def test_cpr_refresh_against_a_dead_s2_api_is_one_line(scenario):
+    """On the refreshed build (read only: the refresh stops at its first look at S2)."""
+    overrides = [
+        f"storage.root={scenario['cfg']['full'].storage.root}",
+        "refresh.api_url=http://127.0.0.1:9/datasets/v1",  # nothing listens on port 9
+        "refresh.max_retries=0",
+    ]
+    args = ["refresh", "--profile", "dry-run", "--corpus-only"]
+    result = CliRunner().invoke(
+        app, [*args, *[a for o in overrides for a in ("--set", o)]], env={"S2_API_KEY": "k"}
+    )
+    assert "Semantic Scholar API unreachable at http://127.0.0.1:9/" in error_line(result)

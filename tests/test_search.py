@@ -20,6 +20,7 @@ from cpr_ray.search.index import build_index
 from cpr_ray.search.run import read_queries, run_search
 from cpr_ray.storage import Storage
 from tests.search_corpus import FIELDS, papers, write_export
+from tests.test_cli import error_line
 
 N = 300
 QUERIES = [
@@ -360,18 +361,34 @@ def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Loading weights" not in proc.stderr  # transformers' bar, at every call, says nothing
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["query_id"] for r in lines] == [q.query_id for q in QUERIES]
     for r in lines:
         assert r["query_field_source"] == "inferred" and len(r["hits"]) == 7
         assert {"corpus_id", "score", "title", "field", "year"} <= set(r["hits"][0])
         assert all(h["year"] < 2010 and h["field"] != r["query_field"] for h in r["hits"])
+
+
+@pytest.mark.parametrize(
+    ("query", "k", "message"),
+    [
+        ("", "3", "query q1 is empty"),
+        ("   ", "3", "query q1 is empty"),
+        ("How to fold a protein?", "0", "k 0: hits per query go from 1 to search.max_k (1000)"),
+        ("How to fold a protein?", "1001", "k 1001: hits per query go from 1 to search.max_k"),
+    ],
+)
+def test_cli_refuses_a_blank_query_and_k_out_of_range_in_one_line(built, query, k, message):
+    """Over a real index, so only the check stands between them and ranked papers; the service
+    refuses them with the same check, in the same words (test_search_service.py)."""
     from typer.testing import CliRunner
 
     from cpr_ray.cli import app
 
-    bad = CliRunner().invoke(app, ["search", str(cfg.search.index), "x", "-k", "5000"])
-    assert bad.exit_code == 2 and "search.max_k" in bad.output
+    cfg = built[0]
+    bad = CliRunner().invoke(app, ["search", str(cfg.search.index), query, "-k", k])
+    assert message in error_line(bad)
 
 
 def test_ivf_shards_filter_inside_faiss_and_never_run_short(built, tmp_path):

@@ -122,10 +122,17 @@ def test_service_answers_validates_and_sheds_load(service):
     assert {"corpus_id", "score", "title", "field", "year"} <= set(result["hits"][0])
 
     # the caller's mistakes: a message naming what is wrong, no stack trace
-    status, body = post(url, {"query": "x", "k": 0, "colour": "red"})
-    assert status == 422 and "k:" in body["error"] and "colour" in body["error"]
-    status, body = post(url, {"query": "x", "k": 5000})
-    assert status == 422 and "search.max_k" in body["error"]
+    status, body = post(url, {"query": "x", "colour": "red"})
+    assert status == 422 and "colour" in body["error"]
+    # what `cpr search` refuses, refused by the same checks in the same words
+    for bad, words in (
+        ({"query": "x", "k": 0}, "k 0: hits per query go from 1 to search.max_k (1000)"),
+        ({"query": "x", "k": 5000}, "k 5000: hits per query go from 1 to search.max_k"),
+        ({"query": "   "}, "query q1 is empty"),
+        ({"queries": [{"query": "How to a?"}, {"query": ""}]}, "query q2 is empty"),
+    ):
+        status, body = post(url, bad)
+        assert status == 422 and words in body["error"], (bad, body)
     status, body = post(url, {"queries": [{"query": "a"}] * 33})
     assert status == 422 and "max_queries" in json.dumps(body)
     status, body = post(url, b"{not json")

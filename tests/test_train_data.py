@@ -130,14 +130,19 @@ def test_triplets_jsonl_and_parquet(tmp_path: Path):
 
 
 def test_triplets_whose_every_negatives_list_is_empty_train_in_batch(tmp_path: Path):
-    """Arrow reads a column of only empty lists as list<null>: a list of texts with no items."""
+    """Arrow reads a column of only empty lists as list<null> (from JSON lines, and as Parquet
+    stores it): a list of texts with no items, as the README says."""
     rows = [
         {"query": f"how to do {i}", "positive": f"paper {i}", "negatives": []} for i in range(3)
     ]
-    ex, stats = _read("triplets", _jsonl(tmp_path / "empty.jsonl", rows))
-    assert ex.column("negatives").to_pylist() == [[], [], []]
-    assert ex.column("negative_keys").to_pylist() == [[], [], []]
-    assert stats["examples"] == 3 and stats["max_negatives"] == 0
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "empty.parquet")
+    assert pq.read_schema(tmp_path / "empty.parquet").field("negatives").type == pa.list_(pa.null())
+    for uri in (_jsonl(tmp_path / "empty.jsonl", rows), str(tmp_path / "empty.parquet")):
+        ex, stats = _read("triplets", uri)
+        assert ex.schema.field("negatives").type == pa.list_(pa.string())
+        assert ex.column("negatives").to_pylist() == [[], [], []]
+        assert ex.column("negative_keys").to_pylist() == [[], [], []]
+        assert stats["examples"] == 3 and stats["max_negatives"] == 0
 
 
 def test_triplets_sampling_and_switches(tmp_path: Path):

@@ -201,6 +201,7 @@ def search_command(
                 before=before,
                 hybrid=hybrid,
             )
+            _quiet_model_loading()
             idx = SearchIndex.load(storage, str(cfg.search.index), device=cfg.encoder.device)
             results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
         except UserError as exc:
@@ -225,6 +226,15 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+def _quiet_model_loading() -> None:
+    """Turn off transformers' "Loading weights" bar (and the hub's download bars) in this
+    process, which loads the query encoder itself: the bar, on stderr at every search, adds
+    nothing to the command's own output. Ray workers get the same from `QUIET_ENV`."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
+
 def serve_command(
     index: Annotated[str, typer.Argument(help="Index folder from cpr index (path or s3://…).")],
     host: Annotated[str | None, typer.Option("--host", help="Listen address.")] = None,
@@ -237,6 +247,7 @@ def serve_command(
     set_: SetOpt = None,
 ) -> None:
     """Run the search service (Ray Serve): POST /search, GET /healthz, OpenAPI at /docs."""
+    from cpr_ray.search.index import require_index
     from cpr_ray.search.serve import run_locally
 
     flags = {
@@ -246,6 +257,8 @@ def serve_command(
     }
     try:
         cfg = search_config(profile, config, set_, flags)
+        # here, not in the replicas: a wrong path is one line, not a failed deployment
+        require_index(Storage(cfg.storage), str(cfg.search.index))
         run_locally(cfg)
     except UserError as exc:
         fail(exc)

@@ -31,7 +31,7 @@ from cpr_ray.retrieval.base import top_k_rows
 from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
 from cpr_ray.retrieval.index import VectorIndex
 from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.search.index import read_manifest
+from cpr_ray.search.index import require_index
 from cpr_ray.storage import Storage, StorageError, join
 
 HIT_COLUMNS = ("corpus_id", "title", "year", "field", "domain")
@@ -40,8 +40,18 @@ SCAN_FLOATS = 1 << 25  # scores held at once by a one-scan search (128 MiB)
 
 @dataclass(frozen=True)
 class Query:
+    """One research problem to search with. A blank one is refused here, where every query is
+    made (`cpr search`'s argument or file, the service's request), so the command and the
+    service refuse it alike: searching with nothing ranks papers by no question at all."""
+
     query_id: str
     query: str
+
+    def __post_init__(self) -> None:
+        if not self.query.strip():
+            raise InputError(
+                f'query {self.query_id} is empty: ask a research problem, e.g. "How to …"'
+            )
 
 
 @dataclass(frozen=True)
@@ -112,11 +122,7 @@ class SearchIndex:
     def load(
         cls, storage: Storage, uri: str, *, device: str = "cpu", batch_size: int = 32
     ) -> SearchIndex:
-        manifest = read_manifest(storage, uri)
-        if manifest is None:
-            raise StorageError(
-                f"{uri} holds no search index (no index.json): build it with cpr index"
-            )
+        manifest = require_index(storage, uri)
         docs = storage.read_parquet(join(uri, manifest["docs"]))
         shards = [VectorIndex.load(storage, join(uri, s["path"])) for s in manifest["shards"]]
         enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}

@@ -67,6 +67,15 @@ def read_manifest(storage: Storage, uri: str) -> dict[str, Any] | None:
     return manifest
 
 
+def require_index(storage: Storage, uri: str) -> dict[str, Any]:
+    """The manifest of the index at `uri`; none there is the user's mistake (a wrong path, or
+    an index never built), one line for `cpr search` and for `cpr serve` before Serve starts."""
+    manifest = read_manifest(storage, uri)
+    if manifest is None:
+        raise StorageError(f"{uri} holds no search index (no index.json): build it with cpr index")
+    return manifest
+
+
 def assign_vids(
     ids: pa.ChunkedArray | pa.Array, previous: pa.Table | None
 ) -> tuple[np.ndarray, int]:

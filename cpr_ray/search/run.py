@@ -58,10 +58,12 @@ def run_search(
 
 
 def search_options(cfg: Config, **given: Any) -> SearchOptions:
-    """Options from a request or the command line, with the config's defaults and limits."""
-    k = given.pop("k", None) or cfg.search.k
-    if k > cfg.search.max_k:
-        raise InputError(f"k {k} is above the limit search.max_k ({cfg.search.max_k})")
+    """Options from a request or the command line, with the config's defaults and limits: the
+    one check of k for `cpr search` and the service alike (not given: ``search.k``)."""
+    k = given.pop("k", None)
+    k = cfg.search.k if k is None else k
+    if not 1 <= k <= cfg.search.max_k:
+        raise InputError(f"k {k}: hits per query go from 1 to search.max_k ({cfg.search.max_k})")
     return SearchOptions(
         k=k,
         infer_field_k=cfg.search.infer_field_k,

@@ -6,11 +6,13 @@ and the CLI's options (``k``, ``other_fields_only``, ``field``, ``exclude_fields
 `cpr search --json` prints. ``GET /healthz`` answers once the index is loaded; ``/docs`` and
 ``/openapi.json`` describe the API.
 
-What a client sees when it asks too much: 422 with the fields at fault (a malformed body, k over
-``search.max_k``, too many queries), 413 for a body over ``search.serve.max_body_bytes``, 401
-without the API key (when ``search.serve.api_key_env`` names one), 503 when every replica is busy
-and the bounded queue (``max_queued_requests``) is full, and never a stack trace (500 says to
-read the service log). Replicas autoscale between ``min_replicas`` and ``max_replicas``.
+What a client sees when it asks too much: 422 with the fields at fault (a malformed body, too
+many queries) or with the line `cpr search` prints for the same mistake (a blank query, k
+outside 1 to ``search.max_k``: `Query` and `search_options` check both for both), 413 for a body
+over ``search.serve.max_body_bytes``, 401 without the API key (when ``search.serve.api_key_env``
+names one), 503 when every replica is busy and the bounded queue (``max_queued_requests``) is
+full, and never a stack trace (500 says to read the service log). Replicas autoscale between
+``min_replicas`` and ``max_replicas``.
 
 `cpr serve INDEX` runs it on a local Ray; on a cluster, ``serve deploy infra/serve/search.yaml``
 builds it from :func:`app_builder` with the same config keys.
@@ -37,14 +39,14 @@ QUERY_CHARS = 4000
 class QueryIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query_id: str | None = Field(None, max_length=200)
-    query: str = Field(min_length=1, max_length=QUERY_CHARS)
+    query: str = Field(max_length=QUERY_CHARS)
 
 
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    query: str | None = Field(None, min_length=1, max_length=QUERY_CHARS)
+    query: str | None = Field(None, max_length=QUERY_CHARS)
     queries: list[QueryIn] | None = Field(None, min_length=1)
-    k: int | None = Field(None, ge=1)
+    k: int | None = None
     other_fields_only: bool = False
     field: str | None = None
     exclude_fields: list[str] = Field(default_factory=list)
@@ -131,10 +133,50 @@ def _too_large(limit: int):
     )
 
 
+# the resource Ray gives the head node only: the ingress lives there, off the spot workers
+HEAD_NODE = "node:__internal_head__"
+LOST_REPLICA_RETRIES = 1  # a request whose replica died is sent once more, then answered 503
+
+
+def _queries(request: SearchRequest, max_queries: int) -> list[Any]:
+    """The request's queries, checked as `cpr search` checks them (blank ones refused)."""
+    from fastapi import HTTPException
+
+    from cpr_ray.search.engine import Query
+
+    if request.query is not None:
+        queries = [Query("q1", request.query)]
+    else:
+        queries = [
+            Query(q.query_id or f"q{i}", q.query)
+            for i, q in enumerate(request.queries or [], start=1)
+        ]
+    if len(queries) > max_queries:
+        raise HTTPException(
+            status_code=422,
+            detail=f"{len(queries)} queries, over search.serve.max_queries ({max_queries})",
+        )
+    return queries
+
+
+def _unavailable(detail: str):
+    from fastapi import HTTPException
+
+    return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "1"})
+
+
 def build_app(cfg: Config):
-    """The Serve application over the index at ``search.index``."""
+    """The Serve application over the index at ``search.index``: an ingress on the head node
+    (HTTP, the key, validation) in front of the autoscaling search replicas.
+
+    The split is for node loss. A request that Serve's proxy routes straight to a replica whose
+    node dies in the middle answers 500; through the ingress, a request whose replica was lost
+    is sent again to a live one (`LOST_REPLICA_RETRIES`), and answered 503 with Retry-After
+    only when none is left, so a client never sees a 500 for a lost spot worker."""
     from fastapi import Header, HTTPException
     from ray import serve
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+    from ray.serve.exceptions import BackPressureError
 
     cfg.require("search.index")
     limits = cfg.search.serve
@@ -154,14 +196,12 @@ def build_app(cfg: Config):
         ray_actor_options={"num_cpus": limits.cpus_per_replica},
         health_check_period_s=10,
     )
-    @serve.ingress(api)
-    class SearchService:
+    class SearchReplica:
         def __init__(self, config: str) -> None:
             from cpr_ray.search.engine import SearchIndex
             from cpr_ray.storage import Storage
 
             self.cfg = Config.model_validate_json(config)
-            self.key = api_key(self.cfg.search.serve)
             self.index = SearchIndex.load(
                 Storage(self.cfg.storage),
                 str(self.cfg.search.index),
@@ -169,35 +209,64 @@ def build_app(cfg: Config):
             )
             self.index.encode(["warm-up"])  # the model loads before the first request
 
+        def documents(self) -> int:
+            return len(self.index)
+
+        def search(
+            self, queries: list[Any], opts: Any, rerank: bool, explain: bool
+        ) -> list[dict[str, Any]]:
+            from cpr_ray.search.run import run_search
+
+            return run_search(self.index, queries, opts, self.cfg, rerank=rerank, explain=explain)
+
+    @serve.deployment(
+        name="ingress",
+        # small and stateless: enough ongoing requests to hold every replica's, and their queues
+        max_ongoing_requests=max(
+            100, limits.max_replicas * (limits.max_ongoing_requests + limits.max_queued_requests)
+        ),
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
+    )
+    @serve.ingress(api)
+    class SearchIngress:
+        def __init__(self, replicas: Any, config: str) -> None:
+            self.replicas = replicas
+            self.cfg = Config.model_validate_json(config)
+            self.key = api_key(self.cfg.search.serve)
+
         def _check_key(self, given: str | None) -> None:
             if self.key is not None and not hmac.compare_digest(given or "", self.key):
                 raise HTTPException(status_code=401, detail="missing or wrong X-API-Key")
 
+        async def _call(self, method: str, *args: Any) -> Any:
+            """One call to a replica: a lost replica's request once more, then 503; a full
+            queue at once 503; a user's mistake found by the replica its 422."""
+            from cpr_ray.ray_runtime import user_error_in
+
+            for attempt in range(LOST_REPLICA_RETRIES + 1):
+                try:
+                    return await getattr(self.replicas, method).remote(*args)
+                except BackPressureError:
+                    raise _unavailable("every search replica is busy: retry shortly") from None
+                except (ActorDiedError, ActorUnavailableError):
+                    log.warning("a search replica was lost mid-request (attempt %d)", attempt + 1)
+                except UserError as exc:  # raised in the replica: its line, not Ray's wrapper
+                    raise (user_error_in(exc) or exc) from None
+            raise _unavailable("a search replica was lost: retry shortly")
+
         @api.get("/healthz")
-        def healthz(self) -> dict[str, Any]:
-            return {"status": "ok", "documents": len(self.index), "index": self.cfg.search.index}
+        async def healthz(self) -> dict[str, Any]:
+            documents = await self._call("documents")
+            return {"status": "ok", "documents": documents, "index": self.cfg.search.index}
 
         @api.post("/search")
-        def search(
+        async def search(
             self, request: SearchRequest, x_api_key: str | None = Header(None)
         ) -> dict[str, Any]:
-            from cpr_ray.search.engine import Query
-            from cpr_ray.search.run import run_search, search_options
+            from cpr_ray.search.run import search_options
 
             self._check_key(x_api_key)
-            if request.query is not None:
-                queries = [Query("q1", request.query)]
-            else:
-                queries = [
-                    Query(q.query_id or f"q{i}", q.query)
-                    for i, q in enumerate(request.queries or [], start=1)
-                ]
-            if len(queries) > self.cfg.search.serve.max_queries:
-                raise HTTPException(
-                    status_code=422,
-                    detail=f"{len(queries)} queries, over search.serve.max_queries "
-                    f"({self.cfg.search.serve.max_queries})",
-                )
+            queries = _queries(request, self.cfg.search.serve.max_queries)
             opts = search_options(
                 self.cfg,
                 k=request.k,
@@ -207,17 +276,12 @@ def build_app(cfg: Config):
                 before=request.before,
                 hybrid=request.hybrid,
             )
-            results = run_search(
-                self.index,
-                queries,
-                opts,
-                self.cfg,
-                rerank=request.rerank == "llm",
-                explain=request.explain,
+            results = await self._call(
+                "search", queries, opts, request.rerank == "llm", request.explain
             )
             return {"results": results}
 
-    return SearchService.bind(config_json)
+    return SearchIngress.bind(SearchReplica.bind(config_json), config_json)
 
 
 def app_builder(args: dict[str, Any]):
@@ -246,7 +310,10 @@ def run_locally(cfg: Config) -> None:
     ensure_ray(cfg.ray)  # replicas' access logs stay in Ray's log files
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     quiet = {"log_level": "WARNING"}  # the controller's and proxy's INFO lines, on the console
-    serve.start(http_options={"host": limits.host, "port": limits.port}, logging_config=quiet)
+    # one proxy, on the head: the URL printed is the service's whatever node its replicas are
+    # on, and losing a worker node (a spot instance) never takes the entry point with it
+    http = {"host": limits.host, "port": limits.port, "location": "HeadOnly"}
+    serve.start(http_options=http, logging_config=quiet)
     serve.run(app, name="cpr-search", route_prefix="/")
     url = f"http://{limits.host}:{limits.port}"
     console.print(
