@@ -9,16 +9,19 @@ are real. It serves, in the API's documented JSON shapes, what a fixture folder 
 - ``GET /datasets/v1/release/`` → the release ids; ``/release/latest`` → ``{"release_id", …}``
 - ``GET /datasets/v1/diffs/{start}/to/{end|latest}/{dataset}`` → ``{"dataset",
   "start_release", "end_release", "diffs": [{"from_release", "to_release", "update_files",
-  "delete_files"}]}``, the files as URLs with a fake expiring signature in the query string.
+  "delete_files"}]}``, the files as URLs with a fake expiring signature in the query string
+  (``X-Amz-Signature=`` the ``--signature`` text, default ``secret``, and a request count).
 - ``GET /files/...`` → a file's bytes.
 
 With ``--api-key K`` every API request must carry ``x-api-key: K`` (else 403). Test controls:
 ``POST /_faults`` queues faults for the next API requests (``{"kind": "429", "retry_after":
-1}``, ``{"kind": "500"}``); ``POST /_stall {"match": "citations"}`` makes downloads whose path
-contains the text hang until the process is killed; ``GET /_stats`` counts requests by kind
-and reports whether a key was ever missing; ``POST /_reset`` clears them.
+1}``, ``{"kind": "500"}``), or with ``"on": "files"`` for the next downloads (``{"kind": "403",
+"on": "files"}``: a pre-signed URL that expired); ``POST /_stall {"match": "citations"}`` makes
+downloads whose path contains the text hang until the process is killed; ``GET /_stats``
+counts requests by kind and reports whether a key was ever missing; ``POST /_reset`` clears
+them.
 
-Run: python tests/s2_standin.py --root DIR --port PORT [--api-key K]
+Run: python tests/s2_standin.py --root DIR --port PORT [--api-key K] [--signature S]
 """
 
 from __future__ import annotations
@@ -32,8 +35,13 @@ from pathlib import Path
 from aiohttp import web
 
 
-def make_app(root: Path, api_key: str | None) -> web.Application:
-    state: dict = {"faults": [], "stall": [], "stats": Counter(), "bad_key": 0}
+def make_app(root: Path, api_key: str | None, signature: str = "secret") -> web.Application:
+    state: dict = {"faults": [], "file_faults": [], "stall": [], "stats": Counter(), "bad_key": 0}
+
+    def fault_response(fault: dict) -> web.Response:
+        state["stats"][f"fault_{fault['kind']}"] += 1
+        headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else {}
+        return web.json_response({"message": "fault"}, status=int(fault["kind"]), headers=headers)
 
     def releases() -> list[str]:
         return json.loads((root / "releases.json").read_text())
@@ -44,12 +52,7 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
             state["bad_key"] += 1
             return web.json_response({"message": "Forbidden"}, status=403)
         if state["faults"]:
-            fault = state["faults"].pop(0)
-            state["stats"][f"fault_{fault['kind']}"] += 1
-            headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else {}
-            return web.json_response(
-                {"message": "fault"}, status=int(fault["kind"]), headers=headers
-            )
+            return fault_response(state["faults"].pop(0))
         return None
 
     async def release_list(request: web.Request) -> web.Response:
@@ -79,7 +82,7 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
             def urls(kind: str, folder: Path = folder, a: str = a, b: str = b) -> list[str]:
                 files = sorted(folder.glob(f"{kind}-*.jsonl.gz")) if folder.is_dir() else []
                 return [
-                    f"{base}/{a}/{b}/{dataset}/{f.name}?X-Amz-Signature=secret{state['stats']['api']}"
+                    f"{base}/{a}/{b}/{dataset}/{f.name}?X-Amz-Signature={signature}{state['stats']['api']}"
                     for f in files
                 ]
 
@@ -98,6 +101,8 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
     async def files(request: web.Request) -> web.StreamResponse:
         rel = request.match_info["path"]
         state["stats"]["file"] += 1
+        if state["file_faults"]:
+            return fault_response(state["file_faults"].pop(0))
         if any(m in rel for m in state["stall"]):
             state["stats"]["stalled"] += 1
             await asyncio.sleep(3600)
@@ -107,8 +112,9 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
         return web.Response(body=path.read_bytes(), content_type="application/gzip")
 
     async def faults(request: web.Request) -> web.Response:
-        state["faults"].extend(await request.json())
-        return web.json_response({"queued": len(state["faults"])})
+        for fault in await request.json():
+            state["file_faults" if fault.get("on") == "files" else "faults"].append(fault)
+        return web.json_response({"queued": len(state["faults"]) + len(state["file_faults"])})
 
     async def stall(request: web.Request) -> web.Response:
         state["stall"].append((await request.json())["match"])
@@ -118,7 +124,7 @@ def make_app(root: Path, api_key: str | None) -> web.Application:
         return web.json_response({**state["stats"], "bad_key": state["bad_key"]})
 
     async def reset(request: web.Request) -> web.Response:
-        state.update(faults=[], stall=[], stats=Counter(), bad_key=0)
+        state.update(faults=[], file_faults=[], stall=[], stats=Counter(), bad_key=0)
         return web.json_response({})
 
     app = web.Application()
@@ -138,10 +144,11 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--api-key")
+    parser.add_argument("--signature", default="secret", help="the fake URL signature's text")
     args = parser.parse_args()
     # a stalled download must not hold the shutdown for aiohttp's default minute
     web.run_app(
-        make_app(args.root, args.api_key),
+        make_app(args.root, args.api_key, args.signature),
         host="127.0.0.1",
         port=args.port,
         print=None,

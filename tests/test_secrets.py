@@ -1,0 +1,452 @@
+"""No secret is written anywhere: the LLM key, the S2 key, the search service's key and a
+pre-signed URL's signature never reach a log, manifest, ledger, cache, stats file, console line
+or error message of a build, a refresh or the search service, on success or on refusal.
+
+Every secret is a sentinel no other test uses, and every process gets all of them, so a leak of
+any one anywhere is found. After each run every file under the build root (or the index and
+the service's log) and the Ray session's folder is searched for the sentinels' bytes, Parquet
+and Lance tables and gzip files also decoded (their pages may be compressed), as well as what
+the run printed and the error it ended with. The LLM endpoint checks the key (so a run that
+passes did carry it) and, refusing one, quotes it back in its 401 body as careless servers do.
+
+Build and service run in their own process and local Ray, the keys in the environment they
+start with, so Ray's workers have them as on a cluster (`infra/launcher/node-env.sh`); the
+refresh and the refusals, whose keys only the driver reads, run here on the session's Ray.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from cpr_ray.cli import app
+from cpr_ray.config import load_config, sample_dir
+from cpr_ray.sample.diffs import make_diff
+from cpr_ray.search.index import build_index
+from tests.conftest import S2StandIn, _free_port, copy_build, start_local_server
+from tests.search_corpus import papers, write_export
+from tests.test_llm_reliability import cpr_build, published
+from tests.test_search_service import post
+
+OPENAI_KEY = "sk-SENTINEL-openai-4c1d9e7a2b"
+WRONG_OPENAI_KEY = "sk-SENTINEL-revoked-8e2f61d0"
+S2_KEY = "s2-SENTINEL-key-b7093c5e"
+WRONG_S2_KEY = "s2-SENTINEL-revoked-61fa2d94"
+SERVICE_KEY = "svc-SENTINEL-key-2d8c4f11"
+WRONG_SERVICE_KEY = "svc-SENTINEL-wrong-93b0e6a7"
+SIGNATURE = "SENTINELsig5e1f0c9a77d2"  # the stand-in appends a request count
+SECRETS = (
+    OPENAI_KEY,
+    WRONG_OPENAI_KEY,
+    S2_KEY,
+    WRONG_S2_KEY,
+    SERVICE_KEY,
+    WRONG_SERVICE_KEY,
+    SIGNATURE,
+)
+# every key in the environment of every process under test (the service's variable as infra's)
+KEYS_ENV = {"OPENAI_API_KEY": OPENAI_KEY, "S2_API_KEY": S2_KEY, "CPR_SEARCH_API_KEY": SERVICE_KEY}
+OLD, NEW = "2026-11-25", "2026-12-02"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- looking for the sentinels ----------------------------------------------------------------
+
+
+def _decoded(path: Path, data: bytes) -> Iterator[bytes]:
+    """The file's bytes, and what a compressed or columnar file holds once decoded."""
+    yield data
+    if data[:2] == b"\x1f\x8b":
+        try:
+            yield gzip.decompress(data)
+        except (OSError, EOFError):
+            pass
+    if data[:4] == b"PAR1":
+        try:
+            table = pq.read_table(path)
+            yield repr(table.schema.metadata).encode() + repr(table.to_pylist()).encode()
+        except Exception:  # a part being written, a foreign file: its raw bytes were searched
+            pass
+
+
+def _lance_tables(folder: Path) -> Iterator[tuple[Path, bytes]]:
+    """Every version of every Lance dataset under `folder`, decoded."""
+    for versions in folder.rglob("_versions"):
+        uri = versions.parent
+        try:
+            versions = [v["version"] for v in lance.dataset(str(uri)).versions()]
+            for v in versions:
+                rows = lance.dataset(str(uri), version=v).to_table().to_pylist()
+                yield uri, repr(rows).encode()
+        except Exception:  # not a dataset after all; its files' bytes were searched
+            continue
+
+
+def leaks(places: Iterable[Path | str], *texts: str) -> list[str]:
+    """Where any sentinel appears: 'path: sentinel' for files (bytes, decoded too), 'text N:
+    sentinel' for printed output and messages."""
+    needles = [s.encode() for s in SECRETS]
+    found = []
+    for i, text in enumerate(texts):
+        found += [f"text {i}: {s}" for s in SECRETS if s in text]
+    for place in map(Path, places):
+        files = place.rglob("*") if place.is_dir() else [place]
+        for path in files:
+            if path.is_symlink() or not path.is_file():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:  # gone meanwhile (a Ray socket, a temporary part)
+                continue
+            for blob in _decoded(path, data):
+                found += [f"{path}: {n.decode()}" for n in needles if n in blob]
+        if place.is_dir():
+            for uri, blob in _lance_tables(place):
+                found += [f"{uri} (decoded): {n.decode()}" for n in needles if n in blob]
+    return sorted(set(found))
+
+
+def assert_no_secret(places: Iterable[Path | str], *texts: str) -> None:
+    found = leaks(places, *texts)
+    assert not found, "secrets written:\n" + "\n".join(found)
+
+
+def searched(places: Iterable[Path | str]) -> int:
+    """How many files `leaks` read: a search of nothing proves nothing."""
+    return sum(
+        1
+        for place in map(Path, places)
+        for p in (place.rglob("*") if place.is_dir() else [place])
+        if p.is_file()
+    )
+
+
+def session_dir() -> Path:
+    """This process's Ray session folder (its logs/ is where Ray tracebacks of errors go)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return Path(ctx.get_temp_dir()) / ctx.get_session_name()
+
+
+def ray_temp_dir() -> str:
+    """A fresh temp folder for a child's own local Ray (short: socket paths must fit)."""
+    return tempfile.mkdtemp(prefix="cprsec-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
+
+
+def test_the_search_finds_a_secret_in_every_kind_of_file(tmp_path):
+    """A search that could not see into compressed files would pass vacuously."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "worker.log").write_text(f"Authorization: Bearer {OPENAI_KEY}\n")
+    (tmp_path / "update-00000.jsonl.gz").write_bytes(gzip.compress(S2_KEY.encode()))
+    rows = {"error": [f"GET /f?X-Amz-Signature={SIGNATURE}{i}" for i in range(500)]}
+    pq.write_table(pa.table(rows), tmp_path / "ledger.parquet", compression="zstd")
+    lance.write_dataset(pa.table({"key": [SERVICE_KEY] * 500}), str(tmp_path / "t.lance"))
+    found = leaks([tmp_path], f"401: {WRONG_S2_KEY}")
+    assert "text 0: " + WRONG_S2_KEY in found
+    for where, secret in [
+        ("worker.log", OPENAI_KEY),
+        ("update-00000.jsonl.gz", S2_KEY),
+        ("ledger.parquet", SIGNATURE),
+        ("t.lance (decoded)", SERVICE_KEY),
+    ]:
+        assert any(f.endswith(f"{where}: {secret}") for f in found), (where, found)
+
+
+# -- an LLM endpoint that checks the key ------------------------------------------------------
+
+
+class KeyCheckingEndpoint:
+    """In front of the scripted model: a request bearing `key` is passed on; any other is
+    refused with 401, its body quoting the key it was given. `seen` holds each request's
+    Authorization header."""
+
+    def __init__(self, upstream: str, key: str) -> None:
+        self.seen: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                given = self.headers.get("Authorization", "")
+                outer.seen.append(given)
+                if given != f"Bearer {key}":
+                    message = f"Incorrect API key provided: {given.removeprefix('Bearer ')}"
+                    self._send(401, json.dumps({"error": {"message": message}}).encode())
+                    return
+                req = urllib.request.Request(
+                    upstream + self.path,
+                    data=body if self.command == "POST" else None,
+                    headers={"Content-Type": "application/json"},
+                    method=self.command,
+                )
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as resp:
+                        self._send(resp.status, resp.read(), resp.headers.get("Content-Type"))
+                except urllib.error.HTTPError as exc:
+                    self._send(exc.code, exc.read(), exc.headers.get("Content-Type"))
+
+            def _send(self, status: int, body: bytes, ctype: str | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype or "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _relay
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def endpoint(scripted_llm) -> Iterator[KeyCheckingEndpoint]:
+    scripted_llm.reset()
+    proxy = KeyCheckingEndpoint(scripted_llm.url, OPENAI_KEY)
+    yield proxy
+    proxy.close()
+
+
+# -- a build ------------------------------------------------------------------------------------
+
+
+def test_a_build_carries_the_llm_key_and_writes_it_nowhere(sample_mined, endpoint, llm, tmp_path):
+    """`cpr build` in its own process and its own local Ray, as a user runs it: the key is in the
+    environment of the driver and of every LLM actor. One row's calls fail (two 500s), so an
+    error is in the ledger too."""
+    root = copy_build(sample_mined, tmp_path / "build")
+    ray_tmp = ray_temp_dir()
+    llm.faults({"kind": "500"}, {"kind": "500"})
+    endpoint.seen.clear()
+    cmd = [
+        sys.executable, "-m", "cpr_ray.cli", "build", "--profile", "dry-run",
+        "--stages", "judge-analogy", "--llm-base-url", endpoint.base_url, "--llm-model", "scripted",
+        "--set", "llm.stages={}", "--set", f"storage.root={root}",
+        "--set", "llm.max_rows_per_stage=8", "--set", "llm.actors=1",
+        "--set", "llm.max_in_flight=1", "--set", "llm.max_retries=1",
+        "--set", "llm.backoff_base_s=0.05", "--set", "llm.max_failure_rate=0.5",
+        "--set", "ray.num_cpus=2", "--set", f"ray.temp_dir={ray_tmp}",
+    ]  # fmt: skip
+    try:
+        run = subprocess.run(
+            cmd,
+            env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": "", "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        stats = published(root)["stats"]
+        assert stats["new_failed"] == 1 and stats["new_ok"] + stats["new_invalid"] == 7, stats
+        # the endpoint checked the key: the probe and every chat call carried it
+        assert len(endpoint.seen) >= 10 and set(endpoint.seen) == {f"Bearer {OPENAI_KEY}"}
+        assert searched([root / "_llm" / "ledger", ray_tmp]) > 20
+        # the env_vars our code ships to Ray's workers are in Ray's logs (runtime_env_agent.log):
+        # a key shipped that way would be found below
+        logs = [f for f in Path(ray_tmp).rglob("*.log") if f.is_file()]
+        assert any(b'"LANCE_LOG": "error"' in f.read_bytes() for f in logs)
+        shown = CliRunner().invoke(app, ["stats", str(root)], env={"COLUMNS": "400"})
+        assert shown.exit_code == 0 and "judge-analogy" in shown.output, shown.output
+        assert_no_secret([root, ray_tmp], run.stdout, run.stderr, shown.output)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_a_refused_llm_key_is_named_by_its_variable_never_by_its_value(
+    sample_mined, endpoint, llm, tmp_path, monkeypatch, capfd
+):
+    root = copy_build(sample_mined, tmp_path / "build")
+    monkeypatch.setenv("OPENAI_API_KEY", WRONG_OPENAI_KEY)
+    code, out = cpr_build(root, endpoint.base_url)
+    assert code == 2, out
+    [line] = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    assert "refused the API key (HTTP 401); set $OPENAI_API_KEY" in line
+    assert endpoint.seen[-1] == f"Bearer {WRONG_OPENAI_KEY}"  # sent, refused, quoted back
+    captured = capfd.readouterr()
+    assert_no_secret([root, session_dir()], out, captured.out, captured.err)
+
+
+# -- a refresh ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s2(sample_mined, tmp_path_factory) -> Iterator[S2StandIn]:
+    """The Datasets API stand-in demanding `S2_KEY`, signing its file URLs with `SIGNATURE`,
+    serving one release step made from the mined sample."""
+    tmp = tmp_path_factory.mktemp("s2")
+    root = tmp / "api"
+    root.mkdir()
+    (root / "releases.json").write_text(json.dumps([OLD, NEW]))
+    mine = json.loads((sample_mined / "mine" / "_MANIFEST.json").read_text())
+    make_diff(
+        sample_dir() / "s2",
+        shutil.copytree(sample_dir() / "openalex", tmp / "openalex"),  # not read by the refresh
+        root,
+        pq.read_table(mine["tables"]["pairs"]["uri"]),
+        releases=(OLD, NEW),
+        new=1,
+        changed=1,
+        deleted=1,
+        deleted_citations=1,
+        unpaired_changes=1,
+        openalex_date="2026-12-01",
+    )
+    script = str(Path(__file__).parent / "s2_standin.py")
+    args = [sys.executable, script, "--root", str(root), "--port", "{port}"]
+    proc, url = start_local_server(
+        [*args, "--api-key", S2_KEY, "--signature", SIGNATURE], "/_stats", tmp / "standin.log"
+    )
+    yield S2StandIn(url, root)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def cpr_refresh(root: Path, s2: S2StandIn) -> tuple[int, str]:
+    """`cpr refresh --corpus-only` in this process (the key is read by the driver only)."""
+    sets = [
+        f"storage.root={root}",
+        f"refresh.base_release={OLD}",
+        f"refresh.api_url={s2.api_url}",
+        "refresh.requests_per_second=50",
+        "refresh.max_retries=0",
+        "refresh.retain_versions_days=0",
+    ]
+    args = ["refresh", "--profile", "dry-run", "--corpus-only"]
+    result = CliRunner().invoke(
+        app, [*args, *[a for s in sets for a in ("--set", s)]], env={"COLUMNS": "400"}
+    )
+    return result.exit_code, result.output
+
+
+def error_line(out: str) -> str:
+    [line] = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    return line
+
+
+def test_a_refresh_shows_neither_the_s2_key_nor_a_url_signature(
+    sample_mined, s2, tmp_path, monkeypatch, capfd
+):
+    root = copy_build(sample_mined, tmp_path / "build")
+    for name, value in KEYS_ENV.items():
+        monkeypatch.setenv(name, value)
+    outputs = []
+
+    monkeypatch.setenv("S2_API_KEY", WRONG_S2_KEY)  # a revoked key
+    code, out = cpr_refresh(root, s2)
+    outputs.append(out)
+    assert code == 2 and "Semantic Scholar refused" in error_line(out), out
+    assert "(HTTP 403): set a valid API key" in error_line(out)
+
+    monkeypatch.setenv("S2_API_KEY", S2_KEY)
+    s2.reset()
+    s2.faults({"kind": "403", "on": "files"})  # a pre-signed URL that expired
+    code, out = cpr_refresh(root, s2)
+    outputs.append(out)
+    line = error_line(out)
+    assert code == 2 and f"refused {s2.url}/files/{OLD}/{NEW}/papers/update-" in line, out
+    assert "?" not in line.split("refused ", 1)[1].split(" ")[0]  # the URL, no query string
+
+    code, out = cpr_refresh(root, s2)  # the endpoint is fine again
+    outputs.append(out)
+    assert code == 0 and f"corpus: S2 {OLD} → {NEW}, 1 release step(s) applied" in out, out
+    stats = s2.stats()
+    assert stats["file"] >= 4 and stats["bad_key"] == 0, stats  # signed URLs fetched, key sent
+
+    captured = capfd.readouterr()
+    assert searched([root / "_refresh", root / "ingest"]) > 5
+    assert_no_secret([root, session_dir()], *outputs, captured.out, captured.err)
+
+
+# -- the search service -------------------------------------------------------------------------
+
+
+def small_index(minilm: str, tmp: Path, monkeypatch) -> Path:
+    """An index of 24 papers, encoded in this process: the Ray encoder pool is `cpr index`'s
+    business (tests/test_search.py), and no secret is near it."""
+    from cpr_ray.retrieval.encoder import DenseEncoder
+    from cpr_ray.search import index
+
+    monkeypatch.setattr(
+        index,
+        "encode",
+        lambda texts, spec, options, label: DenseEncoder(spec).encode_docs(
+            texts.sort_by("row")["text"].to_pylist()
+        ),
+    )
+    export = write_export(tmp / "export", papers(24))
+    flags = {"search.corpus": str(export), "search.out": str(tmp / "idx"), "encoder.model": minilm}
+    build_index(load_config(flags=flags))
+    return tmp / "idx"
+
+
+def test_the_search_service_checks_its_key_and_shows_no_key(
+    minilm, ray_session, tmp_path, monkeypatch
+):
+    """`cpr serve` in its own process and Ray, its replicas reading the service key from their
+    environment: a search with the right key, the wrong key and none, then SIGTERM; nothing it
+    wrote or answered holds a secret."""
+    idx = small_index(minilm, tmp_path, monkeypatch)
+    ray_tmp = ray_temp_dir()
+    port = _free_port()
+    sets = [
+        "search.serve.api_key_env=CPR_SEARCH_API_KEY",
+        "ray.num_cpus=2",
+        f"ray.temp_dir={ray_tmp}",
+    ]
+    cmd = [sys.executable, "-m", "cpr_ray.cli", "serve", str(idx), "--port", str(port)]
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*cmd, *[a for s in sets for a in ("--set", s)]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        # its "serving" line comes after Serve answers, just before it takes over SIGTERM
+        deadline = time.time() + 180
+        while f"serving {idx} at" not in log_path.read_text():
+            assert proc.poll() is None and time.time() < deadline, log_path.read_text()
+            time.sleep(0.5)
+        query = {"query": "How to fold a protein?", "k": 2}
+        answers = [post(url, query, key=k) for k in (SERVICE_KEY, WRONG_SERVICE_KEY, None)]
+        assert [s for s, _ in answers] == [200, 401, 401], answers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
+        assert searched([ray_tmp]) > 20
+        assert_no_secret([log_path, idx, ray_tmp], json.dumps(answers))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
