@@ -372,12 +372,14 @@ def sample_positives(
 
 LONGEST_FIRST = (
     "test_dry_run.py",
+    "test_node_loss.py",
     "test_pooling_stage.py",
     "test_jobs.py",
     "test_refresh.py",
     "test_llm_reliability.py",
     "test_train_ray.py",
     "test_search_service.py",
+    "test_secrets.py",
     "test_ingest.py",
     "test_mine.py",
 )

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import lance
+import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 
@@ -267,3 +268,64 @@ def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fail
         .to_pylist()
     )
     assert papers.is_s3 and {d for _, d in plan.new_pairs} <= ids and not ids & plan.deleted_papers
+
+
+def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_for_the_rest(
+    ray_head, s3_endpoint, s3_bucket, scripted_llm, tmp_path
+):
+    """`ray job submit` of a build through judge-analogy; once four rows are answered the
+    endpoint holds every request and the job's driver is killed (SIGKILL: no handler runs, and
+    Ray ends the job's actors with it). The same job submitted again skips the published
+    stages, serves the four answers from the cache and asks only for the other rows: the
+    endpoint answers each row once, and the ledger has one row per answer."""
+    from ray.job_submission import JobSubmissionClient
+
+    rows = 8
+    root = f"s3://{s3_bucket}/build"
+    scripted_llm.reset()
+    scripted_llm.latency(300)
+    settings = [
+        f"storage.root={root}",
+        f"storage.s3_endpoint={s3_endpoint}",
+        f"llm.base_url={scripted_llm.base_url}",
+        "llm.stages={}",
+        "llm.model=scripted",
+        "llm.actors=1",
+        "llm.max_in_flight=2",
+        f"llm.max_rows_per_stage={rows}",
+    ]
+    creds = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
+    job = [
+        "python", "jobs/build_dataset.py", "--profile", "dry-run",
+        "--stages", "ingest,venues,mine,judge-analogy",
+        *[a for s in settings for a in ("--set", s)],
+    ]  # fmt: skip
+    submit(ray_head, "judge-1", creds, *job)
+    client = JobSubmissionClient(ray_head)
+    deadline = time.time() + 600
+    while scripted_llm.stats().get("answered", 0) < 4:
+        assert time.time() < deadline and client.get_job_status("judge-1").value == "RUNNING", (
+            client.get_job_logs("judge-1")[-3000:]
+        )
+        time.sleep(0.05)
+    scripted_llm.pause()
+    time.sleep(1.5)  # the answers received reach the cache (at most half a second behind)
+    answered_before = scripted_llm.stats()["answered"]
+    os.kill(client.get_job_info("judge-1").driver_info.pid, signal.SIGKILL)
+    status, _ = wait(ray_head, "judge-1")
+    assert status == "FAILED"
+    scripted_llm.resume()
+
+    submit(ray_head, "judge-2", creds, *job)
+    status, logs = wait(ray_head, "judge-2")
+    assert status == "SUCCEEDED", logs[-3000:]
+    for stage in ("ingest", "venues", "mine"):
+        assert f"{stage}: skipped, output of run" in logs
+    storage = Storage(load_config("dry-run", env={}, overrides=settings[:2]).storage)
+    judged = storage.read_json(f"{root}/judge-analogy/_MANIFEST.json")["stats"]
+    assert (judged["cached"], judged["asked"]) == (answered_before, rows - answered_before)
+    assert scripted_llm.stats()["answered"] == rows  # each row paid for once
+    loc = storage.resolve(f"{root}/_llm/ledger/judge-analogy")
+    ledger = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table()
+    keys = ledger.filter(pds.field("status") == "ok")["request_key"].to_pylist()
+    assert len(keys) == len(set(keys)) == rows

@@ -13,6 +13,7 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -144,8 +145,6 @@ def lose_node_running(
 
 
 def published_table(root: Path, stage: str, table: str):
-    import json
-
     manifest = json.loads((root / stage / "_MANIFEST.json").read_text())
     return pds.dataset(manifest["tables"][table]["uri"], format="parquet").to_table()
 
@@ -205,8 +204,6 @@ def test_an_llm_stage_goes_on_when_an_actor_node_is_lost_and_pays_each_row_once(
 
 
 def _table(root: Path, stage: str, name: str):
-    import json
-
     import lance
 
     entry = json.loads((root / stage / "_MANIFEST.json").read_text())["tables"][name]
@@ -305,3 +302,152 @@ def test_an_index_build_re_encodes_a_lost_encoder_actors_batches_elsewhere(
     ]
     expected = DenseEncoder(EncoderSpec(minilm)).encode_docs(texts)
     np.testing.assert_allclose(vectors[sample], expected, atol=1e-4)
+
+
+# -- training --------------------------------------------------------------------------------------
+
+TRAIN_STEPS = 8
+
+
+def cpr_train(cluster: LosableCluster, data: str, model: str, out: Path) -> subprocess.Popen:
+    return driver(
+        cluster, "train", "--format", "triplets", "--data", data, "--model", model,
+        "--out", str(out), "--set", "train.workers=2", "--set", "train.batch_size=4",
+        "--set", "train.max_length=32", "--set", f"train.epochs={TRAIN_STEPS // 2}",
+        "--set", "train.lr=1e-4", "--set", "train.checkpoint_every=2",
+        "--set", "train.max_failures=1",
+        "--set", "train.resources_per_worker={cpr_gpu_node: 1}",
+    )  # fmt: skip
+
+
+def _steps_done(out: Path) -> int:
+    metrics = out / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
+def _weights(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return {
+        f"{path.name}:{name}": tensor
+        for path in sorted(folder.rglob("*.safetensors"))
+        for name, tensor in load_file(path).items()
+    }
+
+
+def test_training_restores_from_its_checkpoint_when_a_worker_node_is_lost(
+    cluster: LosableCluster, minilm: str, tmp_path: Path
+):
+    """Two Ray Train workers, one per worker node (each needs `cpr_gpu_node`), checkpointing
+    every two steps: once the first checkpoint is written, one worker's node is removed. Ray
+    Train (one failure allowed) starts the group again on the new node from the newest
+    checkpoint, and the run ends with the weights of an uninterrupted run of the same seed."""
+    from tests.test_train_ray import _triplets
+    from tests.test_train_step import make_tiny_bert
+
+    model = make_tiny_bert(minilm, tmp_path / "tiny-bert")
+    data = _triplets(tmp_path / "train.jsonl")
+    out = tmp_path / "lost"
+    proc = cpr_train(cluster, data, model, out)
+    lose_node_running(cluster, "RayTrainWorker", lambda: _steps_done(out) >= 2, proc)
+    printed = finish(proc, timeout_s=300)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, TRAIN_STEPS + 1)), printed
+    assert max(r["resumed_from"] for r in rows) >= 2, printed  # it restored from a checkpoint
+
+    whole = tmp_path / "uninterrupted"
+    finish(cpr_train(cluster, data, model, whole), timeout_s=300)
+    lost, expected = _weights(out / "model"), _weights(whole / "model")
+    assert lost.keys() == expected.keys() and lost
+    for name, tensor in expected.items():
+        np.testing.assert_allclose(lost[name], tensor, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# -- the search service ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ask(url: str, timeout_s: float) -> tuple[int, float]:
+    """POST one search; (HTTP status, seconds), status 0 when no answer came in time."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"query": "How to train a neural network classifier?", "k": 3}).encode()
+    req = urllib.request.Request(
+        f"{url}/search", data=body, headers={"Content-Type": "application/json"}
+    )
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            resp.read()
+            return resp.status, time.monotonic() - started
+    except urllib.error.HTTPError as exc:
+        return exc.code, time.monotonic() - started
+    except OSError:
+        return 0, time.monotonic() - started
+
+
+def test_the_search_service_answers_200_or_503_while_a_replica_node_is_lost(
+    cluster: LosableCluster, minilm: str, tmp_path: Path
+):
+    """`cpr serve` with two replicas, one per worker: four clients send searches without pause;
+    once each has had answers, one replica's node is removed. Every request gets 200 or 503
+    within the request timeout (never a 500 or a hang), and the service answers 200 again
+    within a bounded time, on the surviving replica and then on its replacement."""
+    import threading
+
+    from .search_corpus import papers, write_export
+
+    export = write_export(tmp_path / "export", papers(200))
+    index = tmp_path / "index"
+    finish(
+        driver(cluster, "index", "--corpus", str(export), "--out", str(index), "--model", minilm)
+    )
+    port = _free_port()
+    proc = driver(
+        cluster, "serve", str(index), "--set", f"search.serve.port={port}",
+        "--set", "search.serve.min_replicas=2", "--set", "search.serve.max_replicas=2",
+        "--set", "search.serve.cpus_per_replica=1",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    timeout_s = 30.0
+    try:
+        wait_for("the service", lambda: _ask(url, 5)[0] == 200, proc, timeout_s=240)
+        answers: list[tuple[float, int, float]] = []  # (sent at, status, seconds)
+        stop = threading.Event()
+
+        def client() -> None:
+            while not stop.is_set():
+                sent = time.monotonic()
+                status, took = _ask(url, timeout_s)
+                answers.append((sent, status, took))
+
+        clients = [threading.Thread(target=client) for _ in range(4)]
+        for c in clients:
+            c.start()
+        wait_for("answers to every client", lambda: len(answers) >= 20, proc)
+        lost_at = time.monotonic()
+        lose_node_running(cluster, "ServeReplica", lambda: True, proc)
+        # the service is back once ten answers in a row after the loss are 200
+        wait_for(
+            "the service to answer again",
+            lambda: [s for t, s, _ in answers if t > lost_at + 1][-10:] == [200] * 10,
+            proc,
+            timeout_s=120,
+        )
+        stop.set()
+        for c in clients:
+            c.join(timeout=timeout_s + 5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    statuses = {s for _, s, _ in answers}
+    assert statuses <= {200, 503}, sorted((t - lost_at, s) for t, s, _ in answers if s != 200)
+    assert max(took for _, _, took in answers) < timeout_s
