@@ -10,6 +10,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ray
 
@@ -97,6 +98,18 @@ def ensure_ray(cfg: RayConfig, *, log_to_driver: bool = False) -> None:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = True
     ctx.print_on_execution_start = False
+
+
+def on_this_node() -> Any:
+    """A scheduling strategy for the driver's own node.
+
+    For the small zero-CPU actors that coordinate a stage (the shared rate limiter, training's
+    progress queue): Ray may place a zero-CPU actor on any node, and on a spot worker its loss
+    would fail the stage it serves. The driver's node (the head, on a cluster) lives as long
+    as the stage does."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def user_error_in(exc: BaseException) -> UserError | None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import ray
 
+from cpr_ray.ray_runtime import on_this_node
+
 LIMITER_NAME = "cpr-llm-rate-limiter"
 
 
@@ -68,9 +70,9 @@ class ClusterRateLimiter:
 
     def start(self) -> ClusterRateLimiter:
         """Create the shared actor once (driver side); later calls reuse it."""
-        self._actor = _LimiterActor.options(name=self.name, get_if_exists=True).remote(
-            self.rps, self.tpm
-        )
+        self._actor = _LimiterActor.options(
+            name=self.name, get_if_exists=True, scheduling_strategy=on_this_node()
+        ).remote(self.rps, self.tpm)
         return self
 
     async def acquire(self, tokens: int) -> None:

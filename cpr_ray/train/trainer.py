@@ -432,10 +432,15 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
 @contextmanager
 def _printed_progress(total: int) -> Iterator[Any]:
     """A queue rank 0 puts each step's metrics on, printed here by the driver: one line per step
-    on the user's console, while the workers' own output (and Ray Train's) stays in Ray's logs."""
+    on the user's console, while the workers' own output (and Ray Train's) stays in Ray's logs.
+
+    The queue's actor lives on the driver's node (`on_this_node`): anywhere else, losing that
+    node would fail the run for want of a progress line."""
     from ray.util.queue import Empty, Queue
 
-    queue = Queue(actor_options={"num_cpus": 0})
+    from cpr_ray.ray_runtime import on_this_node
+
+    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": on_this_node()})
     done = threading.Event()
 
     def drain(block: bool) -> None:
