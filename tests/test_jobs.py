@@ -23,7 +23,7 @@ from cpr_ray.config import load_config, sample_dir
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.storage import Storage
 
-from .conftest import S2StandIn, _free_port
+from .conftest import S2StandIn, _free_port, copy_build
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 
@@ -271,22 +271,22 @@ def test_build_and_refresh_jobs_on_a_real_head_write_to_s3_and_a_bad_config_fail
 
 
 def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_for_the_rest(
-    ray_head, s3_endpoint, s3_bucket, scripted_llm, tmp_path
+    ray_head, sample_mined, scripted_llm, tmp_path
 ):
     """`ray job submit` of a build through judge-analogy; once four rows are answered the
     endpoint holds every request and the job's driver is killed (SIGKILL: no handler runs, and
     Ray ends the job's actors with it). The same job submitted again skips the published
     stages, serves the four answers from the cache and asks only for the other rows: the
-    endpoint answers each row once, and the ledger has one row per answer."""
+    endpoint answers each row once, and the ledger has one row per answer. (The build is a
+    local copy of the mined sample: the object store is the other test's subject.)"""
     from ray.job_submission import JobSubmissionClient
 
     rows = 8
-    root = f"s3://{s3_bucket}/build"
+    root = copy_build(sample_mined, tmp_path / "build")
     scripted_llm.reset()
     scripted_llm.latency(300)
     settings = [
         f"storage.root={root}",
-        f"storage.s3_endpoint={s3_endpoint}",
         f"llm.base_url={scripted_llm.base_url}",
         "llm.stages={}",
         "llm.model=scripted",
@@ -294,13 +294,12 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
         "llm.max_in_flight=2",
         f"llm.max_rows_per_stage={rows}",
     ]
-    creds = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
     job = [
         "python", "jobs/build_dataset.py", "--profile", "dry-run",
         "--stages", "ingest,venues,mine,judge-analogy",
         *[a for s in settings for a in ("--set", s)],
     ]  # fmt: skip
-    submit(ray_head, "judge-1", creds, *job)
+    submit(ray_head, "judge-1", {}, *job)
     client = JobSubmissionClient(ray_head)
     deadline = time.time() + 600
     while scripted_llm.stats().get("answered", 0) < 4:
@@ -315,16 +314,14 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
     assert status == "FAILED"
     scripted_llm.resume()
 
-    submit(ray_head, "judge-2", creds, *job)
+    submit(ray_head, "judge-2", {}, *job)
     status, logs = wait(ray_head, "judge-2")
     assert status == "SUCCEEDED", logs[-3000:]
     for stage in ("ingest", "venues", "mine"):
         assert f"{stage}: skipped, output of run" in logs
-    storage = Storage(load_config("dry-run", env={}, overrides=settings[:2]).storage)
-    judged = storage.read_json(f"{root}/judge-analogy/_MANIFEST.json")["stats"]
+    judged = json.loads((root / "judge-analogy" / "_MANIFEST.json").read_text())["stats"]
     assert (judged["cached"], judged["asked"]) == (answered_before, rows - answered_before)
     assert scripted_llm.stats()["answered"] == rows  # each row paid for once
-    loc = storage.resolve(f"{root}/_llm/ledger/judge-analogy")
-    ledger = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table()
+    ledger = pds.dataset(str(root / "_llm" / "ledger" / "judge-analogy")).to_table()
     keys = ledger.filter(pds.field("status") == "ok")["request_key"].to_pylist()
     assert len(keys) == len(set(keys)) == rows
