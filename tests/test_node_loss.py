@@ -48,6 +48,13 @@ class LosableCluster:
                 "object_store_memory": 128 * 1024**2,
                 "include_dashboard": False,
                 "temp_dir": temp_dir,
+                # a lost node is declared dead after ~5 s of missed health checks, not Ray's
+                # default ~15 s, which each loss would otherwise wait through
+                "_system_config": {
+                    "health_check_period_ms": 1000,
+                    "health_check_timeout_ms": 3000,
+                    "health_check_failure_threshold": 5,
+                },
             },
         )
         self.address = self.cluster.address
