@@ -48,11 +48,12 @@ class LosableCluster:
                 "object_store_memory": 128 * 1024**2,
                 "include_dashboard": False,
                 "temp_dir": temp_dir,
-                # a lost node is declared dead after ~5 s of missed health checks, not Ray's
-                # default ~15 s, which each loss would otherwise wait through
+                # a killed node fails its health checks at once (nothing listens): checked
+                # every second, it is declared dead after ~5 s, not Ray's default ~15 s, which
+                # each loss would otherwise wait through; a live node slowed by a loaded machine
+                # keeps Ray's 10 s to answer each check
                 "_system_config": {
                     "health_check_period_ms": 1000,
-                    "health_check_timeout_ms": 3000,
                     "health_check_failure_threshold": 5,
                 },
             },
