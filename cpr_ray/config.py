@@ -660,6 +660,24 @@ class SynthesisConfig(_Section):
 
 
 TrainFormat = Literal["cpr", "triplets", "msmarco", "reasonir", "specter"]
+TrainStrategy = Literal["ddp", "fsdp"]
+
+
+class LoRAConfig(_Section):
+    """Low-rank adapters (peft) in place of full fine-tuning: for a user without 8 GPUs. The
+    adapters train, checkpoints hold only them, and the final save merges them into the base
+    weights, so the output is a plain sentence-transformers model."""
+
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, description="Adapter scale numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: str | tuple[str, ...] = Field(
+        "all-linear",
+        description="Module names (or name suffixes) that get adapters, as peft reads them; "
+        "all-linear: every linear layer of the backbone.",
+    )
+
+
 # words that carry a query's intent: a stop-word list holding them undercounts content words
 QUESTION_WORDS = ("how", "what", "when", "where", "which", "who", "whom", "whose", "why")
 
@@ -754,6 +772,23 @@ class TrainConfig(_Section):
         False, description="Recompute activations in backward: less memory, ~30% more compute."
     )
     bf16: bool = Field(True, description="bfloat16 autocast on GPU workers (CPU: float32).")
+    strategy: TrainStrategy = Field(
+        "ddp",
+        description="ddp: every worker holds the whole model, its gradients and optimizer state "
+        "(~16 bytes a parameter); fsdp: parameters, gradients and optimizer state sharded over "
+        "the workers (PyTorch FSDP2), for models that do not fit one GPU (4B-8B).",
+    )
+    lora: LoRAConfig | None = Field(
+        None,
+        description="Train low-rank adapters instead of every weight (r, alpha, dropout, "
+        "target_modules); unset: full fine-tuning.",
+    )
+    gpu_memory_gb: float = Field(
+        80.0,
+        gt=0,
+        description="Memory of one worker's GPU, for the memory plan (cpr train "
+        "--plan) and the check before a run starts.",
+    )
     workers: int = Field(1, ge=1, description="Ray Train workers (one process, one GPU each).")
     use_gpu: bool = Field(False, description="One GPU per worker.")
     cpus_per_worker: float = Field(
@@ -989,6 +1024,9 @@ def _profile_dict(name: str) -> dict[str, Any]:
         raise ConfigError(f"unknown profile {name!r}; known profiles: {', '.join(profile_names())}")
     text = (resources.files("cpr_ray") / "profiles" / f"{name}.yaml").read_text()
     data = yaml.safe_load(text) or {}
+    base = data.pop("extends", None)  # a recipe is the cluster profile plus its own settings
+    if base is not None:
+        data = _merge(_profile_dict(str(base)), data)
     data["profile"] = name
     return data
 

@@ -15,6 +15,40 @@ def test_profiles_load_and_validate():
     assert cluster.storage.root.startswith("s3://")
 
 
+# App. I / Table 13 of the method: (model, pooling, lr, warm-up, floor, betas, weight decay)
+QWEN3 = ("last_token", 6e-6, 0, 0, (0.9, 0.95), 0.1)
+RECIPES = {
+    "qwen3-embedding-0.6b": ("Qwen/Qwen3-Embedding-0.6B", *QWEN3),
+    "qwen3-embedding-4b": ("Qwen/Qwen3-Embedding-4B", *QWEN3),
+    "llama-embed-nemotron-8b": (
+        "nvidia/llama-embed-nemotron-8b", "mean", 2e-6, 2, 0.01, (0.9, 0.999), 0.01
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_the_methods_training_recipes_are_profiles_on_the_cluster(name: str):
+    from cpr_ray.train.trainer import instructions
+
+    model, pooling, lr, warmup, floor, betas, decay = RECIPES[name]
+    cfg = load_config(name, env={})
+    cluster = load_config("cluster", env={})
+    assert cfg.profile == name and cfg.storage == cluster.storage  # the cluster profile, extended
+    assert cfg.train.use_gpu and cfg.train.resources_per_worker == {"cpr_gpu_node": 1}
+    tc = cfg.train
+    assert (cfg.encoder.model, cfg.encoder.pooling) == (model, pooling)
+    assert (tc.lr, tc.warmup_steps, tc.min_lr_ratio, tc.betas, tc.weight_decay) == (
+        lr, warmup, floor, betas, decay
+    )  # fmt: skip
+    # 128 queries a step over the workers, one epoch, clip 1.0, 1,024 tokens in training and
+    # evaluation, and the query instruction evaluation uses
+    assert (tc.batch_size, tc.epochs, tc.max_grad_norm) == (128, 1, 1.0)
+    assert tc.batch_size % tc.workers == 0 and tc.chunk_size  # a gradient cache, not accumulation
+    assert tc.max_length == cfg.encoder.max_length == 1024
+    query, doc = instructions(model, cfg.encoder)
+    assert query.startswith("Instruct: ") and query.endswith("\nQuery: ") and doc == ""
+
+
 def test_precedence_file_then_env_then_flags(tmp_path):
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("profile: dry-run\ningest:\n  num_buckets: 3\n  batch_size: 1000\n")

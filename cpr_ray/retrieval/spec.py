@@ -29,6 +29,8 @@ QWEN3_TASK = "Given a research problem, retrieve papers whose ideas could help s
 # lower-case name fragment -> (pooling, query prefix, document prefix)
 PRESETS: dict[str, tuple[str, str, str]] = {
     "qwen3-embedding": ("last_token", f"Instruct: {QWEN3_TASK}\nQuery: ", ""),
+    # bidirectional Llama, mean-pooled, Qwen3-style instructions (its model card)
+    "llama-embed-nemotron": ("mean", f"Instruct: {QWEN3_TASK}\nQuery: ", ""),
     "e5": ("mean", "query: ", "passage: "),
     "bge-m3": ("cls", "", ""),
     "bge-": ("cls", "Represent this sentence for searching relevant passages: ", ""),

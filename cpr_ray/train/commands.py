@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from cpr_ray.command_line import ConfigOpt, Flag, ProfileOpt, SetOpt, console, fail, with_flags
 from cpr_ray.config import Config, load_config
@@ -22,6 +24,14 @@ TRAIN_FLAGS = (
     Flag("storage.s3_endpoint"),
 )
 REQUIRED = ("train.data", "train.out", "encoder.model")
+PlanOpt = Annotated[
+    bool,
+    typer.Option(
+        "--plan",
+        help="Print the memory each GPU needs under DDP and FSDP (from the model's config.json, "
+        "no weights loaded; no --data or --out needed) and exit.",
+    ),
+]
 
 
 def train_config(
@@ -35,6 +45,18 @@ def train_config(
     cfg = load_config(profile, config, overrides, flags=flags)
     cfg.require(*REQUIRED)
     return cfg
+
+
+def plan_lines(cfg: Config) -> list[str]:
+    """`cpr train --plan`: the model and its parameter count, then the memory per GPU."""
+    from cpr_ray.train import memory_plan
+
+    lines = memory_plan.plan_lines(memory_plan.config_plan(cfg))
+    if not cfg.train.use_gpu:
+        lines.append(
+            "note: train.use_gpu is false: this config trains on CPU; the plan is for GPUs"
+        )
+    return lines
 
 
 def summary_lines(summary: Mapping[str, Any]) -> list[str]:
@@ -68,8 +90,17 @@ def train_command(
     config: ConfigOpt = None,
     profile: ProfileOpt = None,
     set_: SetOpt = None,
+    plan: PlanOpt = False,
 ) -> None:
     """Fine-tune a dense retriever with InfoNCE on Ray Train (§4.1)."""
+    if plan:
+        try:
+            lines = plan_lines(load_config(profile, config, set_ or [], flags=flags))
+        except UserError as exc:
+            fail(exc)
+        for line in lines:
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
+        return
     from cpr_ray.train.trainer import run_train
 
     try:
