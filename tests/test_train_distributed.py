@@ -1,6 +1,7 @@
 """Two workers (torch.distributed over gloo, two processes) train exactly as one process on the
-whole batch: the gathered loss and its gradients, and DDP steps of a tiny BERT, plain and with
-the gradient cache (BERT's unused pooler included, which breaks DDP unless frozen)."""
+whole batch: the gathered loss and its gradients, and DDP and FSDP (sharded) steps of a tiny
+BERT, plain and with the gradient cache (BERT's unused pooler included, which breaks DDP unless
+frozen); under FSDP with AdamW too, so its sharded moments are used in the second step."""
 
 from __future__ import annotations
 
@@ -11,13 +12,29 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from cpr_ray.retrieval.encoder import Encoder
 from cpr_ray.train.loss import InfoNCELoss
-from cpr_ray.train.step import ContrastiveStep, StepOptions, Towers, cosine_schedule, freeze_unused
+from cpr_ray.train.sharding import shard, transformer_blocks
+from cpr_ray.train.step import (
+    ContrastiveStep,
+    StepOptions,
+    Towers,
+    cosine_schedule,
+    freeze_unused,
+    optimizer_for,
+)
 from tests.test_train_step import examples, make_tiny_bert
 
 WORLD, B, K, D = 2, 6, 2, 8  # global batch of 6 queries, 3 per worker
+# hard negatives per example: in the first step (rows 0-3) worker 0 has 6 documents, worker 1
+# two; with chunks of 4 texts worker 1 alone would not use the cache (4 texts), and it has one
+# chunk of documents fewer: sharded, it must run the cache and a padding chunk all the same
+NEGATIVES = (2, 2, 0, 0, 1, 1, 1, 1)
+# name: (texts per chunk, optimiser); each trains two steps
+VARIANTS = {"plain": (None, "sgd"), "cached": (4, "sgd"), "adamw": (4, "adamw")}
+STRATEGIES = {"ddp": ("plain", "cached"), "fsdp": ("plain", "cached", "adamw")}
 
 
 @pytest.fixture(autouse=True)
@@ -49,31 +66,45 @@ def _loss_and_grads(rows: slice) -> dict[str, torch.Tensor]:
     return {"loss": out.loss.detach(), **{k: t.grad for k, t in zip("qpn", leaves)}}
 
 
-def _ddp_steps(model_dir: str, world: int, rank: int) -> dict[str, dict[str, torch.Tensor]]:
-    """Two SGD steps (lr 1) of the tiny BERT on this rank's share of two global batches."""
-    ex = examples(k=1)
+def _trained(
+    model_dir: str, world: int, rank: int, strategy: str, variant: str
+) -> dict[str, torch.Tensor]:
+    """The weights (whole) after two steps on this rank's share of two global batches, and the
+    second step's loss and gradient norm (over all workers)."""
+    chunk, kind = VARIANTS[variant]
+    ex = examples(NEGATIVES)
     share = 4 // world
-    out = {}
-    for name, chunk in (("plain", None), ("cached", 3)):
-        enc = Encoder.build(model_dir, "mean", max_length=16).eval()  # no dropout
-        freeze_unused(enc)
-        model = Towers(enc)
-        if world > 1:
-            model = torch.nn.parallel.DistributedDataParallel(model)
+    enc = Encoder.build(model_dir, "mean", max_length=16).eval()  # no dropout
+    freeze_unused(enc)
+    model: torch.nn.Module = Towers(enc)
+    if world > 1 and strategy == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif world > 1:
+        model = shard(model, torch.device("cpu"), bf16=True)  # bf16: on GPU only
+    if kind == "sgd":  # lr 1: the weights move by the gradient itself
         opt = torch.optim.SGD([p for p in enc.parameters() if p.requires_grad], lr=1.0)
-        step = ContrastiveStep(
-            model,
-            enc,
-            InfoNCELoss(0.05),
-            opt,
-            cosine_schedule(opt, 1000),
-            StepOptions(chunk_size=chunk),
-        )
-        for s in range(2):
-            rows = np.arange(4 * s, 4 * s + 4)[rank * share : (rank + 1) * share]
-            step(ex.batch(rows))
-        out[name] = {k: v.detach().clone() for k, v in enc.state_dict().items()}
-    return out
+    else:  # the trainer's
+        opt = optimizer_for(enc, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    step = ContrastiveStep(
+        model,
+        enc,
+        InfoNCELoss(0.05),
+        opt,
+        cosine_schedule(opt, 1000),
+        StepOptions(chunk_size=chunk),
+    )
+    for s in range(2):
+        rows = np.arange(4 * s, 4 * s + 4)[rank * share : (rank + 1) * share]
+        metrics = step(ex.batch(rows))
+    weights = {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+        for k, v in enc.state_dict().items()
+    }
+    return {
+        **weights,
+        "loss": torch.tensor(metrics["loss"]),
+        "norm": torch.tensor(metrics["grad_norm"]),
+    }
 
 
 def _worker(rank: int, folder: str, model_dir: str) -> None:
@@ -84,7 +115,11 @@ def _worker(rank: int, folder: str, model_dir: str) -> None:
     try:
         share = B // WORLD
         result = {"gather": _loss_and_grads(slice(rank * share, (rank + 1) * share))}
-        result.update(_ddp_steps(model_dir, WORLD, rank))
+        for strategy, variants in STRATEGIES.items():
+            for variant in variants:
+                result[f"{strategy} {variant}"] = _trained(
+                    model_dir, WORLD, rank, strategy, variant
+                )
         torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -110,11 +145,36 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path: Path, tin
     for key in "qpn":
         torch.testing.assert_close(torch.cat([g[key] for g in gathered]) / WORLD, whole[key])
 
-    single = _ddp_steps(tiny_bert, 1, 0)
-    for name in ("plain", "cached"):
-        for r in ranks:
-            for k, v in single[name].items():
-                torch.testing.assert_close(r[name][k], v, atol=1e-6, rtol=1e-5, msg=f"{name} {k}")
+    single = {v: _trained(tiny_bert, 1, 0, "single", v) for v in VARIANTS}
+    for strategy, variants in STRATEGIES.items():
+        for variant in variants:
+            name = f"{strategy} {variant}"
+            for r in ranks:
+                for k, v in single[variant].items():
+                    torch.testing.assert_close(
+                        r[name][k], v, atol=1e-6, rtol=1e-5, msg=f"{name} {k}"
+                    )
     initial = Encoder.build(tiny_bert, "mean").state_dict()
     moved = "backbone.encoder.layer.0.attention.self.query.weight"
-    assert not torch.equal(single["plain"][moved], initial[moved])  # the steps did train
+    for variant in VARIANTS:  # the steps did train
+        assert not torch.equal(single[variant][moved], initial[moved])
+
+
+def test_the_units_sharded_are_the_transformer_blocks(tiny_bert: str):
+    """Each block becomes one FSDP unit, found by structure: BERT's encoder.layer, Qwen3's
+    layers (a decoder, as Qwen3-Embedding is), under the encoder and Towers alike."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    bert = Encoder.build(tiny_bert)
+    assert transformer_blocks(Towers(bert)) == list(bert.backbone.encoder.layer)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
+    qwen = Qwen3Model(config)
+    assert transformer_blocks(qwen) == list(qwen.layers)

@@ -1,27 +1,43 @@
-"""`cpr train` end to end on Ray Train: checkpoints on a real S3 endpoint (moto), a worker
-failure resumed from the last checkpoint with the same step count, and the final model in
-sentence-transformers form; plus the one-line errors of the CLI and the job, and an OUT that
-refuses a run on other data. (Two workers training as one: test_train_distributed.py, with
-torch.distributed directly, which costs a fraction of a Ray worker group here.)"""
+"""`cpr train` end to end on Ray Train: a sharded (FSDP) run of two workers with checkpoints on
+a real S3 endpoint (moto), a worker failure resumed from the last checkpoint with the same
+step count and the weights of an uninterrupted run, and the final model in
+sentence-transformers form; which checkpoint a restart restores from, for both strategies; plus
+the one-line errors of the CLI and the job, and an OUT that refuses a run on other data. (Two
+workers training as one process: test_train_distributed.py, with torch.distributed directly,
+which costs a fraction of a Ray worker group here; a DDP run resumed after a lost node:
+test_node_loss.py.)"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import posixpath
 import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
-from cpr_ray.config import load_config
-from cpr_ray.retrieval.encoder import DenseEncoder
+from cpr_ray.config import Config, load_config
+from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage, StorageConfig
-from cpr_ray.train.trainer import run_train
+from cpr_ray.train.loss import InfoNCELoss
+from cpr_ray.train.step import (
+    ContrastiveStep,
+    Examples,
+    StepOptions,
+    Towers,
+    cosine_schedule,
+    freeze_unused,
+    global_batch_rows,
+    optimizer_for,
+)
+from cpr_ray.train.trainer import _newest_checkpoint, run_train
 from tests.test_cli import error_line
 from tests.test_train_step import TOPICS, make_tiny_bert
 
@@ -49,10 +65,37 @@ class FailOnce:
             raise RuntimeError("injected worker failure")
 
 
-def test_a_failed_worker_resumes_from_its_s3_checkpoint(
+def _uninterrupted(cfg: Config, storage: Storage) -> Encoder:
+    """The run's steps in this process, on the examples and instructions the run wrote: what
+    the workers compute together (the tiny model has no dropout, the one per-worker input)."""
+    tc, out = cfg.train, cfg.train.out
+    run = storage.read_json(f"{out}/run.json")
+    examples = Examples(
+        storage.read_parquet(f"{out}/examples.parquet"), run["data"]["max_negatives"]
+    )
+    encoder = Encoder.build(
+        cfg.encoder.model, cfg.encoder.pooling, max_length=tc.max_length, dtype=cfg.encoder.dtype
+    )
+    freeze_unused(encoder)
+    optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
+    step = ContrastiveStep(
+        Towers(encoder),
+        encoder,
+        InfoNCELoss(tc.temperature),
+        optimizer,
+        cosine_schedule(optimizer, run["steps"], tc.warmup_steps, tc.min_lr_ratio),
+        StepOptions(run["query_prefix"], run["doc_prefix"], tc.chunk_size, tc.max_grad_norm),
+    )
+    for s in range(run["steps"]):
+        step(examples.batch(global_batch_rows(len(examples), tc.batch_size, tc.seed, s)))
+    return encoder
+
+
+def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
     ray_session, s3_endpoint: str, s3_bucket: str, minilm: str, tmp_path: Path, capsys
 ):
-    model = make_tiny_bert(minilm, tmp_path / "tiny-bert")  # small checkpoints to upload
+    # small checkpoints to upload; no dropout, so that one process can train as the workers do
+    model = make_tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     out = f"s3://{s3_bucket}/runs/tiny"
     cfg = load_config(
         overrides=[
@@ -61,10 +104,14 @@ def test_a_failed_worker_resumes_from_its_s3_checkpoint(
             f"encoder.model={model}",
             f"train.out={out}",
             f"storage.s3_endpoint={s3_endpoint}",
+            "train.strategy=fsdp",
+            "train.workers=2",
+            "train.gradient_checkpointing=true",
             "train.batch_size=4",
+            "train.chunk_size=4",  # 2 queries, 4 documents a worker: the gradient cache
             "train.max_length=32",
             "train.epochs=2",  # 8 examples, 4 per step: 4 steps
-            "train.lr=1e-4",
+            "train.lr=1e-3",
             "train.checkpoint_every=2",
             "train.max_failures=1",
         ]
@@ -78,20 +125,91 @@ def test_a_failed_worker_resumes_from_its_s3_checkpoint(
     rows = [json.loads(line) for line in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # each step once, in order
     assert [r["resumed_from"] for r in rows] == [0, 0, 2, 2]  # 3 and 4 after the restart
-    assert all(np.isfinite(r["loss"]) and r["pairs_per_s"] > 0 for r in rows)
-    assert summary["steps"] == 4 and len(summary["peak_memory_mb_per_worker"]) == 1
-    loc = storage.resolve(f"{out}/run")
-    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path))
-    folders = [i for i in infos if i.type == pafs.FileType.Directory]
-    assert sum(i.base_name.startswith("checkpoint_") for i in folders) == 2  # steps 2 and 4
+    assert all(np.isfinite(r["loss"]) and r["gradient_cache"] for r in rows)
+    assert summary["steps"] == 4 and len(summary["peak_memory_mb_per_worker"]) == 2
+    checkpoints = [d for d in storage.list_dirs(f"{out}/run") if "/checkpoint_" in d]
+    assert len(checkpoints) == 2  # steps 2 and 4
+    loc = storage.resolve(checkpoints[-1])
+    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+    files = {posixpath.relpath(i.path, loc.path) for i in infos if i.type == pafs.FileType.File}
+    # both workers' reports merged into one checkpoint folder
+    assert {
+        "state.pt",
+        "sharded/.metadata",
+        "sharded/__0_0.distcp",
+        "sharded/__1_0.distcp",
+    } <= files
 
     local = tmp_path / "model"
     saved = storage.resolve(summary["model"])
     pafs.copy_files(saved.path, str(local), source_filesystem=saved.fs)
+    expected = _uninterrupted(cfg, storage)
+    trained = Encoder.load(str(local)).state_dict()
+    initial = Encoder.build(model).state_dict()
+    # as if it never failed. AdamW moves a weight whose gradient is tiny against eps by a
+    # fraction of lr that float noise in the order of the workers' sums changes: up to ~5e-6
+    # here; a resume that lost the optimiser or the schedule is off by ~lr (1e-3)
+    for name, tensor in expected.state_dict().items():
+        torch.testing.assert_close(trained[name], tensor, atol=2e-5, rtol=0, msg=name)
+    moved = "backbone.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(trained[moved], initial[moved])
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["amber basalt cobalt", "dune ember fjord garnet"]
+    prefix = storage.read_json(f"{out}/run.json")["doc_prefix"]
+    with torch.no_grad():
+        vectors = expected(expected.tokenize([prefix + t for t in texts])).numpy()
+    st = SentenceTransformer(str(local), device="cpu")
+    np.testing.assert_allclose(st.encode_document(texts), vectors, atol=1e-5)
     encoder = DenseEncoder(EncoderSpec(str(local)))  # what `cpr eval --model PATH` builds
     assert encoder.spec.pooling == "mean" and encoder.encode_queries(["a"]).shape == (1, 32)
 
     assert run_train(cfg)["skipped"]  # a finished run is not trained again
+
+
+def _checkpoint_folder(root: Path, name: str, state: dict, files: dict[str, int]) -> None:
+    folder = root / "run" / name
+    for path, size in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(b"x" * size)
+    torch.save(state, folder / "state.pt")
+
+
+def test_a_restart_restores_the_newest_whole_checkpoint(tmp_path: Path):
+    """A checkpoint counts when storage holds the files its state.pt lists, at those sizes:
+    the model (ddp), or every worker's slices and the index (fsdp); only the state, and the
+    model or the index, are copied (each worker fetches the slices it reads)."""
+    storage = Storage(StorageConfig())
+    out = tmp_path / "out"
+    model = {"model.safetensors": 5, "1_Pooling/config.json": 2}
+    slices = {"sharded/.metadata": 3, "sharded/__0_0.distcp": 7, "sharded/__1_0.distcp": 7}
+    lists = {k.split("/", 1)[1]: v for k, v in slices.items()}
+    _checkpoint_folder(
+        out,
+        "checkpoint_1",
+        {"step": 1, "files": model},
+        {f"model/{k}": v for k, v in model.items()},
+    )
+    _checkpoint_folder(out, "checkpoint_2", {"step": 2, "sharded": True, "files": lists}, slices)
+    del slices["sharded/__1_0.distcp"]  # a worker's upload that never came
+    _checkpoint_folder(out, "checkpoint_3", {"step": 3, "sharded": True, "files": lists}, slices)
+    cut = {"model/model.safetensors": 4, "model/1_Pooling/config.json": 2}  # cut short
+    _checkpoint_folder(out, "checkpoint_4", {"step": 4, "files": model}, cut)
+
+    restored = _newest_checkpoint(storage, str(out), str(tmp_path / "local"))
+    assert restored is not None and restored.state["step"] == 2
+    local = Path(restored.folder)
+    assert sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file()) == [
+        "sharded/.metadata",
+        "state.pt",
+    ]
+    restored.fetch_sharded(storage, "__1_0.distcp")
+    assert (local / "sharded" / "__1_0.distcp").stat().st_size == 7
+
+    storage.delete_dir(str(out / "run" / "checkpoint_2"))
+    restored = _newest_checkpoint(storage, str(out), str(tmp_path / "again"))
+    assert restored is not None and restored.state["step"] == 1
+    assert (Path(restored.folder) / "model" / "1_Pooling" / "config.json").exists()
 
 
 def test_cli_and_job_report_a_malformed_file_in_one_line(minilm: str, tmp_path: Path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def make_tiny_bert(minilm: str, folder: Path) -> str:
+def make_tiny_bert(minilm: str, folder: Path, dropout: float = 0.1) -> str:
     """A 2-layer, 32-wide random BERT with MiniLM's tokenizer: BERT's code paths (its unused
     pooler included) at a fraction of the cost."""
     from transformers import AutoTokenizer, BertConfig, BertModel
@@ -60,6 +61,8 @@ def make_tiny_bert(minilm: str, folder: Path) -> str:
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     BertModel(config).save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -71,10 +74,13 @@ def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
 
 
-def examples(k: int = 1) -> Examples:
+def examples(counts: Sequence[int] = (1,) * len(TOPICS)) -> Examples:
+    """The TOPICS pairs, query i with counts[i] hard negatives (the positives of queries i+3,
+    i+5, …)."""
+    n = len(TOPICS)
     queries = [q for q, _ in TOPICS]
     positives = [d for _, d in TOPICS]
-    negatives = [[positives[(i + 3) % len(TOPICS)]][:k] for i in range(len(TOPICS))]
+    negatives = [[positives[(i + 3 + 2 * j) % n] for j in range(counts[i])] for i in range(n)]
     table = pa.table(
         {
             "query_id": [str(i) for i in range(len(TOPICS))],
@@ -89,7 +95,7 @@ def examples(k: int = 1) -> Examples:
         },
         schema=EXAMPLES,
     )
-    return Examples(table, k)
+    return Examples(table, max(counts))
 
 
 def _step(encoder: Encoder, optimizer, chunk: int | None, cw: bool = False) -> ContrastiveStep:
@@ -129,7 +135,7 @@ def test_gradient_cache_gives_the_plain_step(tiny_bert: str):
     cached = copy.deepcopy(plain)
     for enc in (plain, cached):
         enc.max_length = 32
-    batch = examples(k=1).batch(np.arange(6))  # 6 queries + 12 documents: chunks of 4 texts
+    batch = examples().batch(np.arange(6))  # 6 queries + 12 documents: chunks of 4 texts
     m_plain = _step(plain, torch.optim.SGD(plain.parameters(), lr=1.0), None, cw=True)(batch)
     m_cached = _step(cached, torch.optim.SGD(cached.parameters(), lr=1.0), 4, cw=True)(batch)
     assert m_cached["gradient_cache"] and not m_plain["gradient_cache"]

@@ -14,6 +14,20 @@ A worker's share of the global batch goes through the encoder in one of two ways
 
 DDP expects one forward per backward, so the module DDP wraps (:class:`Towers`) takes a list of
 tokenised groups; in the cache's replay every chunk but the last runs under ``no_sync``.
+
+Workers differ in real hard negatives, hence in texts, but all take the same way: the plain
+step and the cache reach their collectives in different orders (DDP's buffer broadcast comes
+before the loss's gather in one, after it in the other), so workers that chose differently
+would wait on each other for ever. The cache is used when the worker with the most texts
+needs it.
+
+Sharded (FSDP2, ``sharding.py``), every forward and backward of a sharded module gathers its
+parameters from all workers, so all workers must also run as many chunks: a worker with fewer
+runs padding chunks whose gradient is zero. Both passes go through the sharded root, whose
+hooks gather the parameters outside the blocks. In the replay every chunk's gradients are
+reduced and summed into the sharded ones, with no ``no_sync``: deferring the reduction would
+hold the whole model's unsharded gradients on every worker until the last chunk, the memory
+sharding is there to save.
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from cpr_ray.retrieval.encoder import Encoder
 from cpr_ray.train.loss import InfoNCELoss, LossOutput
@@ -169,6 +184,18 @@ def _mean_over_workers(values: torch.Tensor) -> torch.Tensor:
     return values
 
 
+def _max_over_workers(value: int, device: torch.device) -> int:
+    if _world() == 1:
+        return value
+    t = torch.tensor([value], device=device)  # NCCL reduces only device tensors
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _chunk_count(texts: int, size: int) -> int:
+    return -(-texts // size)
+
+
 class ContrastiveStep:
     """Batch -> one optimiser step; returns the step's metrics (averaged over workers)."""
 
@@ -181,8 +208,9 @@ class ContrastiveStep:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         options: StepOptions,
     ) -> None:
-        self.model = model  # Towers, or DDP around it
+        self.model = model  # Towers, DDP around it, or Towers sharded (FSDP2)
         self.encoder = encoder  # the same encoder, unwrapped (tokeniser, first cache pass)
+        self.sharded = isinstance(model, FSDPModule)
         self.loss = loss
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -238,14 +266,27 @@ class ContrastiveStep:
             for s in range(0, len(texts), size)
         ]
 
-    def _cached(self, queries: list[str], docs: list[str], batch: Batch) -> LossOutput:
+    def _embed(self, tokens: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """(c, dim) embeddings for the cache's first pass (no graph): through the sharded root,
+        whose hooks gather the parameters outside the blocks (the embeddings); under DDP the
+        plain encoder, as DDP's own forward would synchronise buffers for nothing."""
+        return self.model([tokens])[0] if self.sharded else self.encoder(tokens)
+
+    def _cached(
+        self, queries: list[str], docs: list[str], batch: Batch, padding: int
+    ) -> LossOutput:
+        """`padding`: forwards and zero backwards to run after the chunks, so that this worker
+        runs as many as the worker with the most (sharded only)."""
         chunks = self._chunks(queries, 0) + self._chunks(docs, len(queries))
+        pad = self._tokens(queries[:1])  # a real text: any tokeniser gives it a valid input
         device = self.encoder.device
         states, firsts = [], []
         with torch.no_grad(), self._autocast():
             for chunk in chunks:
                 states.append(_RandomState(device))
-                firsts.append(self.encoder(chunk.tokens))  # (c, dim)
+                firsts.append(self._embed(chunk.tokens))  # (c, dim)
+            for _ in range(padding):
+                self._embed(pad)
         rows = torch.cat([c.rows for c in chunks]).to(device)  # (texts,) chunk order -> text
         embeddings = torch.cat(firsts)[torch.argsort(rows)]  # (texts, dim) in text order
         embeddings.requires_grad_(True)
@@ -259,15 +300,26 @@ class ContrastiveStep:
             with sync, state.replay(), self._autocast():
                 (e,) = self.model([chunk.tokens])  # (c, dim), now with a graph
                 e.backward(grads[chunk.rows.to(device)])
+        for _ in range(padding):
+            with self._autocast():
+                (e,) = self.model([pad])
+                e.backward(torch.zeros_like(e))  # adds nothing to any gradient
         return LossOutput(out.loss.detach(), out.accuracy)
 
     def __call__(self, batch: Batch) -> dict[str, float]:
         started = time.perf_counter()
         queries, docs = self._texts(batch)
         chunk = self.options.chunk_size
-        cached = chunk is not None and len(queries) + len(docs) > chunk
-        out = (self._cached if cached else self._plain)(queries, docs, batch)
+        # every worker takes the way of the one with the most documents (module docstring)
+        most = _max_over_workers(len(docs), self.encoder.device)
+        cached = chunk is not None and len(queries) + most > chunk
+        if chunk is not None and cached:
+            padding = _chunk_count(most, chunk) - _chunk_count(len(docs), chunk)
+            out = self._cached(queries, docs, batch, padding if self.sharded else 0)
+        else:
+            out = self._plain(queries, docs, batch)
         params = [p for p in self.encoder.parameters() if p.requires_grad]
+        # sharded: the gradients are DTensors, and the norm is the global one, replicated
         norm = torch.nn.utils.clip_grad_norm_(params, self.options.max_grad_norm or math.inf)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()

@@ -10,8 +10,13 @@ the step it stopped at, on the same batches, and the dropout of each step is see
 
 Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``):
 
-- ``run/checkpoint_*/``: Ray Train checkpoints (``model/`` in sentence-transformers form,
-  ``state.pt``: optimiser, schedule, step, metrics so far), the newest ``train.keep_checkpoints``;
+- ``run/checkpoint_*/``: Ray Train checkpoints, the newest ``train.keep_checkpoints``. Under
+  ``train.strategy: ddp``: ``model/`` in sentence-transformers form and ``state.pt`` (optimiser,
+  schedule, step, metrics so far, and the size of each model file). Under ``fsdp``:
+  ``sharded/``, a ``torch.distributed.checkpoint`` of the model and optimiser state
+  (``__<rank>_0.distcp`` from each worker, ``.metadata`` the index), written by every worker
+  into one folder (Ray Train merges the workers' reports), and ``state.pt`` (schedule, step,
+  metrics, the size of every worker's files);
 - ``metrics.jsonl``: one line per step (loss, in-batch accuracy, lr, grad norm, pairs/s), written
   with every checkpoint; rank 0 also prints each step as it ends;
 - ``model/``: the final model, which ``SentenceTransformer(path)`` loads and ``cpr eval
@@ -21,14 +26,17 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
 
 Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
 one run a failed worker group (a lost node) restarts from it up to ``train.max_failures``
-times (`_newest_checkpoint` says why storage, not Ray Train's registry, decides which).
+times (`_newest_checkpoint` says why storage, not Ray Train's registry, decides which). A
+sharded run's final ``model/`` is gathered whole on rank 0 and saved as a DDP run's is.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import posixpath
 import resource
 import tempfile
 import threading
@@ -42,6 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow.fs as pafs
 import torch
+import torch.distributed as dist
 
 from cpr_ray.config import Config, EncoderConfig, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
@@ -56,6 +65,14 @@ from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.data import read_examples
 from cpr_ray.train.examples import DataOptions, fingerprint
 from cpr_ray.train.loss import InfoNCELoss
+from cpr_ray.train.sharding import (
+    METADATA_FILE,
+    FetchingReader,
+    full_state_dict,
+    load_sharded,
+    save_sharded,
+    shard,
+)
 from cpr_ray.train.step import (
     ContrastiveStep,
     Examples,
@@ -70,6 +87,7 @@ from cpr_ray.train.step import (
 RUN_NAME = "run"  # Ray Train's run folder under OUT: the same name resumes
 EXAMPLES_FILE, RUN_FILE, METRICS_FILE = "examples.parquet", "run.json", "metrics.jsonl"
 WORKERS_FILE, SUMMARY_FILE, MODEL_DIR = "workers.json", "train.json", "model"
+STATE_FILE, SHARDED_DIR = "state.pt", "sharded"  # in a checkpoint; sharded/: fsdp's state
 # train keys that change how a run is carried out, not what it computes: a resumed run may
 # change them
 OPERATIONAL = {
@@ -83,6 +101,7 @@ OPERATIONAL = {
     "checkpoint_every",
     "keep_checkpoints",
     "max_failures",
+    "gpu_memory_gb",
 }
 
 StepHook = Callable[[int, int], None]
@@ -168,36 +187,75 @@ def _upload(storage: Storage, local: str, uri: str) -> None:
     pafs.copy_files(local, loc.path, destination_filesystem=loc.fs)
 
 
+def _download(storage: Storage, uri: str, local: str) -> None:
+    """A file or a folder from storage to the local path `local`."""
+    loc = storage.resolve(uri)
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    pafs.copy_files(loc.path, local, source_filesystem=loc.fs)
+
+
 def _model_files(folder: str) -> dict[str, int]:
-    """Each file of a checkpoint's model, with its size: what a whole copy must hold."""
+    """Each file under a local folder, with its size: what a whole copy must hold."""
     root = Path(folder)
     return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
-def _newest_checkpoint(storage: Storage, out: str, local: str) -> tuple[str, dict[str, Any]] | None:
-    """The newest whole checkpoint of the run under ``OUT/run``, copied to `local`, with its
-    training state; None when there is none.
+def _stored_files(storage: Storage, uri: str) -> dict[str, int]:
+    """Each file under a folder on storage, with its size, named as `_model_files` names it."""
+    loc = storage.resolve(uri)
+    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+    return {
+        posixpath.relpath(i.path, loc.path): i.size for i in infos if i.type == pafs.FileType.File
+    }
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A whole checkpoint: where it is on storage, its local copy, its training state."""
+
+    uri: str
+    folder: str  # state.pt; and model/ (ddp), or the sharded index sharded/.metadata (fsdp)
+    state: dict[str, Any]
+
+    def fetch_sharded(self, storage: Storage, name: str) -> None:
+        """One file of the sharded state into the local copy (each worker fetches its own)."""
+        _download(
+            storage,
+            join(self.uri, SHARDED_DIR, name),
+            os.path.join(self.folder, SHARDED_DIR, name),
+        )
+
+
+def _newest_checkpoint(storage: Storage, out: str, local: str) -> Restored | None:
+    """The newest whole checkpoint of the run under ``OUT/run``, its state copied under
+    `local`; None when there is none.
 
     Ray Train hands a restarted worker group only the checkpoints its controller registered,
     and it registers one once every worker's report has reached it: a node lost a moment
     after a checkpoint was written (the common case on spot workers) made the run start again
     from step 0. So the run restores from what storage holds: checkpoint folders are named by
-    time, and one counts when its ``state.pt`` loads and its model files have the sizes the
-    state lists (a copy cut short by the loss is passed over)."""
+    time, and one counts when its ``state.pt`` loads and the files on storage have the sizes
+    the state lists (a copy cut short by the loss is passed over): the model's files (ddp), or
+    every worker's slices and the index (fsdp), since a sharded checkpoint is whole only when
+    each worker's upload is. Only a whole one is copied: the model (ddp), or the index (fsdp;
+    each worker later fetches the slices it reads)."""
     run = join(out, RUN_NAME)
     for uri in reversed(storage.list_dirs(run)):
-        if not uri.rsplit("/", 1)[-1].startswith("checkpoint_"):
+        name = uri.rsplit("/", 1)[-1]
+        if not name.startswith("checkpoint_"):
             continue
-        folder = os.path.join(local, uri.rsplit("/", 1)[-1])
-        loc = storage.resolve(uri)
+        folder = os.path.join(local, name)
         try:
-            os.makedirs(folder, exist_ok=True)
-            pafs.copy_files(loc.path, folder, source_filesystem=loc.fs)
-            state = torch.load(os.path.join(folder, "state.pt"), weights_only=False)
+            _download(storage, join(uri, STATE_FILE), os.path.join(folder, STATE_FILE))
+            state = torch.load(os.path.join(folder, STATE_FILE), weights_only=False)
+            content = SHARDED_DIR if state.get("sharded") else MODEL_DIR
+            if state.get("files") != _stored_files(storage, join(uri, content)):
+                continue
+            needed = posixpath.join(content, METADATA_FILE) if state.get("sharded") else content
+            _download(storage, join(uri, needed), os.path.join(folder, needed))
         except (OSError, RuntimeError, EOFError, ValueError):
             continue
-        if state.get("files") == _model_files(os.path.join(folder, MODEL_DIR)):
-            return folder, state
+        return Restored(uri, folder, state)
     return None
 
 
@@ -230,27 +288,38 @@ def train_worker(config: dict[str, Any]) -> None:
     storage = Storage(plan.storage)
     examples = Examples(storage.read_parquet(join(plan.out, EXAMPLES_FILE)), plan.negatives)
 
+    sharded = tc.strategy == "fsdp"
     with tempfile.TemporaryDirectory(prefix="cpr-train-") as tmp:
-        model_path, state = plan.model, None
         restored = _newest_checkpoint(storage, plan.out, os.path.join(tmp, "restored"))
-        if restored is not None:  # a restart, or a rerun of the same OUT
-            model_path, state = os.path.join(restored[0], MODEL_DIR), restored[1]
+        model_path = plan.model
+        if restored is not None and not sharded:  # a restart, or a rerun of the same OUT
+            model_path = os.path.join(restored.folder, MODEL_DIR)
         encoder = Encoder.build(
             model_path, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
         )
         freeze_unused(encoder)
-        if tc.gradient_checkpointing:
+        if tc.gradient_checkpointing:  # before sharding: it changes how blocks are called
             encoder.backbone.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        model = ray.train.torch.prepare_model(Towers(encoder))  # device, and DDP when W > 1
+        if sharded:  # Ray Train has set this worker's CUDA device, which the mesh takes
+            model = shard(Towers(encoder), ray.train.torch.get_device(), tc.bf16)
+        else:
+            model = ray.train.torch.prepare_model(Towers(encoder))  # device, DDP when W > 1
+        # built after sharding, over the DTensor shards: each worker steps its own slice
         optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
         scheduler = cosine_schedule(
             optimizer, plan.schedule_steps, tc.warmup_steps, tc.min_lr_ratio
         )
         start, history = 0, []
-        if state is not None:
-            optimizer.load_state_dict(state["optimizer"])
+        if restored is not None:
+            state = restored.state
+            if sharded:  # the base model's weights are replaced by the checkpoint's
+                fetch = functools.partial(restored.fetch_sharded, storage)
+                reader = FetchingReader(os.path.join(restored.folder, SHARDED_DIR), fetch)
+                load_sharded(model, optimizer, reader)
+            else:
+                optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             start, history = state["step"], state["history"]
         on_gpu = encoder.device.type == "cuda"
@@ -283,17 +352,22 @@ def train_worker(config: dict[str, Any]) -> None:
             if on_step is not None:
                 on_step(s + 1, rank)
             if (s + 1) % tc.checkpoint_every == 0 or s + 1 == plan.total_steps:
-                _checkpoint(plan, storage, encoder, optimizer, scheduler, s + 1, history, rank, tmp)
+                _checkpoint(plan, storage, step, s + 1, history, rank, tmp)
 
         peaks = [_peak_memory_mb()]
         if world > 1:
-            import torch.distributed as dist
-
             peaks = [None] * world
             dist.all_gather_object(peaks, _peak_memory_mb())
+        whole = full_state_dict(model) if sharded else {}  # every worker sends its slices
         if rank == 0:
             final = os.path.join(tmp, "final")
-            encoder.save_sentence_transformers(
+            saved = encoder
+            if sharded:  # the same weights, whole, in a plain encoder
+                saved = Encoder.build(
+                    plan.model, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
+                )
+                Towers(saved).load_state_dict(whole)
+            saved.save_sentence_transformers(
                 final, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
             )
             _upload(storage, final, join(plan.out, MODEL_DIR))
@@ -305,36 +379,53 @@ def train_worker(config: dict[str, Any]) -> None:
 def _checkpoint(
     plan: TrainPlan,
     storage: Storage,
-    encoder: Encoder,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    step: int,
+    step: ContrastiveStep,
+    done: int,
     history: list[dict[str, Any]],
     rank: int,
     tmp: str,
 ) -> None:
-    """Rank 0 saves the model and the training state; every rank reports (a barrier)."""
+    """The training state after `done` steps; every rank reports (a barrier).
+
+    ddp: rank 0 saves the model and ``state.pt``, optimiser included. fsdp: every rank saves
+    its slices of the model and optimiser into ``sharded/`` and reports its folder (Ray Train
+    merges the ranks' folders into one checkpoint on storage); rank 0's ``state.pt`` lists
+    every rank's files with their sizes, so a checkpoint missing any of them is not whole.
+    The local copy goes once uploaded: a large model's checkpoints would fill the disk."""
     import ray.train
 
-    checkpoint = None
-    if rank == 0:
-        folder = os.path.join(tmp, f"checkpoint-{step}")
-        encoder.save_sentence_transformers(
+    folder = os.path.join(tmp, f"checkpoint-{done}")
+    state: dict[str, Any] = {
+        "scheduler": step.scheduler.state_dict(),
+        "step": done,
+        "history": history,
+    }
+    if plan.train.strategy == "fsdp":
+        save_sharded(step.model, step.optimizer, os.path.join(folder, SHARDED_DIR))
+        files: list[dict[str, int]] = [{}] * dist.get_world_size()
+        dist.all_gather_object(files, _model_files(os.path.join(folder, SHARDED_DIR)))
+        state.update(sharded=True, files={k: v for part in files for k, v in part.items()})
+    elif rank == 0:
+        step.encoder.save_sentence_transformers(
             os.path.join(folder, MODEL_DIR),
             query_prefix=plan.query_prefix,
             doc_prefix=plan.doc_prefix,
         )
-        state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "step": step,
-            "history": history,
-            "files": _model_files(os.path.join(folder, MODEL_DIR)),
-        }
-        torch.save(state, os.path.join(folder, "state.pt"))
+        state.update(
+            optimizer=step.optimizer.state_dict(),
+            files=_model_files(os.path.join(folder, MODEL_DIR)),
+        )
+    if rank == 0:
+        torch.save(state, os.path.join(folder, STATE_FILE))
         _write_metrics(storage, plan.out, history)
+    checkpoint = None
+    if rank == 0 or plan.train.strategy == "fsdp":
         checkpoint = ray.train.Checkpoint.from_directory(folder)
-    ray.train.report({"step": step, **(history[-1] if history else {})}, checkpoint=checkpoint)
+    ray.train.report(
+        {"step": done, **(history[-1] if history else {})},
+        checkpoint=checkpoint,
+        delete_local_checkpoint_after_upload=True,
+    )
 
 
 def _trainer(
