@@ -791,8 +791,12 @@ class TrainConfig(_Section):
     )
     workers: int = Field(1, ge=1, description="Ray Train workers (one process, one GPU each).")
     use_gpu: bool = Field(False, description="One GPU per worker.")
-    cpus_per_worker: float = Field(
-        1.0, gt=0, description="CPUs each worker reserves (also its torch threads, at least 1)."
+    cpus_per_worker: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs each worker reserves (also its torch threads, at least 1). Unset: on "
+        "a local Ray the workers share its CPUs (a 1-worker run uses every core); on GPU "
+        "workers or a cluster, 1.",
     )
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict,

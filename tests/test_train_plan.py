@@ -285,3 +285,44 @@ def test_plan_within_a_quarter_of_a_measured_cpu_step(
     )
     assert abs(predicted / (held + added) - 1) < 0.25
     assert abs(predicted_added / added - 1) < 0.25  # gradients and activations on their own
+
+
+def test_a_gpu_run_that_does_not_fit_stops_before_ray_train_and_writes_nothing(minilm, tmp_path):
+    """The check runs as the data is read, before run.json: a rerun with the setting it names
+    is a new run, not one refused as "other settings"."""
+    from cpr_ray.train.trainer import run_train
+    from tests.test_train_ray import _triplets
+
+    out = tmp_path / "out"
+    cfg = load_config(
+        overrides=["train.use_gpu=true", "train.gpu_memory_gb=0.5", "train.batch_size=4"],
+        flags={
+            "train.data": _triplets(tmp_path / "t.jsonl"),
+            "train.format": "triplets",
+            "train.out": str(out),
+            "encoder.model": minilm,
+        },
+    )
+    with pytest.raises(ConfigError, match=r"needs ~.* per GPU .*: set train\.") as stopped:
+        run_train(cfg)
+    assert "\n" not in str(stopped.value)
+    assert not (out / "run.json").exists()
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_local_training_uses_the_machines_cpus_by_default(monkeypatch):
+    from cpr_ray.train.trainer import default_cpus_per_worker
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = load_config(overrides=["ray.num_cpus=4"])
+    assert local.train.cpus_per_worker is None
+    assert default_cpus_per_worker(local) == 4  # one worker: every core
+    two = load_config(overrides=["ray.num_cpus=4", "train.workers=2", "train.batch_size=4"])
+    assert default_cpus_per_worker(two) == 2
+    # GPU workers and a cluster's workers reserve one CPU each, as before
+    assert default_cpus_per_worker(load_config(overrides=["train.use_gpu=true"])) == 1
+    assert default_cpus_per_worker(load_config(overrides=["ray.address=auto"])) == 1
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert default_cpus_per_worker(local) == 1

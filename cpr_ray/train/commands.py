@@ -67,7 +67,9 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     lines = [
         ("already trained: " if summary.get("skipped") else "")
         + f"{summary['steps']} steps on {data.get('examples', '?')} {data.get('format', '')} "
-        f"examples, {summary['workers']} worker(s), {summary.get('seconds', 0):.0f}s",
+        f"examples, {summary['workers']} worker(s)"
+        + (f" of {summary['cpus_per_worker']:g} CPU(s)" if summary.get("cpus_per_worker") else "")
+        + f", {summary.get('seconds', 0):.0f}s",
     ]
     if final:
         lines.append(

@@ -65,6 +65,7 @@ from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.data import read_examples
 from cpr_ray.train.examples import DataOptions, fingerprint
 from cpr_ray.train.loss import InfoNCELoss
+from cpr_ray.train.memory_plan import check_plan_fits
 from cpr_ray.train.sharding import (
     METADATA_FILE,
     FetchingReader,
@@ -466,6 +467,16 @@ def _worker_user_error(exc: BaseException) -> UserError | None:
     return user_error_in(exc)
 
 
+def default_cpus_per_worker(cfg: Config) -> float:
+    """`train.cpus_per_worker` unset: on a local Ray (a laptop, the dry run) the workers share
+    the CPUs Ray was given, so a 1-worker run uses every core rather than one; on GPU workers
+    or a cluster, 1 (the GPU does the work, and the driver cannot see a worker node's CPUs)."""
+    if cfg.train.use_gpu or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+        return 1.0
+    cpus = cfg.ray.num_cpus or len(os.sched_getaffinity(0))
+    return float(max(1, int(cpus) // cfg.train.workers))
+
+
 def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any]]:
     """Check the inputs, write the examples and the run's identity; the plan the workers run."""
     cfg.require("train.data", "train.out", "encoder.model")
@@ -487,6 +498,10 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
             f"{out} holds a run on other data or settings (its {RUN_FILE} differs): give a new "
             "--out, or the same data and train settings to resume it"
         )
+    # before run.json is written: a rerun with the setting the check names is the same run
+    check_plan_fits(cfg, negatives=stats["max_negatives"])
+    if tc.cpus_per_worker is None:
+        tc = tc.model_copy(update={"cpus_per_worker": default_cpus_per_worker(cfg)})
     steps_per_epoch = -(-examples.num_rows // tc.batch_size)  # the last batch wraps around
     total = steps_per_epoch * tc.epochs
     negatives = stats["max_negatives"]
@@ -593,6 +608,7 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
         "doc_prefix": plan.doc_prefix,
         "steps": plan.total_steps,
         "workers": cfg.train.workers,
+        "cpus_per_worker": plan.train.cpus_per_worker,
         "data": stats,
         "final": {k: last[k] for k in ("loss", "accuracy", "lr") if k in last},
         "peak_memory_mb_per_worker": workers["peak_memory_mb"],
