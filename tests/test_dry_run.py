@@ -1,8 +1,8 @@
 """`cpr dry-run` end to end, as a user runs it: the bundled sample, the embedded llama.cpp judge,
 every stage from ingest to synthesize-queries, a few steps of training (it must train), then
 BM25, MiniLM and the fine-tuned MiniLM on the fresh CPR-eval (the figures are those `cpr eval`
-gives on the export); and a second run over the same folder that asks the judge nothing and
-trains nothing.
+gives on the export); and a second run over the same folder that asks the judge nothing, trains
+nothing, encodes nothing and prints the same figures.
 
 Slow (several minutes on 2 cores, plus ~6 to build llama-server on a machine's first run).
 """
@@ -52,6 +52,12 @@ def manifest(out: Path, stage: str) -> dict:
     return json.loads((out / stage / "_MANIFEST.json").read_text())
 
 
+def figures(output: str) -> str:
+    """The dry run's evaluation table, as printed."""
+    start = output.index("CPR-eval of this dry run")
+    return output[start : output.index("R@10 ranks each query's own candidates", start)]
+
+
 def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     out = tmp_path / "dry"
     first = dry_run(out)
@@ -61,6 +67,7 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     for noise in (
         "pid=",
         "PlacementGroupCleaner",
+        "PreemptionWatcher",
         "gcs_actor_scheduler",
         "does not have any available CPUs",
         "TrainController",
@@ -134,3 +141,7 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     assert "to ask gemma" not in second and "to ask gemma" in first
     assert ("already trained" in second) == trained
     assert re.search(r"\b0 encoded, \d+ kept from the previous index", second), second[-3000:]
+    # nor evaluated again: the same export and models give the figures the first run printed
+    evaluated = 3 if trained else 2
+    assert second.count("kept from the previous run (same export and model)") == 2 * evaluated
+    assert figures(second) == figures(first)

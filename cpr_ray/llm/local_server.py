@@ -184,6 +184,12 @@ def local_server(parallel: int = 2, context: int = 8192) -> Iterator[str]:
         str(parallel),
         "-c",
         str(context),
+        # half the cores: the server shares them with Ray's workers (and a test run's other
+        # processes), and every op waits for its slowest thread. On 2 loaded cores 2 threads
+        # gave 2-43 tokens/s depending on who held the other core (6 answers: 122 s), 1 thread
+        # a steady 9-25 (52 s)
+        "--threads",
+        str(max(1, len(os.sched_getaffinity(0)) // 2)),
         # threads sleep between ops instead of spinning: on a small machine the server shares
         # its cores with Ray's workers (and a test run's other processes), and spinning threads
         # that lose their core stall every op (measured here: 0.7 tokens/s instead of ~15)

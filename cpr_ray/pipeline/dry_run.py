@@ -3,6 +3,8 @@ export fine-tuned on, evaluated, indexed and searched, so one command shows each
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ from rich.table import Table
 
 from cpr_ray.command_line import console
 from cpr_ray.config import Config, load_config, minilm_dir
-from cpr_ray.errors import ConfigError
+from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.llm.local_server import local_server
 from cpr_ray.pipeline.build import manifests_table, run_build
 from cpr_ray.storage import Storage, join
@@ -51,7 +53,7 @@ def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None
         )
         return
     fine_tuned = fine_tune(cfg, manifests)
-    evaluate_export(export["output"], fine_tuned)
+    evaluate_export(export["output"], fine_tuned, keep=join(str(cfg.storage.root), "eval"))
     search_export(cfg, export["output"], fine_tuned or minilm_path())
 
 
@@ -64,11 +66,35 @@ def minilm_path() -> str | None:
         return None
 
 
-def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str, Any]]:
+def _evaluation_key(export: str, retriever: str, encoder: str | None, benchmark: str) -> str:
+    """What an evaluation's figures depend on: the export run (its folder names the run), the
+    retriever, the model and its content (the fine-tuned folder keeps its name when retrained,
+    its train.json does not), the benchmark and the code."""
+    from cpr_ray.stage import code_version
+
+    trained = Path(encoder or "").parent / "train.json"  # the dry run's own training summary
+    payload = {
+        "export": export,
+        "retriever": retriever,
+        "encoder": encoder,
+        "trained": trained.read_text() if encoder and trained.is_file() else None,
+        "benchmark": benchmark,
+        "code": code_version(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def evaluate_export(
+    export: str, fine_tuned: str | None = None, *, keep: str | None = None
+) -> list[dict[str, Any]]:
     """The dry run's last step: BM25, MiniLM and (when the dry run trained it) fine-tuned MiniLM
     on the fresh CPR-eval, R@10 against random within each query's candidates, and R@10/R@100
     over the whole exported corpus (cpr-full), so the run shows the export is what evaluation
-    reads and the trained model is what it evaluates."""
+    reads and the trained model is what it evaluates.
+
+    With `keep` (a folder of the build), each evaluation's results are kept there with what
+    they depend on, and a rerun over the same export and models reads them instead of encoding
+    the corpus again: the dry run's promise that nothing is paid twice covers its evaluation."""
     from cpr_ray.evaluate.commands import print_results
     from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.retrieval import make_retriever
@@ -83,7 +109,7 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
     if fine_tuned:
         runs.append(("MiniLM fine-tuned", "dense", fine_tuned))
     results = []
-    for _, retriever, encoder in runs:
+    for label, retriever, encoder in runs:
         loaded = None  # one model load for both benchmarks
         for benchmark in ("cpr", "cpr-full"):
             cfg = load_config(
@@ -94,9 +120,21 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
                     "encoder.model": encoder,
                 }
             )
+            key = _evaluation_key(export, retriever, encoder, benchmark)
+            kept = _kept_results(cfg, keep, key)
+            if kept is not None:
+                results.append(kept)
+                console.print(
+                    f"{label} on {benchmark}: kept from the previous run (same export and model)"
+                )
+                continue
             loaded = loaded or make_retriever(retriever, encoder, RetrieverOptions.from_config(cfg))
             results.append(run_eval(cfg, retriever=loaded))
             print_results(results[-1])
+            if keep is not None:
+                Storage(cfg.storage).write_json(
+                    join(keep, f"{key}.json"), {"key": key, "results": results[-1]}
+                )
     table = Table(title="CPR-eval of this dry run", title_justify="left")
     columns = ("retriever", "queries", "R@10", "95% CI", "random", "× random")
     for col in (*columns, "corpus R@10", "corpus R@100"):
@@ -120,6 +158,20 @@ def evaluate_export(export: str, fine_tuned: str | None = None) -> list[dict[str
         f"all {results[1]['n_documents']:,} exported papers (cpr eval --benchmark cpr-full)"
     )
     return results
+
+
+def _kept_results(cfg: Config, keep: str | None, key: str) -> dict[str, Any] | None:
+    """The results a previous run kept under this key, or None (none kept, or unreadable: a run
+    killed while writing them evaluates again)."""
+    if keep is None:
+        return None
+    storage = Storage(cfg.storage)
+    uri = join(keep, f"{key}.json")
+    try:
+        kept = storage.read_json(uri) if storage.exists(uri) else None
+    except (OSError, ValueError, StorageError):
+        return None
+    return kept["results"] if kept and kept.get("key") == key else None
 
 
 def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
