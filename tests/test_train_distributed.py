@@ -1,7 +1,8 @@
 """Two workers (torch.distributed over gloo, two processes) train exactly as one process on the
 whole batch: the gathered loss and its gradients, and DDP and FSDP (sharded) steps of a tiny
 BERT, plain and with the gradient cache (BERT's unused pooler included, which breaks DDP unless
-frozen); under FSDP with AdamW too, so its sharded moments are used in the second step."""
+frozen); under FSDP with AdamW too, so its sharded moments are used in the second step; and
+LoRA under both (adapters only trainable, gradient checkpointing on)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from cpr_ray.config import LoRAConfig
 from cpr_ray.retrieval.encoder import Encoder
+from cpr_ray.train.lora import add_adapters
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.sharding import shard, transformer_blocks
 from cpr_ray.train.step import (
@@ -32,9 +35,15 @@ WORLD, B, K, D = 2, 6, 2, 8  # global batch of 6 queries, 3 per worker
 # two; with chunks of 4 texts worker 1 alone would not use the cache (4 texts), and it has one
 # chunk of documents fewer: sharded, it must run the cache and a padding chunk all the same
 NEGATIVES = (2, 2, 0, 0, 1, 1, 1, 1)
-# name: (texts per chunk, optimiser); each trains two steps
-VARIANTS = {"plain": (None, "sgd"), "cached": (4, "sgd"), "adamw": (4, "adamw")}
-STRATEGIES = {"ddp": ("plain", "cached"), "fsdp": ("plain", "cached", "adamw")}
+# name: (texts per chunk, optimiser, LoRA); each trains two steps
+VARIANTS = {
+    "plain": (None, "sgd", False),
+    "cached": (4, "sgd", False),
+    "adamw": (4, "adamw", False),
+    "lora": (4, "adamw", True),
+}
+STRATEGIES = {"ddp": ("plain", "cached", "lora"), "fsdp": ("plain", "cached", "adamw", "lora")}
+LORA_B = "backbone.base_model.model.encoder.layer.0.attention.self.query.lora_B.default.weight"
 
 
 @pytest.fixture(autouse=True)
@@ -71,11 +80,16 @@ def _trained(
 ) -> dict[str, torch.Tensor]:
     """The weights (whole) after two steps on this rank's share of two global batches, and the
     second step's loss and gradient norm (over all workers)."""
-    chunk, kind = VARIANTS[variant]
+    chunk, kind, lora = VARIANTS[variant]
     ex = examples(NEGATIVES)
     share = 4 // world
     enc = Encoder.build(model_dir, "mean", max_length=16).eval()  # no dropout
     freeze_unused(enc)
+    if lora:  # the same A on every worker; sharded, blocks mix frozen and trainable weights
+        add_adapters(enc, LoRAConfig(r=4, alpha=8.0, dropout=0.0), seed=0)
+        enc.backbone.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     model: torch.nn.Module = Towers(enc)
     if world > 1 and strategy == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -105,6 +119,11 @@ def _trained(
         "loss": torch.tensor(metrics["loss"]),
         "norm": torch.tensor(metrics["grad_norm"]),
     }
+
+
+def _base_name(name: str) -> str:
+    """A base weight's name under peft, as the plain encoder names it."""
+    return name.replace("base_model.model.", "").replace(".base_layer.", ".")
 
 
 def _worker(rank: int, folder: str, model_dir: str) -> None:
@@ -156,8 +175,16 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path: Path, tin
                     )
     initial = Encoder.build(tiny_bert, "mean").state_dict()
     moved = "backbone.encoder.layer.0.attention.self.query.weight"
-    for variant in VARIANTS:  # the steps did train
+    for variant in ("plain", "cached", "adamw"):  # the steps did train
         assert not torch.equal(single[variant][moved], initial[moved])
+    adapted = [single["lora"]] + [r[f"{s} lora"] for r in ranks for s in ("ddp", "fsdp")]
+    for weights in adapted:  # LoRA: the adapters trained; not one bit of a base weight moved
+        base = {_base_name(k): v for k, v in weights.items() if k.startswith("backbone.")}
+        base = {k: v for k, v in base.items() if ".lora_" not in k}
+        assert base.keys() == initial.keys()
+        for name, tensor in initial.items():
+            assert torch.equal(base[name], tensor), name
+        assert weights[LORA_B].abs().max() > 0  # B starts at zero
 
 
 def test_the_units_sharded_are_the_transformer_blocks(tiny_bert: str):

@@ -1,8 +1,10 @@
 """`cpr train` end to end on Ray Train: a sharded (FSDP) run of two workers with checkpoints on
 a real S3 endpoint (moto), a worker failure resumed from the last checkpoint with the same
 step count and the weights of an uninterrupted run, and the final model in
-sentence-transformers form; which checkpoint a restart restores from, for both strategies; plus
-the one-line errors of the CLI and the job, and an OUT that refuses a run on other data. (Two
+sentence-transformers form; a sharded LoRA run whose checkpoints hold only the adapters and whose
+final model has them merged; which checkpoint a restart restores from, for both strategies;
+plus the one-line errors of the CLI and the job, and an OUT that refuses a run on other data or
+settings (LoRA's among them). (Two
 workers training as one process: test_train_distributed.py, with torch.distributed directly,
 which costs a fraction of a Ray worker group here; a DDP run resumed after a lost node:
 test_node_loss.py.)"""
@@ -26,6 +28,7 @@ from cpr_ray.config import Config, load_config
 from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage, StorageConfig
+from cpr_ray.train.lora import add_adapters, merge
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.step import (
     ContrastiveStep,
@@ -77,6 +80,8 @@ def _uninterrupted(cfg: Config, storage: Storage) -> Encoder:
         cfg.encoder.model, cfg.encoder.pooling, max_length=tc.max_length, dtype=cfg.encoder.dtype
     )
     freeze_unused(encoder)
+    if tc.lora is not None:
+        add_adapters(encoder, tc.lora, tc.seed)
     optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
     step = ContrastiveStep(
         Towers(encoder),
@@ -88,7 +93,7 @@ def _uninterrupted(cfg: Config, storage: Storage) -> Encoder:
     )
     for s in range(run["steps"]):
         step(examples.batch(global_batch_rows(len(examples), tc.batch_size, tc.seed, s)))
-    return encoder
+    return encoder if tc.lora is None else merge(encoder)
 
 
 def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
@@ -167,6 +172,66 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
     assert run_train(cfg)["skipped"]  # a finished run is not trained again
 
 
+def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
+    ray_session, minilm: str, tmp_path: Path
+):
+    """Sharded, on one worker (two: the sharded run above; LoRA on two workers:
+    test_train_distributed.py): the adapters' slices and optimiser state are the whole
+    checkpoint, a restart adds fresh adapters to the base model and loads them, and the final
+    model is the base with the adapters merged, as one process computes it."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    model = make_tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
+    out = tmp_path / "out"
+    cfg = load_config(
+        overrides=[
+            f"train.data={_triplets(tmp_path / 'train.jsonl')}",
+            "train.format=triplets",
+            f"encoder.model={model}",
+            f"train.out={out}",
+            "train.strategy=fsdp",
+            "train.batch_size=4",  # 8 examples: 2 steps
+            "train.max_length=32",
+            "train.lr=1e-2",
+            "train.lora.r=4",
+            "train.lora.dropout=0",
+            "train.checkpoint_every=1",
+            "train.max_failures=1",
+        ]
+    )
+    summary = run_train(cfg, on_step=FailOnce(tmp_path / "failed", step=2))
+    assert (tmp_path / "failed").exists() and summary["steps"] == 2
+    storage = Storage(StorageConfig())
+    rows = [json.loads(line) for line in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
+    assert [r["resumed_from"] for r in rows] == [0, 1]  # step 2 from step 1's adapters
+    base_bytes = (Path(model) / "model.safetensors").stat().st_size
+    checkpoints = sorted(p for p in (out / "run").glob("checkpoint_*") if p.is_dir())
+    assert len(checkpoints) == 2
+    for checkpoint in checkpoints:
+        sizes = [p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()]
+        assert sum(sizes) < base_bytes / 5  # the adapters, their moments and DCP's index
+        index = FileSystemReader(str(checkpoint / "sharded")).read_metadata()
+        weights = [k for k in index.state_dict_metadata if k.startswith("model.")]
+        assert weights and all(".lora_" in k for k in weights), weights
+
+    local = out / "model"
+    expected = _uninterrupted(cfg, storage)
+    trained = Encoder.load(str(local)).state_dict()
+    initial = Encoder.build(model).state_dict()
+    assert trained.keys() == initial.keys()  # a plain model: no adapter, no peft names
+    for name, tensor in expected.state_dict().items():
+        torch.testing.assert_close(trained[name], tensor, atol=2e-5, rtol=0, msg=name)
+    moved = "backbone.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(trained[moved], initial[moved])  # the adapters, merged
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["amber basalt cobalt", "dune ember fjord garnet"]
+    with torch.no_grad():
+        vectors = expected(expected.tokenize(texts)).numpy()
+    st = SentenceTransformer(str(local), device="cpu")
+    np.testing.assert_allclose(st.encode(texts), vectors, atol=1e-5)
+
+
 def _checkpoint_folder(root: Path, name: str, state: dict, files: dict[str, int]) -> None:
     folder = root / "run" / name
     for path, size in files.items():
@@ -177,8 +242,9 @@ def _checkpoint_folder(root: Path, name: str, state: dict, files: dict[str, int]
 
 def test_a_restart_restores_the_newest_whole_checkpoint(tmp_path: Path):
     """A checkpoint counts when storage holds the files its state.pt lists, at those sizes:
-    the model (ddp), or every worker's slices and the index (fsdp); only the state, and the
-    model or the index, are copied (each worker fetches the slices it reads)."""
+    the model or a LoRA run's adapters (ddp), or every worker's slices and the index (fsdp);
+    only the state, and the model, the adapters or the index, are copied (each worker fetches
+    the slices it reads)."""
     storage = Storage(StorageConfig())
     out = tmp_path / "out"
     model = {"model.safetensors": 5, "1_Pooling/config.json": 2}
@@ -195,6 +261,9 @@ def test_a_restart_restores_the_newest_whole_checkpoint(tmp_path: Path):
     _checkpoint_folder(out, "checkpoint_3", {"step": 3, "sharded": True, "files": lists}, slices)
     cut = {"model/model.safetensors": 4, "model/1_Pooling/config.json": 2}  # cut short
     _checkpoint_folder(out, "checkpoint_4", {"step": 4, "files": model}, cut)
+    adapter = {"adapter_model.safetensors": 4, "adapter_config.json": 2}  # LoRA (ddp)
+    state = {"step": 5, "adapter": True, "files": adapter}
+    _checkpoint_folder(out, "checkpoint_5", state, {"adapter/adapter_config.json": 2})
 
     restored = _newest_checkpoint(storage, str(out), str(tmp_path / "local"))
     assert restored is not None and restored.state["step"] == 2
@@ -210,6 +279,12 @@ def test_a_restart_restores_the_newest_whole_checkpoint(tmp_path: Path):
     restored = _newest_checkpoint(storage, str(out), str(tmp_path / "again"))
     assert restored is not None and restored.state["step"] == 1
     assert (Path(restored.folder) / "model" / "1_Pooling" / "config.json").exists()
+
+    # the adapters' upload completed: a flat folder, copied whole
+    (out / "run" / "checkpoint_5" / "adapter" / "adapter_model.safetensors").write_bytes(b"x" * 4)
+    restored = _newest_checkpoint(storage, str(out), str(tmp_path / "adapter"))
+    assert restored is not None and restored.state["step"] == 5
+    assert sorted(p.name for p in (Path(restored.folder) / "adapter").iterdir()) == sorted(adapter)
 
 
 def test_cli_and_job_report_a_malformed_file_in_one_line(minilm: str, tmp_path: Path, capsys):
@@ -245,6 +320,8 @@ def test_an_out_refuses_a_run_on_other_data(minilm: str, tmp_path: Path):
     assert (plan.total_steps, plan.negatives, stats["examples"]) == (2, 1, 8)
     moved = [*overrides, "train.max_steps=1", "train.checkpoint_every=5"]  # operational only
     assert prepare_run(load_config(overrides=moved), storage)[0].total_steps == 1
+    with pytest.raises(ConfigError, match="holds a run on other data or settings"):
+        prepare_run(load_config(overrides=[*overrides, "train.lora.r=8"]), storage)
     data.write_text(data.read_text().replace("amber", "AMBER"))
     with pytest.raises(ConfigError, match="holds a run on other data or settings"):
         prepare_run(load_config(overrides=overrides), storage)

@@ -1,5 +1,6 @@
 """One training step with MiniLM in one process: the loss goes down, the gradient cache gives
-the plain step's gradients, and the saved model is what sentence-transformers loads."""
+the plain step's gradients, the saved model is what sentence-transformers loads, and LoRA
+trains only its adapters and merges into a plain model that encodes as the adapted one."""
 
 from __future__ import annotations
 
@@ -13,11 +14,22 @@ import pyarrow as pa
 import pytest
 import torch
 
+from cpr_ray.config import LoRAConfig
+from cpr_ray.errors import ConfigError
 from cpr_ray.queries.cw import content_word_counts
 from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.train.examples import EXAMPLES
 from cpr_ray.train.formats.common import text_keys
+from cpr_ray.train.lora import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_state_dict,
+    add_adapters,
+    load_adapter,
+    merge,
+    save_adapter,
+)
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.step import (
     ContrastiveStep,
@@ -200,3 +212,73 @@ def test_saved_model_loads_in_sentence_transformers(request, tmp_path, model: st
         "Pooling",
         "Normalize",
     ]
+
+
+def test_lora_trains_only_adapters_and_merges_into_a_plain_model(tiny_bert: str, tmp_path):
+    from safetensors import safe_open
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["amber basalt cobalt", "dune ember fjord garnet harbor"]
+    initial = Encoder.load(tiny_bert, "mean", max_length=32)
+    with torch.no_grad():
+        before = initial(initial.tokenize(texts))
+    enc = Encoder.build(tiny_bert, "mean", max_length=32)
+    freeze_unused(enc)
+    lora = LoRAConfig(r=4, alpha=8.0, dropout=0.1)
+    add_adapters(enc, lora, seed=0)
+    # non-reentrant checkpointing needs no input that requires grad (peft's hook for it is off)
+    enc.backbone.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False}
+    )
+    trainable = [n for n, p in enc.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n and ".pooler." not in n for n in trainable)
+    start = {k: v.clone() for k, v in adapter_state_dict(enc).items()}
+    opt = optimizer_for(enc, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    step = _step(enc, opt, chunk=4)  # the gradient cache: dropout on the adapters replayed
+    ex = examples()
+    for s in range(3):
+        assert np.isfinite(step(ex.batch(global_batch_rows(len(ex), 4, 42, s)))["loss"])
+
+    base = enc.backbone.get_base_model().state_dict()  # the injected model, adapters inside
+    frozen = {k.replace(".base_layer.", "."): v for k, v in base.items() if ".lora_" not in k}
+    untouched = initial.backbone.state_dict()
+    assert frozen.keys() == untouched.keys()
+    for name, tensor in untouched.items():  # weight decay included: not one bit moved
+        assert torch.equal(frozen[name], tensor), name
+    trained = adapter_state_dict(enc)
+    assert all(not torch.equal(trained[k], v) for k, v in start.items())  # A and B
+
+    enc.eval()
+    with torch.no_grad():
+        adapted = enc(enc.tokenize(texts))
+    assert (adapted - before).abs().max() > 1e-3
+
+    # a checkpoint's adapters alone, into fresh adapters (another seed) on the base model
+    save_adapter(enc, str(tmp_path / "adapter"))
+    assert {p.name for p in (tmp_path / "adapter").iterdir()} == {ADAPTER_WEIGHTS, ADAPTER_CONFIG}
+    restored = Encoder.build(tiny_bert, "mean", max_length=32).eval()
+    add_adapters(restored, lora, seed=1)
+    load_adapter(restored, str(tmp_path / "adapter"))
+    with torch.no_grad():
+        torch.testing.assert_close(restored(restored.tokenize(texts)), adapted, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="merge them first"):
+        restored.save_sentence_transformers(tmp_path / "unmerged")
+
+    merged = merge(enc)
+    assert not hasattr(merged.backbone, "peft_config")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(merged.tokenize(texts)), adapted, rtol=0, atol=1e-5)
+    path = tmp_path / "model"
+    merged.save_sentence_transformers(path)
+    assert not (path / ADAPTER_CONFIG).exists()
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert keys == set(untouched)  # the base model's names: no lora_, base_layer, base_model
+    st = SentenceTransformer(str(path), device="cpu")
+    np.testing.assert_allclose(st.encode(texts), adapted.numpy(), atol=1e-5)
+
+
+def test_lora_targets_that_match_nothing_name_the_setting(tiny_bert: str):
+    enc = Encoder.build(tiny_bert, "mean")
+    with pytest.raises(ConfigError, match="train.lora.target_modules"):
+        add_adapters(enc, LoRAConfig(target_modules=("no_such_layer",)), seed=0)

@@ -243,6 +243,8 @@ class Encoder(nn.Module):
         """
         if self.pooling == "splade":
             raise ValueError("a SPLADE encoder has no sentence-transformers dense form")
+        if hasattr(self.backbone, "peft_config"):  # its save_pretrained writes adapters alone
+            raise ValueError("an encoder with LoRA adapters: merge them first (train/lora.py)")
         out = Path(path)
         (out / "1_Pooling").mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(out)

@@ -67,10 +67,13 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     lines = [
         ("already trained: " if summary.get("skipped") else "")
         + f"{summary['steps']} steps on {data.get('examples', '?')} {data.get('format', '')} "
-        f"examples, {summary['workers']} worker(s)"
+        f"examples, {summary['workers']} {summary.get('strategy', 'ddp')} worker(s)"
         + (f" of {summary['cpus_per_worker']:g} CPU(s)" if summary.get("cpus_per_worker") else "")
         + f", {summary.get('seconds', 0):.0f}s",
     ]
+    if summary.get("lora"):
+        lora = summary["lora"]
+        lines.append(f"LoRA r {lora['r']}, alpha {lora['alpha']:g}: adapters merged into the model")
     if final:
         lines.append(
             f"last step: loss {final['loss']:.4f}, in-batch accuracy {final['accuracy']:.3f}"

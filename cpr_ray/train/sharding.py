@@ -11,7 +11,10 @@ holds (``__<rank>_0.distcp``), rank 0 the index of where each slice is (``.metad
 restoring reads only the files the index sends it to (`FetchingReader`), so a restart never
 copies every worker's share of a large model to every worker, and a run resumed on a different
 number of workers reads the slices it now needs. The final model is gathered whole on rank 0
-(`full_state_dict`) and saved as a plain model.
+(`full_state_dict`) and saved as a plain model. Under LoRA (``lora.py``) the frozen base weights
+are sharded as any others, but checkpoints and the final gather take only the trainable
+parameters (``trainable_only``): the adapters (FSDP2 shards each parameter on its own, so a
+block may mix frozen and trainable ones; only the trainable ones need one dtype).
 """
 
 from __future__ import annotations
@@ -69,31 +72,55 @@ def shard(model: nn.Module, device: torch.device, bf16: bool) -> FSDPModule:
     return fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def full_state_dict(model: nn.Module) -> dict[str, Any]:
-    """Every parameter and buffer of a sharded `model`, whole, in CPU memory on rank 0 (an
-    empty dict on the others). Every rank must call it: the slices are gathered."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def full_state_dict(model: nn.Module, *, trainable_only: bool = False) -> dict[str, Any]:
+    """Every parameter and buffer of a sharded `model` (`trainable_only`: without the frozen
+    parameters, e.g. a LoRA run's base weights), whole, in CPU memory on rank 0 (an empty dict
+    on the others). Every rank must call it: the slices are gathered."""
+    options = StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
+    )
     return get_model_state_dict(model, options=options)
 
 
-def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str) -> None:
+def save_sharded(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    folder: str,
+    *,
+    trainable_only: bool = False,
+) -> None:
     """This rank's slices of the model and optimiser state into `folder` (a local folder of its
-    own: DCP needs no shared file system); rank 0 also writes the index. A collective."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    own: DCP needs no shared file system); rank 0 also writes the index. A collective.
+
+    `trainable_only`: the parameters that train (a LoRA run's adapters) and buffers, not the
+    frozen ones, which the run takes from the base model again when it resumes."""
+    options = StateDictOptions(ignore_frozen_params=trainable_only)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
 
 
 def load_sharded(
-    model: nn.Module, optimizer: torch.optim.Optimizer, reader: FileSystemReader
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    reader: FileSystemReader,
+    *,
+    trainable_only: bool = False,
 ) -> None:
-    """The model's and optimiser's state from a checkpoint `save_sharded` wrote. A collective."""
+    """The model's and optimiser's state from a checkpoint `save_sharded` wrote, with the same
+    `trainable_only`. A collective."""
     # the state dicts of the live model and optimiser are the targets DCP reads the slices into
-    # (an optimiser that has not stepped gets its moments created first, at zero)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    # (an optimiser that has not stepped gets its moments created first, at zero); DCP fails on
+    # a target missing from the checkpoint, so only the frozen parameters stay as they are
+    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, storage_reader=reader)
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=options,
     )
 
 

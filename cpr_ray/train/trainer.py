@@ -16,11 +16,16 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
   ``sharded/``, a ``torch.distributed.checkpoint`` of the model and optimiser state
   (``__<rank>_0.distcp`` from each worker, ``.metadata`` the index), written by every worker
   into one folder (Ray Train merges the workers' reports), and ``state.pt`` (schedule, step,
-  metrics, the size of every worker's files);
+  metrics, the size of every worker's files). With ``train.lora`` (``lora.py``) a checkpoint
+  holds the adapters, never the base weights: ``adapter/`` (peft's
+  ``adapter_model.safetensors`` and ``adapter_config.json``) in place of ``model/`` (ddp), or
+  only the adapters' slices and optimiser state in ``sharded/`` (fsdp); a restart loads the
+  base model (``encoder.model``) again, adds the adapters and loads theirs;
 - ``metrics.jsonl``: one line per step (loss, in-batch accuracy, lr, grad norm, pairs/s), written
   with every checkpoint; rank 0 also prints each step as it ends;
 - ``model/``: the final model, which ``SentenceTransformer(path)`` loads and ``cpr eval
-  --retriever dense --model PATH`` evaluates with the training's pooling and instructions;
+  --retriever dense --model PATH`` evaluates with the training's pooling and instructions (a
+  LoRA run's adapters merged into the base weights: a plain model, loaded without peft);
 - ``workers.json``: each worker's peak memory and the last step's metrics;
 - ``train.json``: the summary, written last: a run whose summary exists is not trained again.
 
@@ -64,6 +69,13 @@ from cpr_ray.stage import console
 from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.data import read_examples
 from cpr_ray.train.examples import DataOptions, fingerprint
+from cpr_ray.train.lora import (
+    add_adapters,
+    load_adapter,
+    load_trainable_state,
+    merge,
+    save_adapter,
+)
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.memory_plan import check_plan_fits
 from cpr_ray.train.sharding import (
@@ -88,7 +100,8 @@ from cpr_ray.train.step import (
 RUN_NAME = "run"  # Ray Train's run folder under OUT: the same name resumes
 EXAMPLES_FILE, RUN_FILE, METRICS_FILE = "examples.parquet", "run.json", "metrics.jsonl"
 WORKERS_FILE, SUMMARY_FILE, MODEL_DIR = "workers.json", "train.json", "model"
-STATE_FILE, SHARDED_DIR = "state.pt", "sharded"  # in a checkpoint; sharded/: fsdp's state
+# in a checkpoint; sharded/: fsdp's state; adapter/: a LoRA run's adapters (ddp)
+STATE_FILE, SHARDED_DIR, ADAPTER_DIR = "state.pt", "sharded", "adapter"
 # train keys that change how a run is carried out, not what it computes: a resumed run may
 # change them
 OPERATIONAL = {
@@ -191,7 +204,9 @@ def _upload(storage: Storage, local: str, uri: str) -> None:
 def _download(storage: Storage, uri: str, local: str) -> None:
     """A file or a folder from storage to the local path `local`."""
     loc = storage.resolve(uri)
-    os.makedirs(os.path.dirname(local), exist_ok=True)
+    # a folder's own: copy_files makes only the subfolders of the files it copies
+    folder = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+    os.makedirs(local if folder else os.path.dirname(local), exist_ok=True)
     pafs.copy_files(loc.path, local, source_filesystem=loc.fs)
 
 
@@ -215,7 +230,8 @@ class Restored:
     """A whole checkpoint: where it is on storage, its local copy, its training state."""
 
     uri: str
-    folder: str  # state.pt; and model/ (ddp), or the sharded index sharded/.metadata (fsdp)
+    # state.pt; and model/ or adapter/ (ddp), or the sharded index sharded/.metadata (fsdp)
+    folder: str
     state: dict[str, Any]
 
     def fetch_sharded(self, storage: Storage, name: str) -> None:
@@ -227,6 +243,13 @@ class Restored:
         )
 
 
+def _content(state: dict[str, Any]) -> str:
+    """The folder of a checkpoint whose ``state.pt`` is `state` that holds its weights."""
+    if state.get("sharded"):
+        return SHARDED_DIR
+    return ADAPTER_DIR if state.get("adapter") else MODEL_DIR
+
+
 def _newest_checkpoint(storage: Storage, out: str, local: str) -> Restored | None:
     """The newest whole checkpoint of the run under ``OUT/run``, its state copied under
     `local`; None when there is none.
@@ -236,10 +259,11 @@ def _newest_checkpoint(storage: Storage, out: str, local: str) -> Restored | Non
     after a checkpoint was written (the common case on spot workers) made the run start again
     from step 0. So the run restores from what storage holds: checkpoint folders are named by
     time, and one counts when its ``state.pt`` loads and the files on storage have the sizes
-    the state lists (a copy cut short by the loss is passed over): the model's files (ddp), or
-    every worker's slices and the index (fsdp), since a sharded checkpoint is whole only when
-    each worker's upload is. Only a whole one is copied: the model (ddp), or the index (fsdp;
-    each worker later fetches the slices it reads)."""
+    the state lists (a copy cut short by the loss is passed over): the model's or the
+    adapters' files (ddp), or every worker's slices and the index (fsdp), since a sharded
+    checkpoint is whole only when each worker's upload is. Only a whole one is copied: the
+    model or the adapters (ddp), or the index (fsdp; each worker later fetches the slices it
+    reads)."""
     run = join(out, RUN_NAME)
     for uri in reversed(storage.list_dirs(run)):
         name = uri.rsplit("/", 1)[-1]
@@ -249,7 +273,7 @@ def _newest_checkpoint(storage: Storage, out: str, local: str) -> Restored | Non
         try:
             _download(storage, join(uri, STATE_FILE), os.path.join(folder, STATE_FILE))
             state = torch.load(os.path.join(folder, STATE_FILE), weights_only=False)
-            content = SHARDED_DIR if state.get("sharded") else MODEL_DIR
+            content = _content(state)
             if state.get("files") != _stored_files(storage, join(uri, content)):
                 continue
             needed = posixpath.join(content, METADATA_FILE) if state.get("sharded") else content
@@ -289,16 +313,21 @@ def train_worker(config: dict[str, Any]) -> None:
     storage = Storage(plan.storage)
     examples = Examples(storage.read_parquet(join(plan.out, EXAMPLES_FILE)), plan.negatives)
 
-    sharded = tc.strategy == "fsdp"
+    sharded, adapted = tc.strategy == "fsdp", tc.lora is not None
     with tempfile.TemporaryDirectory(prefix="cpr-train-") as tmp:
         restored = _newest_checkpoint(storage, plan.out, os.path.join(tmp, "restored"))
         model_path = plan.model
-        if restored is not None and not sharded:  # a restart, or a rerun of the same OUT
+        # a restart, or a rerun of the same OUT; a LoRA run's base is always the base model
+        if restored is not None and not sharded and not adapted:
             model_path = os.path.join(restored.folder, MODEL_DIR)
         encoder = Encoder.build(
             model_path, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
         )
         freeze_unused(encoder)
+        if tc.lora is not None:  # before checkpointing, DDP and sharding, which see adapters
+            add_adapters(encoder, tc.lora, tc.seed)
+            if restored is not None and not sharded:
+                load_adapter(encoder, os.path.join(restored.folder, ADAPTER_DIR))
         if tc.gradient_checkpointing:  # before sharding: it changes how blocks are called
             encoder.backbone.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -315,10 +344,10 @@ def train_worker(config: dict[str, Any]) -> None:
         start, history = 0, []
         if restored is not None:
             state = restored.state
-            if sharded:  # the base model's weights are replaced by the checkpoint's
+            if sharded:  # the base model's weights (LoRA: the adapters) become the checkpoint's
                 fetch = functools.partial(restored.fetch_sharded, storage)
                 reader = FetchingReader(os.path.join(restored.folder, SHARDED_DIR), fetch)
-                load_sharded(model, optimizer, reader)
+                load_sharded(model, optimizer, reader, trainable_only=adapted)
             else:
                 optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -359,7 +388,8 @@ def train_worker(config: dict[str, Any]) -> None:
         if world > 1:
             peaks = [None] * world
             dist.all_gather_object(peaks, _peak_memory_mb())
-        whole = full_state_dict(model) if sharded else {}  # every worker sends its slices
+        # every worker sends its slices (LoRA: of the adapters; the base is plan.model's)
+        whole = full_state_dict(model, trainable_only=adapted) if sharded else {}
         if rank == 0:
             final = os.path.join(tmp, "final")
             saved = encoder
@@ -367,7 +397,13 @@ def train_worker(config: dict[str, Any]) -> None:
                 saved = Encoder.build(
                     plan.model, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
                 )
-                Towers(saved).load_state_dict(whole)
+                if tc.lora is not None:
+                    add_adapters(saved, tc.lora, tc.seed)
+                    load_trainable_state(Towers(saved), whole)
+                else:
+                    Towers(saved).load_state_dict(whole)
+            if adapted:  # the output is a plain model: the adapters go into its weights
+                saved = merge(saved)
             saved.save_sentence_transformers(
                 final, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
             )
@@ -388,13 +424,15 @@ def _checkpoint(
 ) -> None:
     """The training state after `done` steps; every rank reports (a barrier).
 
-    ddp: rank 0 saves the model and ``state.pt``, optimiser included. fsdp: every rank saves
-    its slices of the model and optimiser into ``sharded/`` and reports its folder (Ray Train
-    merges the ranks' folders into one checkpoint on storage); rank 0's ``state.pt`` lists
-    every rank's files with their sizes, so a checkpoint missing any of them is not whole.
-    The local copy goes once uploaded: a large model's checkpoints would fill the disk."""
+    ddp: rank 0 saves the model (LoRA: the adapters alone) and ``state.pt``, optimiser
+    included. fsdp: every rank saves its slices of the model (LoRA: of the adapters) and
+    optimiser into ``sharded/`` and reports its folder (Ray Train merges the ranks' folders
+    into one checkpoint on storage); rank 0's ``state.pt`` lists every rank's files with their
+    sizes, so a checkpoint missing any of them is not whole. The local copy goes once
+    uploaded: a large model's checkpoints would fill the disk."""
     import ray.train
 
+    adapted = plan.train.lora is not None
     folder = os.path.join(tmp, f"checkpoint-{done}")
     state: dict[str, Any] = {
         "scheduler": step.scheduler.state_dict(),
@@ -402,19 +440,21 @@ def _checkpoint(
         "history": history,
     }
     if plan.train.strategy == "fsdp":
-        save_sharded(step.model, step.optimizer, os.path.join(folder, SHARDED_DIR))
+        sharded = os.path.join(folder, SHARDED_DIR)
+        save_sharded(step.model, step.optimizer, sharded, trainable_only=adapted)
         files: list[dict[str, int]] = [{}] * dist.get_world_size()
-        dist.all_gather_object(files, _model_files(os.path.join(folder, SHARDED_DIR)))
+        dist.all_gather_object(files, _model_files(sharded))
         state.update(sharded=True, files={k: v for part in files for k, v in part.items()})
     elif rank == 0:
-        step.encoder.save_sentence_transformers(
-            os.path.join(folder, MODEL_DIR),
-            query_prefix=plan.query_prefix,
-            doc_prefix=plan.doc_prefix,
-        )
+        content = os.path.join(folder, ADAPTER_DIR if adapted else MODEL_DIR)
+        if adapted:
+            save_adapter(step.encoder, content)
+        else:
+            step.encoder.save_sentence_transformers(
+                content, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
+            )
         state.update(
-            optimizer=step.optimizer.state_dict(),
-            files=_model_files(os.path.join(folder, MODEL_DIR)),
+            optimizer=step.optimizer.state_dict(), files=_model_files(content), adapter=adapted
         )
     if rank == 0:
         torch.save(state, os.path.join(folder, STATE_FILE))
@@ -609,6 +649,8 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
         "steps": plan.total_steps,
         "workers": cfg.train.workers,
         "cpus_per_worker": plan.train.cpus_per_worker,
+        "strategy": cfg.train.strategy,
+        "lora": cfg.train.lora.model_dump(mode="json") if cfg.train.lora else None,
         "data": stats,
         "final": {k: last[k] for k in ("loss", "accuracy", "lr") if k in last},
         "peak_memory_mb_per_worker": workers["peak_memory_mb"],
