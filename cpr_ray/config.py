@@ -349,6 +349,11 @@ Pooling = Literal["auto", "mean", "cls", "last_token"]
 class EncoderConfig(_Section):
     """One text encoder, read the same way by evaluation, candidate pooling, training and search."""
 
+    # how the model loads, not what it computes (the model's files are fingerprinted where its
+    # vectors are cached): left out of the pooling stage's fingerprint, so a build made before
+    # the setting existed is not pooled again
+    operational: ClassVar[frozenset[str]] = frozenset({"trust_remote_code"})
+
     model: str | None = Field(
         None,
         description="Model path or hub name. Unset: the retriever's default "
@@ -378,6 +383,12 @@ class EncoderConfig(_Section):
         default_factory=dict,
         description="Custom Ray resources each encoder actor reserves, e.g. {cpr_gpu_node: 1} "
         "so actors land only on the GPU worker type of cluster.yaml.",
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run the model repository's own Python code (transformers' "
+        "trust_remote_code): only for models whose code you trust. Needed by models whose "
+        "architecture ships as code, such as nvidia/llama-embed-nemotron-8b.",
     )
 
 

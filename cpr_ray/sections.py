@@ -19,4 +19,18 @@ class Section(BaseModel):
     operational: ClassVar[frozenset[str]] = frozenset()
 
     def fingerprint(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude=set(self.operational))
+        """The section's settings as JSON, less its operational fields and those of every
+        section nested in it (a pooler's `encoder:` inside `pooling:`)."""
+        dumped = self.model_dump(mode="json", exclude=set(self.operational))
+        return {name: _nested(getattr(self, name), value) for name, value in dumped.items()}
+
+
+def _nested(value: Any, dumped: Any) -> Any:
+    """`dumped` (the JSON dump of `value`) with nested sections' operational fields left out."""
+    if isinstance(value, Section):
+        return value.fingerprint()
+    if isinstance(value, (list, tuple)) and isinstance(dumped, list):
+        return [_nested(v, d) for v, d in zip(value, dumped)]
+    if isinstance(value, dict) and isinstance(dumped, dict) and len(value) == len(dumped):
+        return {k: _nested(v, d) for (k, d), v in zip(dumped.items(), value.values())}
+    return dumped

@@ -95,6 +95,48 @@ def minilm_encoder(_minilm_encoder):
     return copy.deepcopy(_minilm_encoder)
 
 
+REMOTE_CODE_FILES = {
+    "configuration_cprx.py": """from transformers import BertConfig
+
+
+class CprXConfig(BertConfig):
+    model_type = "cpr-test-bert"
+""",
+    "modeling_cprx.py": """from transformers import BertModel
+
+from .configuration_cprx import CprXConfig
+
+
+class CprXModel(BertModel):
+    config_class = CprXConfig
+""",
+}
+
+
+@pytest.fixture(scope="session")
+def remote_code_model(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random BERT whose architecture is the folder's own code (`auto_map`, a model type
+    transformers does not know), as nvidia/llama-embed-nemotron-8b's is: transformers loads it
+    only with trust_remote_code."""
+    from tests.test_train_step import make_tiny_bert
+
+    folder = tmp_path_factory.mktemp("remote-code-bert")
+    make_tiny_bert(minilm, folder)
+    for name, code in REMOTE_CODE_FILES.items():
+        (folder / name).write_text(code)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="cpr-test-bert",
+        architectures=["CprXModel"],
+        auto_map={
+            "AutoConfig": "configuration_cprx.CprXConfig",
+            "AutoModel": "modeling_cprx.CprXModel",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("moto") / "moto.log"

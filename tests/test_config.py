@@ -37,6 +37,8 @@ def test_the_methods_training_recipes_are_profiles_on_the_cluster(name: str):
     assert cfg.train.use_gpu and cfg.train.resources_per_worker == {"cpr_gpu_node": 1}
     tc = cfg.train
     assert (cfg.encoder.model, cfg.encoder.pooling) == (model, pooling)
+    # llama-embed-nemotron's architecture is its repository's own code (LlamaBidirectionalModel)
+    assert cfg.encoder.trust_remote_code == (name == "llama-embed-nemotron-8b")
     assert (tc.lr, tc.warmup_steps, tc.min_lr_ratio, tc.betas, tc.weight_decay) == (
         lr, warmup, floor, betas, decay
     )  # fmt: skip

@@ -110,6 +110,18 @@ def test_index_answers_as_exact_search_with_metadata(built):
     assert results[1]["hits"][0]["field"].startswith("Biochemistry")
 
 
+def test_trust_remote_code_is_the_searchers_setting_not_the_indexs(built):
+    """encoder.trust_remote_code reaches the query encoder from the searcher's config (`cpr
+    search`, `cpr serve`): an index records no such setting, so reading one runs no model code
+    its reader has not allowed, and setting it never makes a rebuild re-encode."""
+    cfg, manifest, *_ = built
+    assert "trust_remote_code" not in manifest["encoder"]
+    storage = Storage(cfg.storage)
+    assert not SearchIndex.load(storage, cfg.search.index).spec.trust_remote_code
+    trusted = SearchIndex.load(storage, cfg.search.index, trust_remote_code=True)
+    assert trusted.spec.trust_remote_code
+
+
 def test_filters_run_inside_the_search(built):
     cfg, _, rows, docs, enc = built
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)

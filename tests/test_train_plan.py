@@ -112,6 +112,24 @@ def test_plan_cli_prints_the_table(minilm):
     assert "configured (ddp): " in result.output
 
 
+def test_plan_cli_runs_a_models_own_code_only_with_the_setting(remote_code_model):
+    """A model whose architecture is its own code (llama-embed-nemotron-8b's
+    LlamaBidirectionalModel; here a tiny local one): the plan builds it with that code when
+    encoder.trust_remote_code is set, and without it ends in one line naming the setting."""
+    args = ["train", "--plan", "--model", remote_code_model]
+    result = runner.invoke(app, [*args, "--set", "encoder.trust_remote_code=true"])
+    assert result.exit_code == 0, result.output
+    name = remote_code_model.rstrip("/").rsplit("/", 1)[-1]
+    assert result.output.splitlines()[0].startswith(f"{name}: "), result.output
+    assert "configured (ddp): " in result.output
+
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model "), lines
+    assert "encoder.trust_remote_code=true" in lines[0]
+
+
 def test_plan_cli_with_a_missing_model_is_one_line(tmp_path):
     result = runner.invoke(app, ["train", "--plan", "--model", str(tmp_path / "none")])
     assert result.exit_code == 2

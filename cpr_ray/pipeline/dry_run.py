@@ -236,7 +236,7 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     storage = Storage(search_cfg.storage)
     first = storage.read_parquet(join(export, "cpr-eval.parquet"), ["query_id", "query"])
     query = Query(first["query_id"][0].as_py(), first["query"][0].as_py())
-    index = SearchIndex.load(storage, out)
+    index = SearchIndex.load(storage, out, trust_remote_code=search_cfg.encoder.trust_remote_code)
     opts = search_options(search_cfg, k=5, other_fields_only=True)
     print_result(run_search(index, [query], opts, search_cfg)[0])
     console.print(f'try: cpr search {out} "How to …" --other-fields-only', soft_wrap=True)

@@ -15,7 +15,9 @@ what sentence-transformers itself does with a plain transformers checkpoint. Tha
 (a model this package fine-tuned and saved with ``Encoder.save_sentence_transformers``, which
 writes that same format, so ``SentenceTransformer(path)`` loads it as it was trained). ``splade``
 loads the masked-LM head instead and pools it into a vocabulary-sized vector. Models load with
-``from_pretrained``: a local folder, or a hub name where the hub can be reached.
+``from_pretrained``: a local folder, or a hub name where the hub can be reached. A model whose
+architecture ships as its own Python code (``auto_map`` in its config, e.g. llama-embed-nemotron)
+loads only with ``trust_remote_code`` (``encoder.trust_remote_code``), which runs that code.
 
 :class:`DenseEncoder` and :class:`SpladeEncoder` encode lists of texts in batches with the query
 and document instructions of an :class:`~cpr_ray.retrieval.spec.EncoderSpec`. The spec is what
@@ -58,6 +60,24 @@ SORT_CHUNK = 8192  # texts tokenised and length-sorted together
 
 class ModelError(UserError, ValueError):
     """A model that cannot be loaded, or not encoded the way its own config says."""
+
+
+REMOTE_CODE_KEY = "encoder.trust_remote_code"
+
+
+def refuses_remote_code(exc: BaseException) -> bool:
+    """Whether `exc` is transformers refusing to run a model's own code (trust_remote_code
+    off): its ValueError asks for that argument."""
+    return isinstance(exc, ValueError) and "trust_remote_code" in str(exc)
+
+
+def remote_code_message(model: str) -> str:
+    """One line naming the setting that lets `model`'s own code run."""
+    return (
+        f"model {model} ships its own modelling code (auto_map in its config), which runs only "
+        f"with {REMOTE_CODE_KEY}=true (a pooler's: trust_remote_code in its encoder); set it "
+        "only for a model whose code you trust"
+    )
 
 
 @dataclass(frozen=True)
@@ -165,9 +185,13 @@ class Encoder(nn.Module):
         normalize: bool = True,
         max_length: int = 512,
         dtype: str = "float32",
+        trust_remote_code: bool = False,
     ) -> Encoder:
-        """A trainable encoder: train mode, gradients on every parameter."""
-        enc = cls._from_pretrained(model_name_or_path, pooling, normalize, max_length, dtype)
+        """A trainable encoder: train mode, gradients on every parameter. `trust_remote_code`
+        runs the model's own code, for a model whose architecture ships as code."""
+        enc = cls._from_pretrained(
+            model_name_or_path, pooling, normalize, max_length, dtype, trust_remote_code
+        )
         return enc.train()
 
     @classmethod
@@ -184,7 +208,13 @@ class Encoder(nn.Module):
 
     @classmethod
     def _from_pretrained(
-        cls, model: str, pooling: str, normalize: bool, max_length: int, dtype: str
+        cls,
+        model: str,
+        pooling: str,
+        normalize: bool,
+        max_length: int,
+        dtype: str,
+        trust_remote_code: bool = False,
     ) -> Encoder:
         from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
@@ -192,18 +222,26 @@ class Encoder(nn.Module):
             raise ValueError(
                 f"unknown pooling {pooling!r}; known: auto, {', '.join(ENCODER_POOLINGS)}"
             )
-        tokenizer = AutoTokenizer.from_pretrained(model)  # a bad path fails here, as OSError
-        prompts: tuple[str | None, str | None] = (None, None)
-        if pooling == "splade":
-            backbone = AutoModelForMaskedLM.from_pretrained(model, dtype=dtype)
-        else:
-            st = read_sentence_transformers_config(model)
-            if pooling == "auto":
-                named = preset(model)
-                pooling = st.pooling or (named[0] if named else "mean")
-            max_length = min(max_length, st.max_seq_length or max_length)
-            prompts = (st.query_prompt, st.document_prompt)
-            backbone = AutoModel.from_pretrained(model, dtype=dtype)
+        # always a bool: None would have transformers prompt for it on the terminal
+        remote = {"trust_remote_code": bool(trust_remote_code)}
+        try:
+            # a bad path fails here, as OSError
+            tokenizer = AutoTokenizer.from_pretrained(model, **remote)
+            prompts: tuple[str | None, str | None] = (None, None)
+            if pooling == "splade":
+                backbone = AutoModelForMaskedLM.from_pretrained(model, dtype=dtype, **remote)
+            else:
+                st = read_sentence_transformers_config(model)
+                if pooling == "auto":
+                    named = preset(model)
+                    pooling = st.pooling or (named[0] if named else "mean")
+                max_length = min(max_length, st.max_seq_length or max_length)
+                prompts = (st.query_prompt, st.document_prompt)
+                backbone = AutoModel.from_pretrained(model, dtype=dtype, **remote)
+        except ValueError as exc:
+            if not trust_remote_code and refuses_remote_code(exc):
+                raise ModelError(remote_code_message(model)) from None
+            raise
         return cls(
             backbone,
             tokenizer,
@@ -387,6 +425,7 @@ class DenseEncoder(_TextEncoder):
             max_length=spec.max_length,
             dtype=spec.dtype,
             device=spec.device,
+            trust_remote_code=spec.trust_remote_code,
         )
         spec = with_model_prompts(spec, model.prompts)
         super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
@@ -413,7 +452,12 @@ class SpladeEncoder(_TextEncoder):
         spec = replace(spec, query_prefix=spec.query_prefix or "", doc_prefix=spec.doc_prefix or "")
         _torch_threads(spec)
         model = Encoder.load(
-            spec.model, "splade", max_length=spec.max_length, dtype=spec.dtype, device=spec.device
+            spec.model,
+            "splade",
+            max_length=spec.max_length,
+            dtype=spec.dtype,
+            device=spec.device,
+            trust_remote_code=spec.trust_remote_code,
         )
         super().__init__(spec, model)
 

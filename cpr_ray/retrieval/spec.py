@@ -63,6 +63,9 @@ class EncoderSpec:
     # padded tokens per forward pass, at most (texts sorted by token length fill batches up to
     # it, so short texts go in big batches and long ones in small); None: batch_size alone
     token_budget: int | None = None
+    # run the model repository's own code (transformers' trust_remote_code): how the model
+    # loads, not what it computes, so not among VECTOR_KEYS
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if self.pooling not in ("auto", *POOLINGS):
@@ -92,6 +95,7 @@ class EncoderSpec:
                 "batch_size": enc.batch_size,
                 "device": enc.device,
                 "dtype": enc.dtype,
+                "trust_remote_code": enc.trust_remote_code,
                 **overrides,
             }
         )

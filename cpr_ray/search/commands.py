@@ -202,7 +202,12 @@ def search_command(
                 hybrid=hybrid,
             )
             _quiet_model_loading()
-            idx = SearchIndex.load(storage, str(cfg.search.index), device=cfg.encoder.device)
+            idx = SearchIndex.load(
+                storage,
+                str(cfg.search.index),
+                device=cfg.encoder.device,
+                trust_remote_code=cfg.encoder.trust_remote_code,
+            )
             results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
         except UserError as exc:
             fail(exc)

@@ -120,13 +120,24 @@ class SearchIndex:
 
     @classmethod
     def load(
-        cls, storage: Storage, uri: str, *, device: str = "cpu", batch_size: int = 32
+        cls,
+        storage: Storage,
+        uri: str,
+        *,
+        device: str = "cpu",
+        batch_size: int = 32,
+        trust_remote_code: bool = False,
     ) -> SearchIndex:
+        """The index at `uri`; its queries are encoded as its manifest's encoder record says,
+        the model loaded on `device` (`trust_remote_code`: the searcher's own setting, never
+        the index's, so reading an index runs no code its reader has not allowed)."""
         manifest = require_index(storage, uri)
         docs = storage.read_parquet(join(uri, manifest["docs"]))
         shards = [VectorIndex.load(storage, join(uri, s["path"])) for s in manifest["shards"]]
         enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
-        spec = EncoderSpec(**enc, device=device, batch_size=batch_size)
+        spec = EncoderSpec(
+            **enc, device=device, batch_size=batch_size, trust_remote_code=trust_remote_code
+        )
         bm25 = None
         if manifest["bm25"]:
             from cpr_ray.retrieval.bm25 import BM25Retriever

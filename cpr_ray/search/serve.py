@@ -206,6 +206,7 @@ def build_app(cfg: Config):
                 Storage(self.cfg.storage),
                 str(self.cfg.search.index),
                 device=self.cfg.encoder.device,
+                trust_remote_code=self.cfg.encoder.trust_remote_code,
             )
             self.index.encode(["warm-up"])  # the model loads before the first request
 

@@ -102,18 +102,25 @@ def model_name(model: str) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
-def load_model_config(model: str) -> Any:
+def load_model_config(model: str, *, trust_remote_code: bool = False) -> Any:
     """The model's transformers config (its config.json only); InputError naming the model when
-    it cannot be found or read."""
+    it cannot be found or read, ConfigError naming encoder.trust_remote_code when its config
+    is the model's own code and `trust_remote_code` is off (with it on, that code runs)."""
     from transformers import AutoConfig
+
+    from cpr_ray.retrieval.encoder import refuses_remote_code, remote_code_message
 
     path = Path(model).expanduser()
     local = path.is_dir() or model.startswith(("/", ".", "~")) or model.count("/") > 1
     if local and not (path / "config.json").is_file():
         raise InputError(f"model {model}: no such model folder (no config.json there)")
     try:
-        return AutoConfig.from_pretrained(str(path) if local else model)
+        return AutoConfig.from_pretrained(
+            str(path) if local else model, trust_remote_code=bool(trust_remote_code)
+        )
     except (OSError, ValueError) as exc:
+        if not trust_remote_code and refuses_remote_code(exc):
+            raise ConfigError(remote_code_message(model)) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if local:
             raise InputError(
@@ -125,11 +132,16 @@ def load_model_config(model: str) -> Any:
         ) from None
 
 
-def architecture(config: Any, name: str, pooling: str = "auto") -> Architecture:
+def architecture(
+    config: Any, name: str, pooling: str = "auto", *, trust_remote_code: bool = False
+) -> Architecture:
     """The model as `Encoder.build` would load it (AutoModel; the masked-LM model for SPLADE),
-    built on the meta device: exact shapes, no memory."""
+    built on the meta device: exact shapes, no memory. `trust_remote_code`: build a model whose
+    architecture is its own code (the config's auto_map) with that code."""
     import torch
     from transformers import AutoModel, AutoModelForMaskedLM
+
+    from cpr_ray.retrieval.encoder import refuses_remote_code, remote_code_message
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     try:
@@ -145,8 +157,10 @@ def architecture(config: Any, name: str, pooling: str = "auto") -> Architecture:
     builder = AutoModelForMaskedLM if pooling == "splade" else AutoModel
     try:
         with torch.device("meta"):
-            model = builder.from_config(config)
+            model = builder.from_config(config, trust_remote_code=bool(trust_remote_code))
     except (ValueError, KeyError, TypeError) as exc:
+        if not trust_remote_code and refuses_remote_code(exc):
+            raise ConfigError(remote_code_message(name)) from None
         raise InputError(
             f"model {name}: transformers cannot build it from its config ({exc})"
         ) from None
@@ -560,7 +574,13 @@ def config_plan(
     cfg.require("encoder.model")
     model = cfg.encoder.model
     assert model is not None
-    arch = architecture(load_model_config(model), model_name(model), cfg.encoder.pooling)
+    remote = cfg.encoder.trust_remote_code
+    arch = architecture(
+        load_model_config(model, trust_remote_code=remote),
+        model_name(model),
+        cfg.encoder.pooling,
+        trust_remote_code=remote,
+    )
     limit = token_limit(model, cfg.encoder.pooling)
     return plan_memory(
         arch,

@@ -62,6 +62,8 @@ from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.retrieval.encoder import (
     Encoder,
     read_sentence_transformers_config,
+    refuses_remote_code,
+    remote_code_message,
     with_model_prompts,
 )
 from cpr_ray.retrieval.spec import EncoderSpec, preset
@@ -137,23 +139,33 @@ class TrainPlan:
     negatives: int  # hard-negative slots per query (the most any query has)
     steps_per_epoch: int
     total_steps: int  # steps this run trains (train.max_steps caps the schedule's)
+    trust_remote_code: bool = False  # encoder.trust_remote_code: run the model's own code
 
     @property
     def schedule_steps(self) -> int:
         return self.steps_per_epoch * self.train.epochs
 
 
-def check_model(model: str) -> None:
-    """A model that cannot be found fails now, naming it, not after the workers started."""
-    if Path(model).exists():
+def check_model(model: str, *, trust_remote_code: bool = False) -> None:
+    """A model that cannot be found fails now, naming it, not after the workers started; so
+    does one whose own code `trust_remote_code` (encoder.trust_remote_code) does not allow."""
+    folder = Path(model).exists()
+    if folder:
         if not Path(model).is_dir():
             raise InputError(f"model {model}: not a model folder")
-        return
+        config = Path(model) / "config.json"
+        # a folder is read now only where it names its own code (auto_map): may that code run?
+        if trust_remote_code or not config.is_file() or "auto_map" not in config.read_text():
+            return
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(model)
+        AutoConfig.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
     except (OSError, ValueError) as exc:
+        if not trust_remote_code and refuses_remote_code(exc):
+            raise ConfigError(remote_code_message(model)) from None
+        if folder:  # anything else wrong with a folder's model, its loading names
+            return
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
             f"model {model!r} not found: no such folder, and no hub model of that name can be "
@@ -178,6 +190,8 @@ def run_identity(cfg: Config, examples_digest: str, prefixes: tuple[str, str]) -
         "model": cfg.encoder.model,
         "pooling": cfg.encoder.pooling,
         "dtype": cfg.encoder.dtype,
+        # encoder.trust_remote_code is left out: it says whether the model's code may run, not
+        # what the model computes (the same model either way), so a resume may set it
         "prefixes": prefixes,
         "train": cfg.train.model_dump(mode="json", exclude=OPERATIONAL),
     }
@@ -321,7 +335,11 @@ def train_worker(config: dict[str, Any]) -> None:
         if restored is not None and not sharded and not adapted:
             model_path = os.path.join(restored.folder, MODEL_DIR)
         encoder = Encoder.build(
-            model_path, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
+            model_path,
+            plan.pooling,
+            max_length=tc.max_length,
+            dtype=plan.dtype,
+            trust_remote_code=plan.trust_remote_code,
         )
         freeze_unused(encoder)
         if tc.lora is not None:  # before checkpointing, DDP and sharding, which see adapters
@@ -395,7 +413,11 @@ def train_worker(config: dict[str, Any]) -> None:
             saved = encoder
             if sharded:  # the same weights, whole, in a plain encoder
                 saved = Encoder.build(
-                    plan.model, plan.pooling, max_length=tc.max_length, dtype=plan.dtype
+                    plan.model,
+                    plan.pooling,
+                    max_length=tc.max_length,
+                    dtype=plan.dtype,
+                    trust_remote_code=plan.trust_remote_code,
                 )
                 if tc.lora is not None:
                     add_adapters(saved, tc.lora, tc.seed)
@@ -522,7 +544,7 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
     cfg.require("train.data", "train.out", "encoder.model")
     tc, model = cfg.train, cfg.encoder.model
     assert model is not None and tc.out is not None
-    check_model(model)
+    check_model(model, trust_remote_code=cfg.encoder.trust_remote_code)
     examples, stats = read_examples(storage, DataOptions.from_config(tc))
     if examples.num_rows < tc.batch_size:
         raise InputError(
@@ -558,6 +580,7 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
         negatives=negatives,
         steps_per_epoch=steps_per_epoch,
         total_steps=min(total, tc.max_steps or total),
+        trust_remote_code=cfg.encoder.trust_remote_code,
     )
     storage.write_parquet(examples, join(out, EXAMPLES_FILE))
     storage.write_json(
