@@ -145,6 +145,16 @@ class TrainPlan:
     def schedule_steps(self) -> int:
         return self.steps_per_epoch * self.train.epochs
 
+    def encoder(self, path: str) -> Encoder:
+        """The model at `path` (the base, or a checkpoint's) as this run trains it."""
+        return Encoder.build(
+            path,
+            self.pooling,
+            max_length=self.train.max_length,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+        )
+
 
 def check_model(model: str, *, trust_remote_code: bool = False) -> None:
     """A model that cannot be found fails now, naming it, not after the workers started; so
@@ -334,13 +344,7 @@ def train_worker(config: dict[str, Any]) -> None:
         # a restart, or a rerun of the same OUT; a LoRA run's base is always the base model
         if restored is not None and not sharded and not adapted:
             model_path = os.path.join(restored.folder, MODEL_DIR)
-        encoder = Encoder.build(
-            model_path,
-            plan.pooling,
-            max_length=tc.max_length,
-            dtype=plan.dtype,
-            trust_remote_code=plan.trust_remote_code,
-        )
+        encoder = plan.encoder(model_path)
         freeze_unused(encoder)
         if tc.lora is not None:  # before checkpointing, DDP and sharding, which see adapters
             add_adapters(encoder, tc.lora, tc.seed)
@@ -412,13 +416,7 @@ def train_worker(config: dict[str, Any]) -> None:
             final = os.path.join(tmp, "final")
             saved = encoder
             if sharded:  # the same weights, whole, in a plain encoder
-                saved = Encoder.build(
-                    plan.model,
-                    plan.pooling,
-                    max_length=tc.max_length,
-                    dtype=plan.dtype,
-                    trust_remote_code=plan.trust_remote_code,
-                )
+                saved = plan.encoder(plan.model)
                 if tc.lora is not None:
                     add_adapters(saved, tc.lora, tc.seed)
                     load_trainable_state(Towers(saved), whole)
