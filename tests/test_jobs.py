@@ -287,6 +287,10 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
     scripted_llm.latency(300)
     settings = [
         f"storage.root={root}",
+        # the sample the copy was mined from, by the path it was mined with: the job's own
+        # `{sample}` is its working-dir copy of the package, another input to ingest
+        f"input.s2={sample_dir() / 's2'}",
+        f"input.openalex={sample_dir() / 'openalex'}",
         f"llm.base_url={scripted_llm.base_url}",
         "llm.stages={}",
         "llm.model=scripted",
@@ -310,7 +314,7 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
     time.sleep(1.5)  # the answers received reach the cache (at most half a second behind)
     answered_before = scripted_llm.stats()["answered"]
     os.kill(int(client.get_job_info("judge-1").driver_info.pid), signal.SIGKILL)
-    status, _ = wait(ray_head, "judge-1")
+    status, first_logs = wait(ray_head, "judge-1")
     assert status == "FAILED"
     scripted_llm.resume()
 
@@ -319,6 +323,7 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
     assert status == "SUCCEEDED", logs[-3000:]
     for stage in ("ingest", "venues", "mine"):
         assert f"{stage}: skipped, output of run" in logs
+        assert f"{stage}: skipped, output of run" in first_logs  # the copy's, not rebuilt
     judged = json.loads((root / "judge-analogy" / "_MANIFEST.json").read_text())["stats"]
     assert (judged["cached"], judged["asked"]) == (answered_before, rows - answered_before)
     assert scripted_llm.stats()["answered"] == rows  # each row paid for once

@@ -318,20 +318,24 @@ def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_mod
     """The Ray Data actor pool (2 actors, several blocks) gives the in-process embeddings."""
     from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
 
-    texts = [f"{d} (variant {i})" for i in range(12) for d in DOCS]  # 60 texts, 4 blocks
-    opts = RayEncodeOptions(max_actors=2, batch_size=8, rows_per_block=16)
+    texts = [f"{d} (variant {i})" for i in range(12) for d in DOCS]  # 60 texts, 8 blocks
     spec = EncoderSpec(minilm, threads=1)
-    dense = encode_with_ray(texts, spec, "dense", opts)
-    np.testing.assert_allclose(dense, DenseEncoder(spec).encode_docs(texts), atol=1e-5)
+    # dense through the retriever, which switches to Ray at ray_min_docs and hands its options
+    # to `encode_with_ray` (one actor pool: each actor's start is most of this test's time)
+    r = make_retriever(
+        "dense",
+        minilm,
+        RetrieverOptions(encoder=spec, ray_min_docs=10, ray_max_actors=2, ray_batch_size=8),
+    )
+    r.index(texts)
+    assert r.encoded_with_ray
+    np.testing.assert_allclose(r.docs, DenseEncoder(spec).encode_docs(texts), atol=1e-5)
+    # SPLADE's sparse rows, straight through encode_with_ray
+    opts = RayEncodeOptions(max_actors=2, batch_size=8, rows_per_block=16)
     sspec = EncoderSpec(tiny_models["splade"], threads=1)
     enc = SpladeEncoder(sspec)
     sparse = encode_with_ray(texts[:20], sspec, "splade", opts, vocab_size=enc.dim)
     np.testing.assert_allclose(sparse.toarray(), enc.encode_docs(texts[:20]).toarray(), atol=1e-5)
-    # and through the retriever, which switches to Ray at ray_min_docs
-    r = make_retriever("dense", minilm, RetrieverOptions(ray_min_docs=10))
-    r.index(texts)
-    assert r.encoded_with_ray
-    np.testing.assert_allclose(r.docs, dense, atol=1e-5)
 
 
 def test_model_path_is_checked(tmp_path: Path):

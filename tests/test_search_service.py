@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from tests.conftest import _free_port
 from tests.search_corpus import papers, write_export
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "test-key-not-a-secret"
+KEY = "svc-SENTINEL-key-2d8c4f11"  # tests/test_secrets.py's SERVICE_KEY: no file may hold it
 
 
 def post(url: str, body: bytes | dict, key: str | None = KEY, timeout: float = 60):
@@ -43,7 +44,14 @@ def post(url: str, body: bytes | dict, key: str | None = KEY, timeout: float = 6
 
 @pytest.fixture(scope="module")
 def service(minilm, ray_session, tmp_path_factory):
+    """`cpr serve` with every sentinel key of tests/test_secrets.py in its environment (the
+    service's own under infra's variable) and its own Ray folder, which the test searches for
+    them once the service has stopped."""
+    from tests.test_secrets import KEYS_ENV, ray_temp_dir
+
+    assert KEYS_ENV["CPR_SEARCH_API_KEY"] == KEY
     tmp = tmp_path_factory.mktemp("service")
+    ray_tmp = ray_temp_dir()
     export = write_export(tmp / "export", papers(120))
     cfg = load_config(
         flags={
@@ -73,13 +81,15 @@ def service(minilm, ray_session, tmp_path_factory):
             "--set",
             "search.serve.max_body_bytes=4096",
             "--set",
-            "search.serve.api_key_env=CPR_TEST_SEARCH_KEY",
+            "search.serve.api_key_env=CPR_SEARCH_API_KEY",
             "--set",
             "ray.num_cpus=2",
+            "--set",
+            f"ray.temp_dir={ray_tmp}",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "CPR_TEST_SEARCH_KEY": KEY, "RAY_ADDRESS": ""},
+        env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": ""},
         cwd=ROOT,
         start_new_session=True,
     )
@@ -97,17 +107,24 @@ def service(minilm, ray_session, tmp_path_factory):
                     "cpr serve did not come up:\n" + (tmp / "serve.log").read_text()[-4000:]
                 )
             time.sleep(1)
-    yield url, health, proc, tmp / "serve.log"
+    yield url, health, proc, tmp / "serve.log", tmp / "idx", ray_tmp
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # whatever a failed test left of it
     except ProcessLookupError:
         pass
     log.close()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_service_answers_validates_and_sheds_load(service):
-    url, health, proc, log = service
+    """The service answers, refuses what `cpr search` refuses in the same words, checks its key
+    (its replicas read it from their environment), sheds load and stops on SIGTERM; then nothing
+    it wrote or answered holds a secret (tests/test_secrets.py's sentinels: the service's key,
+    the wrong one sent here, and the other keys in its environment)."""
+    from tests.test_secrets import WRONG_SERVICE_KEY, assert_no_secret, searched
+
+    url, health, proc, log, idx, ray_tmp = service
     assert health == {**health, "status": "ok", "documents": 120}
     with urllib.request.urlopen(url + "/openapi.json", timeout=10) as resp:
         schema = json.loads(resp.read())
@@ -139,10 +156,10 @@ def test_service_answers_validates_and_sheds_load(service):
     assert status == 422 and "Traceback" not in json.dumps(body)
     status, body = post(url, {"query": "x" * 3900, "k": 3} | {"pad": "y" * 400})
     assert status == 413 and "max_body_bytes" in body["error"]
-    status, body = post(url, {"query": "x"}, key=None)
-    assert status == 401
-    status, body = post(url, {"query": "x"}, key="wrong")
-    assert status == 401
+    # the key: right, wrong and none
+    query = {"query": "How to fold a protein?", "k": 2}
+    answers = [post(url, query, key=k) for k in (KEY, WRONG_SERVICE_KEY, None)]
+    assert [s for s, _ in answers] == [200, 401, 401], answers
 
     # below the limit (one request at a time): every request answered
     batch = {
@@ -162,6 +179,8 @@ def test_service_answers_validates_and_sheds_load(service):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     assert "search service stopped" in log.read_text()
+    assert searched([ray_tmp]) > 20
+    assert_no_secret([log, idx, ray_tmp], json.dumps(answers))
 
 
 def test_cluster_serve_config_builds_with_serves_schema(monkeypatch):

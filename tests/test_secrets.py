@@ -11,7 +11,8 @@ passes did carry it) and, refusing one, quotes it back in its 401 body as carele
 
 Build and service run in their own process and local Ray, the keys in the environment they
 start with, so Ray's workers have them as on a cluster (`infra/launcher/node-env.sh`); the
-refresh and the refusals, whose keys only the driver reads, run here on the session's Ray.
+refresh and the refusals, whose keys only the driver reads, run here on the session's Ray. The
+service is tests/test_search_service.py's, started once with these keys for both.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
@@ -39,13 +38,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
-from cpr_ray.config import load_config, sample_dir
+from cpr_ray.config import sample_dir
 from cpr_ray.sample.diffs import make_diff
-from cpr_ray.search.index import build_index
-from tests.conftest import S2StandIn, _free_port, copy_build, start_local_server
-from tests.search_corpus import papers, write_export
+from tests.conftest import S2StandIn, copy_build, start_local_server
 from tests.test_llm_reliability import cpr_build, published
-from tests.test_search_service import post
 
 OPENAI_KEY = "sk-SENTINEL-openai-4c1d9e7a2b"
 WRONG_OPENAI_KEY = "sk-SENTINEL-revoked-8e2f61d0"
@@ -386,67 +382,7 @@ def test_a_refresh_shows_neither_the_s2_key_nor_a_url_signature(
 
 
 # -- the search service -------------------------------------------------------------------------
-
-
-def small_index(minilm: str, tmp: Path, monkeypatch) -> Path:
-    """An index of 24 papers, encoded in this process: the Ray encoder pool is `cpr index`'s
-    business (tests/test_search.py), and no secret is near it."""
-    from cpr_ray.retrieval.encoder import DenseEncoder
-    from cpr_ray.search import index
-
-    monkeypatch.setattr(
-        index,
-        "encode",
-        lambda texts, spec, options, label: DenseEncoder(spec).encode_docs(
-            texts.sort_by("row")["text"].to_pylist()
-        ),
-    )
-    export = write_export(tmp / "export", papers(24))
-    flags = {"search.corpus": str(export), "search.out": str(tmp / "idx"), "encoder.model": minilm}
-    build_index(load_config(flags=flags))
-    return tmp / "idx"
-
-
-def test_the_search_service_checks_its_key_and_shows_no_key(
-    minilm, ray_session, tmp_path, monkeypatch
-):
-    """`cpr serve` in its own process and Ray, its replicas reading the service key from their
-    environment: a search with the right key, the wrong key and none, then SIGTERM; nothing it
-    wrote or answered holds a secret."""
-    idx = small_index(minilm, tmp_path, monkeypatch)
-    ray_tmp = ray_temp_dir()
-    port = _free_port()
-    sets = [
-        "search.serve.api_key_env=CPR_SEARCH_API_KEY",
-        "ray.num_cpus=2",
-        f"ray.temp_dir={ray_tmp}",
-    ]
-    cmd = [sys.executable, "-m", "cpr_ray.cli", "serve", str(idx), "--port", str(port)]
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*cmd, *[a for s in sets for a in ("--set", s)]],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"},
-            cwd=ROOT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        # its "serving" line comes after Serve answers, just before it takes over SIGTERM
-        deadline = time.time() + 180
-        while f"serving {idx} at" not in log_path.read_text():
-            assert proc.poll() is None and time.time() < deadline, log_path.read_text()
-            time.sleep(0.5)
-        query = {"query": "How to fold a protein?", "k": 2}
-        answers = [post(url, query, key=k) for k in (SERVICE_KEY, WRONG_SERVICE_KEY, None)]
-        assert [s for s, _ in answers] == [200, 401, 401], answers
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log_path.read_text()
-        assert searched([ray_tmp]) > 20
-        assert_no_secret([log_path, idx, ray_tmp], json.dumps(answers))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+# `cpr serve` in its own process and Ray with these keys in its environment, its replicas reading
+# the service key from theirs: tests/test_search_service.py's service, whose test sends the right
+# key, the wrong one and none, stops it with SIGTERM and then searches its log, its index and its
+# Ray folder for every sentinel here (one service started for both).

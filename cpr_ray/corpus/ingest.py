@@ -27,7 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.fs as pafs
-import ray
 from rich.table import Table
 
 from cpr_ray import buckets, duck, schemas
@@ -47,6 +46,7 @@ from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
 from cpr_ray.errors import InputError
+from cpr_ray.ray_runtime import read_parquet_dataset
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, read_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
@@ -574,7 +574,7 @@ def _collect_rejects(
         if buckets.count_rows(storage, stage_uri(name), buckets.REJECTED):
             loc = storage.resolve(uri)
             parts.append(
-                ray.data.read_parquet(loc.path, filesystem=loc.fs)
+                read_parquet_dataset(loc.path, filesystem=loc.fs)
                 .select_columns(["path", "reject_reason", "raw"])
                 .map_batches(_label_rejects, fn_kwargs={"dataset": name}, batch_format="pyarrow")
             )

@@ -29,8 +29,8 @@ from cpr_ray.errors import StorageError
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
 from cpr_ray.pooling.rules import content_keys, doc_text
 from cpr_ray.pooling.search import Universe
+from cpr_ray.ray_runtime import read_parquet_dataset
 from cpr_ray.retrieval.index import factory_for, save_vectors
-from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
 from cpr_ray.storage import Storage, StorageConfig, join
 
 STORE = "_embeddings"
@@ -82,6 +82,10 @@ def encode_missing(
 ) -> tuple[pa.Table, int]:
     """Encode the universe papers the pooler's store lacks; returns (this universe's keys,
     papers encoded now)."""
+    # here, not at the top: the stage's tasks (docs snapshot, index assembly) import this module
+    # in every Ray worker they run in, and only the encoder actors need torch
+    from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
+
     column = key_column(plan.template)
     keys = storage.read_parquet(docs_uri, ["corpus_id", column]).rename_columns(KEYS.names)
     keys = keys.cast(KEYS)
@@ -93,7 +97,7 @@ def encode_missing(
     # blocks small enough that every actor gets work, at most batch_rows rows per call
     rows = max(1, min(batch_rows, ceil(todo / (2 * plan.actors))))
     loc = storage.resolve(docs_uri)
-    docs = ray.data.read_parquet(loc.path, filesystem=loc.fs).select_columns(
+    docs = read_parquet_dataset(loc.path, filesystem=loc.fs).select_columns(
         ["corpus_id", "title", "abstract"]
     )
     missing = docs.map_batches(
