@@ -110,6 +110,8 @@ def test_plan_cli_prints_the_table(minilm):
     gpu = next(line for line in lines if line.startswith("GPU: "))
     assert gpu == "GPU: 80 GB (train.gpu_memory_gb), 72.0 GB usable; fits: ddp, fsdp"
     assert "configured (ddp): " in result.output
+    # the whole model is loaded on the host first: 22.7M float32 parameters
+    assert "host memory per worker: 87 MB (the whole model, as it loads)" in lines
 
 
 def test_plan_cli_runs_a_models_own_code_only_with_the_setting(remote_code_model):

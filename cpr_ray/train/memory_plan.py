@@ -523,6 +523,18 @@ def plan_lines(plan: MemoryPlan) -> list[str]:
     configured = plan.strategy + (", checkpointing" if plan.checkpointing else "")
     verdict = "fits" if plan.configured_fits else f"does not fit: {advice(plan)}"
     lines.append(f"configured ({configured}): {format_bytes(plan.configured_peak)}, {verdict}")
+    # every worker loads the whole model on the host before it moves to the GPU or is sharded,
+    # and fsdp's rank 0 gathers it whole again beside a fresh copy for the final save: a node's
+    # RAM, not only its GPU, bounds the model (8B in float32: 32 GB a worker)
+    whole = d.parameters
+    lines.append(
+        f"host memory per worker: {format_bytes(whole)} (the whole model, as it loads)"
+        + (
+            f"; fsdp's rank 0 {format_bytes(2 * whole)} at the final save"
+            if plan.strategy == "fsdp"
+            else ""
+        )
+    )
     return lines
 
 
