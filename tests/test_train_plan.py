@@ -326,10 +326,7 @@ def test_a_gpu_run_that_does_not_fit_stops_before_ray_train_and_writes_nothing(m
     with pytest.raises(ConfigError, match=r"needs ~.* per GPU .*: set train\.") as stopped:
         run_train(cfg)
     assert "\n" not in str(stopped.value)
-    assert not (out / "run.json").exists()
-    import ray
-
-    assert not ray.is_initialized()
+    assert not out.exists()  # no run.json, no examples, no Ray Train run folder
 
 
 def test_local_training_uses_the_machines_cpus_by_default(monkeypatch):
