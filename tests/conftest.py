@@ -433,3 +433,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     run alone takes most of a worker's time, so it and the other long files start first."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Torch on one thread for a test's in-process training: on a shared 2-core machine two
+    torch threads spin-wait on each other (~10x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

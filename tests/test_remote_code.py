@@ -16,16 +16,9 @@ from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, vector_identit
 from cpr_ray.train.memory_plan import architecture, load_model_config, model_name
 from cpr_ray.train.trainer import check_model
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SETTING = "encoder.trust_remote_code"
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On a shared 2-core machine two torch threads spin-wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _one_line_naming_the_setting(exc: pytest.ExceptionInfo) -> None:

@@ -30,6 +30,8 @@ from cpr_ray.train.step import (
 )
 from tests.test_train_step import examples, make_tiny_bert
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 WORLD, B, K, D = 2, 6, 2, 8  # global batch of 6 queries, 3 per worker
 # hard negatives per example: in the first step (rows 0-3) worker 0 has 6 documents, worker 1
 # two; with chunks of 4 texts worker 1 alone would not use the cache (4 texts), and it has one
@@ -44,15 +46,6 @@ VARIANTS = {
 }
 STRATEGIES = {"ddp": ("plain", "cached", "lora"), "fsdp": ("plain", "cached", "adamw", "lora")}
 LORA_B = "backbone.base_model.model.encoder.layer.0.attention.self.query.lora_B.default.weight"
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On a shared 2-core machine two torch threads spin-wait on each other: ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _tensors() -> tuple[torch.Tensor, ...]:

@@ -9,16 +9,9 @@ import torch
 
 from cpr_ray.train.loss import InfoNCELoss, gather, gather_with_grad
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TAU = 0.05
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On a shared 2-core machine two torch threads spin-wait on each other: ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _unit(*shape: int, seed: int) -> torch.Tensor:

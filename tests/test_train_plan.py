@@ -38,17 +38,10 @@ from cpr_ray.train.step import (
     optimizer_for,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 runner = CliRunner()
 MiB = 2**20
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On a shared 2-core machine two torch threads spin-wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

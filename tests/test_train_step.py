@@ -45,18 +45,12 @@ from cpr_ray.train.step import (
 WORDS = (
     "amber basalt cobalt dune ember fjord garnet harbor indigo jasper kelp lagoon marble".split()
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 _rng = np.random.default_rng(0)
 # arbitrary pairings: nothing the pretrained model already knows, so its loss starts high
 TOPICS = [(" ".join(_rng.choice(WORDS, 3)), " ".join(_rng.choice(WORDS, 4))) for _ in range(8)]
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On a shared 2-core machine two torch threads spin-wait on each other: ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_tiny_bert(minilm: str, folder: Path, dropout: float = 0.1) -> str:
