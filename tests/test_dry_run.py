@@ -58,6 +58,7 @@ def figures(output: str) -> str:
     return output[start : output.index("R@10 ranks each query's own candidates", start)]
 
 
+@pytest.mark.timeout(1500)  # two whole dry runs, beside the rest of the suite
 def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     out = tmp_path / "dry"
     first = dry_run(out)

@@ -322,17 +322,35 @@ def test_a_gpu_run_that_does_not_fit_stops_before_ray_train_and_writes_nothing(m
     assert not out.exists()  # no run.json, no examples, no Ray Train run folder
 
 
-def test_local_training_uses_the_machines_cpus_by_default(monkeypatch):
+def test_local_training_uses_the_cpus_ray_has_free_by_default(monkeypatch):
     from cpr_ray.train.trainer import default_cpus_per_worker
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    local = load_config(overrides=["ray.num_cpus=4"])
+    local = load_config()
     assert local.train.cpus_per_worker is None
-    assert default_cpus_per_worker(local) == 4  # one worker: every core
-    two = load_config(overrides=["ray.num_cpus=4", "train.workers=2", "train.batch_size=4"])
-    assert default_cpus_per_worker(two) == 2
+    assert default_cpus_per_worker(local, free_cpus=4) == 4  # one worker: every core
+    two = load_config(overrides=["train.workers=2", "train.batch_size=4"])
+    assert default_cpus_per_worker(two, free_cpus=4) == 2
+    # beside a service holding one of two CPUs: the one that is free, not a wait for ever
+    assert default_cpus_per_worker(local, free_cpus=1) == 1
+    assert default_cpus_per_worker(two, free_cpus=0) == 1
     # GPU workers and a cluster's workers reserve one CPU each, as before
-    assert default_cpus_per_worker(load_config(overrides=["train.use_gpu=true"])) == 1
-    assert default_cpus_per_worker(load_config(overrides=["ray.address=auto"])) == 1
+    gpu = load_config(overrides=["train.use_gpu=true"])
+    assert default_cpus_per_worker(gpu, free_cpus=4) == 1
+    assert default_cpus_per_worker(load_config(overrides=["ray.address=auto"]), free_cpus=4) == 1
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert default_cpus_per_worker(local) == 1
+    assert default_cpus_per_worker(local, free_cpus=4) == 1
+
+
+def test_a_local_run_that_can_never_be_placed_stops_with_the_setting_to_change(capsys):
+    """Ray Train retries a worker group it cannot place without end: on a local Ray, which
+    never grows, that is a hang, so the run stops before it starts."""
+    from cpr_ray.train.trainer import check_local_capacity
+
+    tc = load_config(overrides=["train.workers=2", "train.cpus_per_worker=2"]).train
+    with pytest.raises(ConfigError, match=r"= 4 CPUs, more than the 2 this local Ray has"):
+        check_local_capacity(tc, total_cpus=2, free_cpus=2)
+    check_local_capacity(tc, total_cpus=4, free_cpus=1)  # others hold 3: it waits, and says so
+    assert "waiting for 4 CPUs: other Ray work holds 3 of this local Ray's 4" in (
+        capsys.readouterr().err
+    )

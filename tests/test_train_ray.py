@@ -15,6 +15,7 @@ import importlib.util
 import json
 import posixpath
 import re
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,11 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
     assert run_train(cfg)["skipped"]  # a finished run is not trained again
 
 
+class _Holder:
+    def ready(self) -> bool:
+        return True
+
+
 def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
     ray_session, minilm: str, tmp_path: Path
 ):
@@ -199,8 +205,20 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
             "train.max_failures=1",
         ]
     )
-    summary = run_train(cfg, on_step=FailOnce(tmp_path / "failed", step=2))
+    # other work holds one of the session's two CPUs: by default the run takes the one that is
+    # free (asking for both, Ray Train would wait for ever), and leaves Ctrl-C as it found it
+    import ray
+
+    holder = ray.remote(num_cpus=1)(_Holder).remote()
+    ray.get(holder.ready.remote())
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        summary = run_train(cfg, on_step=FailOnce(tmp_path / "failed", step=2))
+    finally:
+        ray.kill(holder)
+    assert signal.getsignal(signal.SIGINT) is sigint
     assert (tmp_path / "failed").exists() and summary["steps"] == 2
+    assert summary["cpus_per_worker"] == 1
     storage = Storage(StorageConfig())
     rows = [json.loads(line) for line in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
     assert [r["resumed_from"] for r in rows] == [0, 1]  # step 2 from step 1's adapters

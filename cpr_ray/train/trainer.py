@@ -43,12 +43,13 @@ import json
 import os
 import posixpath
 import resource
+import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -527,14 +528,65 @@ def _worker_user_error(exc: BaseException) -> UserError | None:
     return user_error_in(exc)
 
 
-def default_cpus_per_worker(cfg: Config) -> float:
+def _on_cluster(cfg: Config) -> bool:
+    return bool(cfg.ray.address or os.environ.get("RAY_ADDRESS"))
+
+
+def default_cpus_per_worker(cfg: Config, free_cpus: float) -> float:
     """`train.cpus_per_worker` unset: on a local Ray (a laptop, the dry run) the workers share
-    the CPUs Ray was given, so a 1-worker run uses every core rather than one; on GPU workers
-    or a cluster, 1 (the GPU does the work, and the driver cannot see a worker node's CPUs)."""
-    if cfg.train.use_gpu or cfg.ray.address or os.environ.get("RAY_ADDRESS"):
+    the CPUs Ray has free as the run starts (`free_cpus`), so a 1-worker run uses every core
+    rather than one, and a run beside other Ray work (a service, a test's actors) asks only for
+    what is free: Ray Train waits for ever for CPUs that never come free. On GPU workers or a
+    cluster, 1 (the GPU does the work, and the driver cannot see a worker node's CPUs)."""
+    if cfg.train.use_gpu or _on_cluster(cfg):
         return 1.0
-    cpus = cfg.ray.num_cpus or len(os.sched_getaffinity(0))
-    return float(max(1, int(cpus) // cfg.train.workers))
+    return float(max(1, int(free_cpus) // cfg.train.workers))
+
+
+def check_local_capacity(tc: TrainConfig, total_cpus: float, free_cpus: float) -> None:
+    """A local Ray never grows: a run asking for more CPUs than it has would wait for ever (Ray
+    Train retries the worker group's start without end), so it stops here with the setting to
+    change; one asking for CPUs that other work holds says what it waits for."""
+    wanted = tc.workers * (tc.cpus_per_worker or 1.0)
+    if wanted > total_cpus:
+        raise ConfigError(
+            f"train.workers {tc.workers} x train.cpus_per_worker {tc.cpus_per_worker:g} = "
+            f"{wanted:g} CPUs, more than the {total_cpus:g} this local Ray has: lower "
+            "train.cpus_per_worker or train.workers, or give ray.address of a bigger cluster"
+        )
+    if wanted > free_cpus:
+        console.print(
+            f"[cpr train] waiting for {wanted:g} CPUs: other Ray work holds "
+            f"{total_cpus - free_cpus:g} of this local Ray's {total_cpus:g}",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _placed(cfg: Config, tc: TrainConfig) -> TrainConfig:
+    """The run's CPUs per worker, known once Ray is up (see `default_cpus_per_worker`)."""
+    import ray
+
+    local = not _on_cluster(cfg)
+    free = ray.available_resources().get("CPU", 0.0) if local else 0.0
+    if tc.cpus_per_worker is None:
+        tc = tc.model_copy(update={"cpus_per_worker": default_cpus_per_worker(cfg, free)})
+    if local and not tc.use_gpu:
+        check_local_capacity(tc, ray.cluster_resources().get("CPU", 0.0), free)
+    return tc
+
+
+@contextmanager
+def _own_sigint() -> Iterator[None]:
+    """Ray Train's `fit` installs a SIGINT handler that aborts its controller and never removes
+    it: a Ctrl-C in a later stage of the same process (the dry run evaluates after training)
+    would go to a finished run's controller instead of raising KeyboardInterrupt there."""
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, handler)
 
 
 def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any]]:
@@ -560,8 +612,6 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
         )
     # before run.json is written: a rerun with the setting the check names is the same run
     check_plan_fits(cfg, negatives=stats["max_negatives"])
-    if tc.cpus_per_worker is None:
-        tc = tc.model_copy(update={"cpus_per_worker": default_cpus_per_worker(cfg)})
     steps_per_epoch = -(-examples.num_rows // tc.batch_size)  # the last batch wraps around
     total = steps_per_epoch * tc.epochs
     negatives = stats["max_negatives"]
@@ -650,8 +700,9 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
     started = time.time()
     plan, stats = prepare_run(cfg, storage)
     ensure_ray(cfg.ray)
+    plan = replace(plan, train=_placed(cfg, plan.train))
     try:
-        with _printed_progress(plan.total_steps) as progress:
+        with _own_sigint(), _printed_progress(plan.total_steps) as progress:
             _trainer(plan, storage, on_step, progress).fit()
     except Exception as exc:
         user = _worker_user_error(exc)
