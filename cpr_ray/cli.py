@@ -199,6 +199,29 @@ def hydrate(
     )
 
 
+@app.command("to-beir")
+def to_beir(
+    export: Annotated[str, typer.Argument(help="Export folder (path or s3://…).")],
+    out: Annotated[str, typer.Argument(help="Folder for the BEIR files (path or s3://…).")],
+    s3_endpoint: S3EndpointOpt = None,
+) -> None:
+    """Write an export as BEIR files (corpus.jsonl, queries.jsonl, qrels/test.tsv and train.tsv)
+    for Pyserini, BEIR and MTEB; `cpr eval --benchmark beir` on them equals `cpr-full`."""
+    from cpr_ray.dataset.beir import write_beir
+    from cpr_ray.storage import StorageConfig
+
+    try:
+        done = write_beir(Storage(StorageConfig(s3_endpoint=s3_endpoint)), export, out)
+    except UserError as exc:
+        fail(exc)
+    rejected = f"; {len(done['rejects']):,} eval record(s) rejected" if done["rejects"] else ""
+    console.print(
+        f"{done['documents']:,} documents, {done['test_queries']:,} test and "
+        f"{done['train_queries']:,} train queries{rejected} → {done['out']}",
+        soft_wrap=True,
+    )
+
+
 app.command("eval")(eval_command)
 app.command("report")(report_command)
 app.command("train")(train_command)

@@ -2,7 +2,9 @@
 ``qrels/{split}.tsv`` (query-id, corpus-id, score; a header line). Retrieval over the whole corpus.
 
 Only queries with qrels in the split are evaluated, and a document whose id is the query's id
-is never returned (both as BEIR's evaluation does); qrels naming an unknown query
+is never returned (both as BEIR's evaluation does), nor one listed in the query's
+``metadata.excluded_ids`` (`cpr to-beir` lists each CPR query's own base paper there: BEIR's ids
+cannot, as several queries share one); qrels naming an unknown query
 or document are counted in ``rejects``. A ``qrels/train.tsv`` beside it gives (query, relevant
 passage) pairs for Query2doc's few-shot examples.
 """
@@ -19,6 +21,9 @@ from cpr_ray.storage import Storage, StorageError, join, read_jsonl
 
 CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
 QUERIES = pa.schema([("_id", pa.string()), ("text", pa.string())])
+EXCLUDED = pa.schema(
+    [("_id", pa.string()), ("metadata", pa.struct([("excluded_ids", pa.list_(pa.string()))]))]
+)
 
 
 def _first(storage: Storage, root: str, names: tuple[str, ...]) -> str:
@@ -46,13 +51,24 @@ def read_qrels(text: str, uri: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def _excluded_ids(storage: Storage, uri: str) -> dict[str, list[str]]:
+    """Each query's ``metadata.excluded_ids``; none where the file's metadata has other shapes
+    (BEIR leaves ``metadata`` free: other datasets put other things there)."""
+    try:
+        table = read_jsonl(storage, uri, EXCLUDED)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, InputError):
+        return {}
+    ids = table.column("_id").to_pylist()
+    meta = table.column("metadata").to_pylist()
+    return {q: m["excluded_ids"] for q, m in zip(ids, meta) if m and m.get("excluded_ids")}
+
+
 def load_beir(
     storage: Storage, root: str, *, split: str = "test", max_train_pairs: int = 1000
 ) -> Benchmark:
     corpus = read_jsonl(storage, _first(storage, root, ("corpus.jsonl", "corpus.jsonl.gz")), CORPUS)
-    queries = read_jsonl(
-        storage, _first(storage, root, ("queries.jsonl", "queries.jsonl.gz")), QUERIES
-    )
+    queries_uri = _first(storage, root, ("queries.jsonl", "queries.jsonl.gz"))
+    queries = read_jsonl(storage, queries_uri, QUERIES)
     qrels_uri = join(root, "qrels", f"{split}.tsv")
     if not storage.is_file(qrels_uri):
         raise StorageError(f"{qrels_uri} not found (BEIR qrels for split {split!r})")
@@ -83,8 +99,12 @@ def load_beir(
             if len(train_pairs) >= max_train_pairs:
                 break
     # as BEIR's own evaluation: a document with the query's own id is never returned (ArguAna,
-    # Quora hold each query in the corpus too)
-    excluded = [np.array([index[q]] if q in index else [], dtype=np.int64) for q in query_ids]
+    # Quora hold each query in the corpus too); and those its metadata excludes
+    listed = _excluded_ids(storage, queries_uri)
+    excluded = [
+        np.array(sorted({index[d] for d in (q, *listed.get(q, ())) if d in index}), dtype=np.int64)
+        for q in query_ids
+    ]
     return Benchmark(
         name="beir",
         query_ids=query_ids,
