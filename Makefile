@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh bench-search bench-search-load clean
+.PHONY: install browser dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh bench-search bench-search-load clean
 
 # uv resolves and installs in seconds what pip takes two minutes for; it does not read pip's
 # config, so the machine's wheel folders and indexes are passed from it (a local torch CPU
@@ -31,7 +31,17 @@ install: $(VENV)/.installed
 dry-run: install
 	$(VENV)/bin/cpr dry-run --out $(DRY_RUN_OUT)
 
-test: install
+# tests/test_search_page.py drives the search page in Debian's headless chromium through its
+# chromedriver (Selenium is told both paths, so it never downloads a browser); installed once
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser:
+	@[ -x $(CHROMEDRIVER) ] && [ -x /usr/bin/chromium ] || { $(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends chromium chromium-driver; }
+
+test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -47,13 +48,25 @@ def _free_port() -> int:
 
 
 def start_local_server(
-    args: list[str], health_path: str, log: Path, timeout_s: float = 30
+    args: list[str],
+    health_path: str,
+    log: Path,
+    timeout_s: float = 30,
+    *,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
 ) -> tuple[subprocess.Popen, str]:
-    """Start a test server on a free loopback port (`{port}` in `args`); wait until it answers."""
+    """Start a test server on a free loopback port (`{port}` in `args`); wait until it answers.
+    `new_session`: the server and its children (a local Ray) in their own process group, for
+    `os.killpg`."""
     port = _free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [a.replace("{port}", str(port)) for a in args], stdout=out, stderr=subprocess.STDOUT
+            [a.replace("{port}", str(port)) for a in args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=new_session,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout_s
@@ -63,7 +76,13 @@ def start_local_server(
             return proc, url
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
+                if not new_session:
+                    proc.kill()
+                else:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)  # its Ray too
+                    except ProcessLookupError:
+                        pass
                 raise RuntimeError(f"{args[:3]} did not start; see {log}") from None
             time.sleep(0.2)
 
@@ -421,6 +440,7 @@ LONGEST_FIRST = (
     "test_llm_reliability.py",
     "test_train_ray.py",
     "test_search_service.py",
+    "test_search_page.py",
     "test_secrets.py",
     "test_ingest.py",
     "test_mine.py",

@@ -7,7 +7,9 @@ on that root shows what search spent.
 An explanation is the analogy judgment of the build (B.1) asked of the query and one hit: the
 query stands where the citing paper's title is, the hit where the cited paper is, with no citing
 sentence. What comes back (object mappings, shared relations, transfer type and path, decision)
-is what makes the hit transferable, or says that it is not.
+is what makes the hit transferable, or says that it is not. `explain_one` asks it of one hit
+(the search page's button), through the same rows, so a hit explained on the page and by
+``explain`` is one cache entry.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.config import Config
+from cpr_ray.errors import InputError
 from cpr_ray.queries.judges import AnalogyJudge
 from cpr_ray.retrieval.rerank import llm_reranker
-from cpr_ray.search.engine import SearchIndex
+from cpr_ray.search.engine import Query, SearchIndex
 
 EXPLAINED = (
     "decision",
@@ -66,12 +69,12 @@ def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) 
     from cpr_ray.llm.runner import endpoint_url, run_llm_task
     from cpr_ray.ray_runtime import ensure_ray
     from cpr_ray.retrieval.llm_judge import EVAL_STEPS, eval_context
+    from cpr_ray.search.run import abstract_of
 
     base_url = endpoint_url(cfg.llm, EVAL_STEPS)
     rows, where = [], []
     for r in results:
         for h in r["hits"]:
-            text = index.text_of(h["corpus_id"])
             rows.append(
                 {
                     "base_id": str(r["query_id"]),
@@ -80,7 +83,7 @@ def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) 
                     "q_abstract": "",
                     "q_topic": r.get("query_field") or "",
                     "d_title": h["title"] or "",
-                    "d_abstract": text[len(h["title"] or "") :].strip(),
+                    "d_abstract": abstract_of(index, h["corpus_id"]) or "",
                     "d_topic": h.get("field") or "",
                     "contexts": None,
                 }
@@ -96,6 +99,33 @@ def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) 
         counts[answer["status"]] = counts.get(answer["status"], 0) + 1
         hit["explanation"] = {k: answer[k] for k in EXPLAINED} if answer["status"] == "ok" else None
     return counts
+
+
+def explain_one(
+    index: SearchIndex, query: Query, corpus_id: Any, cfg: Config, query_field: str | None = None
+) -> dict[str, Any]:
+    """`explain` of one document for one query: ``explanation`` (None where the LLM gave no
+    valid answer) and the answer's ``status``. ``query_field`` is the field the search said
+    for the query, which the judge reads as the query's topic."""
+    try:
+        row = index.row_of(corpus_id)
+    except KeyError:
+        raise InputError(f"corpus id {corpus_id!r} is not in this index") from None
+    hit = index.hit(row, 0.0, 1)
+    result = {
+        "query_id": query.query_id,
+        "query": query.query,
+        "query_field": query_field,
+        "hits": [hit],
+    }
+    counts = explain([result], index, cfg)
+    return {
+        "query_id": query.query_id,
+        "corpus_id": hit["corpus_id"],
+        "title": hit["title"],
+        "status": next(status for status, n in counts.items() if n),
+        "explanation": hit["explanation"],
+    }
 
 
 _INPUT = pa.schema(

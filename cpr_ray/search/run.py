@@ -43,18 +43,47 @@ def run_search(
     *,
     rerank: bool = False,
     explain: bool = False,
+    infer_field: bool = False,
+    abstracts: bool = False,
 ) -> list[dict[str, Any]]:
     """Search, then (optionally) rerank the top ``search.rerank_depth`` by the LLM tournament
-    and explain each of the k hits left."""
+    and explain each of the k hits left.
+
+    ``infer_field``: say each query's field (``query_field``, inferred from its nearest papers)
+    even where no filter needs it, at the cost of one more nearest-``infer_field_k`` scan;
+    ``abstracts``: give each hit its ``abstract`` (None where the corpus has none: withheld by
+    its licence)."""
     from cpr_ray.search import llm_steps
 
     depth = max(opts.k, cfg.search.rerank_depth) if rerank else opts.k
-    results = index.search(queries, replace(opts, k=depth))
+    vectors = None
+    if infer_field and not (opts.other_fields_only or opts.field):
+        vectors = index.encode([q.query for q in queries])  # encoded once for both scans
+    results = index.search(queries, replace(opts, k=depth), vectors)
+    if vectors is not None and index.manifest.get("has_fields", True):
+        for result, own in zip(results, index.infer_fields(vectors, opts.infer_field_k)):
+            result["query_field"], result["query_field_source"] = own, "inferred"
     if rerank:
         llm_steps.rerank(results, index, cfg, opts.k)
     if explain:
         llm_steps.explain(results, index, cfg)
+    if abstracts:
+        for hit in (h for r in results for h in r["hits"]):
+            hit["abstract"] = abstract_of(index, hit["corpus_id"])
     return results
+
+
+def abstract_of(index: SearchIndex, corpus_id: Any) -> str | None:
+    """A document's abstract, cut from the one paper text the index holds ("title. abstract",
+    `schemas.paper_text`); None where it has none (the export withholds it by licence)."""
+    text = index.text_of(corpus_id)
+    title = (index.columns["title"][index.row_of(corpus_id)] or "").strip()
+    if not title:
+        return text or None
+    for sep in (". ", " "):  # paper_text's: " " after a title ending in . ? or !
+        if text.startswith(title + sep):
+            return text[len(title) + len(sep) :] or None
+    return None  # the title alone: no abstract
 
 
 def search_options(cfg: Config, **given: Any) -> SearchOptions:

@@ -3,15 +3,25 @@
 ``POST /search`` takes ``{"query": "How to …"}`` (or ``"queries": [{"query_id", "query"}, …]``)
 and the CLI's options (``k``, ``other_fields_only``, ``field``, ``exclude_fields``, ``before``,
 ``hybrid``, ``rerank``, ``explain``) and answers ``{"results": [...]}``, each result the JSON line
-`cpr search --json` prints. ``GET /healthz`` answers once the index is loaded; ``/docs`` and
-``/openapi.json`` describe the API.
+`cpr search --json` prints; ``infer_field`` adds the query's inferred field where no filter
+needed it, ``abstracts`` each hit's abstract (null: withheld by its licence). ``POST /explain``
+takes ``{"query", "corpus_id", "query_field"}`` and answers the LLM's explanation of that one
+hit (`llm_steps.explain_one`: mappings, shared relations, transfer path), as ``explain`` would
+attach it. ``GET /healthz`` answers once the index is loaded; ``/docs`` and ``/openapi.json``
+describe the API.
+
+``GET /`` is the search page (``cpr_ray/search/page/``: plain HTML, JS and CSS shipped in the
+package, no build step and nothing fetched from elsewhere, so it works offline): a problem,
+the filters and k, the hits with their abstracts, and a button per hit that asks ``/explain``.
+The page itself is public; its calls carry the key the user enters once as ``X-API-Key``.
 
 What a client sees when it asks too much: 422 with the fields at fault (a malformed body, too
 many queries) or with the line `cpr search` prints for the same mistake (a blank query, k
 outside 1 to ``search.max_k``: `Query` and `search_options` check both for both), 413 for a body
 over ``search.serve.max_body_bytes``, 401 without the API key (when ``search.serve.api_key_env``
 names one), 503 when every replica is busy and the bounded queue (``max_queued_requests``) is
-full, and never a stack trace (500 says to read the service log). Replicas autoscale between
+full, and never a stack trace (500 says to read the service log); each as ``{"error": "…"}``,
+one line a person can read (the search page shows it as it is). Replicas autoscale between
 ``min_replicas`` and ``max_replicas``.
 
 `cpr serve INDEX` runs it on a local Ray; on a cluster, ``serve deploy infra/serve/search.yaml``
@@ -54,12 +64,33 @@ class SearchRequest(BaseModel):
     hybrid: bool = False
     rerank: Literal["llm"] | None = None
     explain: bool = False
+    infer_field: bool = Field(
+        False,
+        description="Say each query's field (inferred from its nearest papers) even where no "
+        "filter needs it: one more scan of the index.",
+    )
+    abstracts: bool = Field(
+        False, description="Give each hit its abstract (null where its licence withholds it)."
+    )
 
     @model_validator(mode="after")
     def _one_form(self) -> "SearchRequest":
         if (self.query is None) == (self.queries is None):
             raise ValueError('give "query" or "queries", not both and not neither')
         return self
+
+
+class ExplainRequest(BaseModel):
+    """One hit to explain for one research problem (the search page's button)."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(max_length=QUERY_CHARS, description="The research problem.")
+    corpus_id: int | str = Field(description="The hit's corpus id, as /search gave it.")
+    query_field: str | None = Field(
+        None,
+        max_length=200,
+        description="The query's field as /search gave it (the judge reads it as its topic).",
+    )
 
 
 def api_key(serve_cfg: ServeConfig) -> str | None:
@@ -80,6 +111,7 @@ def make_api(cfg: Config):
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     limits = cfg.search.serve
     api = FastAPI(
@@ -110,6 +142,11 @@ def make_api(cfg: Config):
             {"error": f"invalid request: {message}", "detail": detail}, status_code=422
         )
 
+    @api.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # 401, 404, 503 and the ingress's own 422s: the one error shape, not FastAPI's "detail"
+        return JSONResponse({"error": str(exc.detail)}, exc.status_code, headers=exc.headers)
+
     @api.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=422)
@@ -121,7 +158,39 @@ def make_api(cfg: Config):
             {"error": "internal error: the service log has the details"}, status_code=500
         )
 
+    add_page(api)
     return api
+
+
+PAGE_FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+# the page loads nothing from anywhere else: a CDN slipped in would fail here, not only offline
+PAGE_POLICY = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+
+
+def add_page(api: Any) -> None:
+    """The search page at ``/`` and its assets at ``/page/NAME``, read from the package once,
+    here, so every replica serves the files it was built with."""
+    from importlib.resources import files
+
+    from fastapi import HTTPException
+    from fastapi.responses import Response
+
+    folder = files("cpr_ray.search") / "page"
+    content = {name: (folder / name).read_bytes() for name in PAGE_FILES}
+    headers = {"content-security-policy": PAGE_POLICY, "cache-control": "no-cache"}
+
+    def page_file(name: str) -> Response:
+        if name not in content:
+            raise HTTPException(status_code=404, detail=f"no page file {name}")
+        return Response(content[name], media_type=PAGE_FILES[name], headers=headers)
+
+    @api.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return page_file("index.html")
+
+    @api.get("/page/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        return page_file(name)
 
 
 def _too_large(limit: int):
@@ -214,11 +283,20 @@ def build_app(cfg: Config):
             return len(self.index)
 
         def search(
-            self, queries: list[Any], opts: Any, rerank: bool, explain: bool
+            self, queries: list[Any], opts: Any, rerank: bool, explain: bool, extras: dict
         ) -> list[dict[str, Any]]:
             from cpr_ray.search.run import run_search
 
-            return run_search(self.index, queries, opts, self.cfg, rerank=rerank, explain=explain)
+            return run_search(
+                self.index, queries, opts, self.cfg, rerank=rerank, explain=explain, **extras
+            )
+
+        def explain_one(
+            self, query: Any, corpus_id: Any, query_field: str | None
+        ) -> dict[str, Any]:
+            from cpr_ray.search.llm_steps import explain_one
+
+            return explain_one(self.index, query, corpus_id, self.cfg, query_field)
 
     @serve.deployment(
         name="ingress",
@@ -277,10 +355,24 @@ def build_app(cfg: Config):
                 before=request.before,
                 hybrid=request.hybrid,
             )
+            extras = {"infer_field": request.infer_field, "abstracts": request.abstracts}
             results = await self._call(
-                "search", queries, opts, request.rerank == "llm", request.explain
+                "search", queries, opts, request.rerank == "llm", request.explain, extras
             )
             return {"results": results}
+
+        @api.post("/explain")
+        async def explain(
+            self, request: ExplainRequest, x_api_key: str | None = Header(None)
+        ) -> dict[str, Any]:
+            """The LLM's explanation of one hit for one query: ``explanation`` (object
+            mappings, shared relations, transfer type and path, decision, reason; null where
+            the LLM gave no valid answer) and the answer's ``status``."""
+            from cpr_ray.search.engine import Query
+
+            self._check_key(x_api_key)
+            query = Query("q1", request.query)  # a blank one: 422, as /search says it
+            return await self._call("explain_one", query, request.corpus_id, request.query_field)
 
     return SearchIngress.bind(SearchReplica.bind(config_json), config_json)
 
@@ -318,7 +410,8 @@ def run_locally(cfg: Config) -> None:
     serve.run(app, name="cpr-search", route_prefix="/")
     url = f"http://{limits.host}:{limits.port}"
     console.print(
-        f"serving {cfg.search.index} at {url}: POST /search, GET /healthz, API docs at /docs "
+        f"serving {cfg.search.index} at {url}: the search page at /, POST /search, "
+        "POST /explain, GET /healthz, API docs at /docs "
         f"({limits.min_replicas}-{limits.max_replicas} replica(s), "
         f"{limits.max_ongoing_requests} ongoing + {limits.max_queued_requests} queued each); "
         "Ctrl-C stops",
