@@ -16,6 +16,7 @@ from cpr_ray.evaluate.commands import EVAL_FLAGS, eval_config
 from cpr_ray.evaluate.results import write_results
 from cpr_ray.evaluate.runner import run_eval
 from cpr_ray.storage import Storage
+from cpr_ray.train.model_card import record_evaluation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("give --out (a results file or folder)")
         results = run_eval(cfg)
         uri = write_results(Storage(cfg.storage), cfg.eval.out, results)
+        record_evaluation(Storage(cfg.storage), cfg.encoder.model, results)  # a cpr train card
         primary = results["primary_metric"]
         block = results[primary]
         return [

@@ -96,19 +96,28 @@ def eval_command(
     set_: SetOpt = None,
 ) -> None:
     """Evaluate a retriever (with an optional reranker or query rewriter) on a benchmark."""
+    from cpr_ray.evaluate.mteb_results import mteb_result_uri
     from cpr_ray.evaluate.results import write_results
     from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.storage import Storage
+    from cpr_ray.train.model_card import record_evaluation
 
     try:
         cfg = eval_config(profile, config, set_ or [], flags)
         results = run_eval(cfg)
         uri = write_results(Storage(cfg.storage), cfg.eval.out, results) if cfg.eval.out else None
+        # a model folder whose card cpr train wrote gets these results appended (model_card.py)
+        card = record_evaluation(Storage(cfg.storage), cfg.encoder.model, results)
     except UserError as exc:
         fail(exc)
     print_results(results)
     if uri:
         console.print(f"results → {uri}", soft_wrap=True)
+        mteb_uri = mteb_result_uri(uri, results)  # write_results wrote it too
+        if mteb_uri:
+            console.print(f"MTEB format → {mteb_uri}", soft_wrap=True)
+    if card:
+        console.print(f"model card → {card}", soft_wrap=True)
 
 
 def report_command(

@@ -25,8 +25,9 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
   with every checkpoint; rank 0 also prints each step as it ends;
 - ``model/``: the final model, which ``SentenceTransformer(path)`` loads and ``cpr eval
   --retriever dense --model PATH`` evaluates with the training's pooling and instructions (a
-  LoRA run's adapters merged into the base weights: a plain model, loaded without peft);
-- ``workers.json``: each worker's peak memory and the last step's metrics;
+  LoRA run's adapters merged into the base weights: a plain model, loaded without peft), with
+  its model card ``README.md`` (``model_card.py``), written by the driver just before the summary;
+- ``workers.json``: each worker's peak memory, the last step's metrics and rank 0's device;
 - ``train.json``: the summary, written last: a run whose summary exists is not trained again.
 
 Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
@@ -81,6 +82,7 @@ from cpr_ray.train.lora import (
 )
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.memory_plan import check_plan_fits
+from cpr_ray.train.model_card import device_name, write_training_card
 from cpr_ray.train.sharding import (
     METADATA_FILE,
     FetchingReader,
@@ -430,7 +432,7 @@ def train_worker(config: dict[str, Any]) -> None:
             )
             _upload(storage, final, join(plan.out, MODEL_DIR))
             last = history[-1] if history else {}
-            workers = {"peak_memory_mb": peaks, "last": last}
+            workers = {"peak_memory_mb": peaks, "last": last, "device": device_name(encoder.device)}
             storage.write_json(join(plan.out, WORKERS_FILE), workers)
 
 
@@ -728,5 +730,8 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
         "peak_memory_mb_per_worker": workers["peak_memory_mb"],
         "seconds": round(time.time() - started, 1),
     }
+    # the card before the summary: a run cut short between the two writes it on its rerun
+    examples = join(plan.out, EXAMPLES_FILE)
+    write_training_card(storage, cfg, summary, examples=examples, device=workers.get("device"))
     storage.write_json(summary_uri, summary)
     return summary
