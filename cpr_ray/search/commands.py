@@ -251,7 +251,8 @@ def serve_command(
     profile: ProfileOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Run the search service (Ray Serve): POST /search, GET /healthz, OpenAPI at /docs."""
+    """Run the search service (Ray Serve): the search page at /, POST /search, POST /explain,
+    GET /healthz, OpenAPI at /docs."""
     from cpr_ray.search.index import require_index
     from cpr_ray.search.serve import run_locally
 
