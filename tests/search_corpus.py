@@ -74,3 +74,15 @@ def write_export(root: Path, rows: list[dict]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=CORPUS), root / "corpus.parquet")
     return root
+
+
+def build_search_index(tmp: Path, rows: list[dict], model: str) -> Path:
+    """`rows` exported under `tmp` and indexed with `model` at `tmp/idx`: what `cpr serve` and
+    `cpr search` open."""
+    from cpr_ray.config import load_config
+    from cpr_ray.search.index import build_index
+
+    export = write_export(tmp / "export", rows)
+    flags = {"search.corpus": str(export), "search.out": str(tmp / "idx"), "encoder.model": model}
+    build_index(load_config(flags=flags))
+    return tmp / "idx"

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cpr_ray.config import load_config
-from cpr_ray.search.index import build_index
 from tests.conftest import start_local_server
-from tests.search_corpus import papers, write_export
+from tests.search_corpus import build_search_index, papers
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -40,15 +38,7 @@ def page_service(minilm, ray_session, scripted_llm, tmp_path_factory):
     scripted LLM (one request at a time, one queued: a third is refused with 503)."""
     tmp = tmp_path_factory.mktemp("page")
     rows = papers(120)
-    export = write_export(tmp / "export", rows)
-    cfg = load_config(
-        flags={
-            "search.corpus": str(export),
-            "search.out": str(tmp / "idx"),
-            "encoder.model": minilm,
-        }
-    )
-    build_index(cfg)
+    build_search_index(tmp, rows, minilm)
     ray_tmp = tempfile.mkdtemp(prefix="cprpage-", dir=os.environ.get("RAY_TMPDIR", "/tmp"))
     sets = {
         "search.serve.api_key_env": KEY_ENV,

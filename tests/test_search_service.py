@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpr_ray.config import load_config
-from cpr_ray.search.index import build_index
 from tests.conftest import _free_port
-from tests.search_corpus import papers, write_export
+from tests.search_corpus import build_search_index, papers
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "svc-SENTINEL-key-2d8c4f11"  # tests/test_secrets.py's SERVICE_KEY: no file may hold it
@@ -52,15 +50,7 @@ def service(minilm, ray_session, tmp_path_factory):
     assert KEYS_ENV["CPR_SEARCH_API_KEY"] == KEY
     tmp = tmp_path_factory.mktemp("service")
     ray_tmp = ray_temp_dir()
-    export = write_export(tmp / "export", papers(120))
-    cfg = load_config(
-        flags={
-            "search.corpus": str(export),
-            "search.out": str(tmp / "idx"),
-            "encoder.model": minilm,
-        }
-    )
-    build_index(cfg)
+    build_search_index(tmp, papers(120), minilm)
     port = _free_port()
     log = open(tmp / "serve.log", "w")
     proc = subprocess.Popen(
