@@ -28,7 +28,7 @@ Two kinds of bucketed table:
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -89,6 +89,13 @@ def read_parquet_bucket(storage: Storage, uri: str, bucket: int, schema: pa.Sche
         return schema.empty_table()
     table = ds.to_table()
     return table.select(schema.names).cast(schema) if table.num_rows else schema.empty_table()
+
+
+def iter_bucket(storage: Storage, uri: str, bucket: int, columns: list[str]) -> Iterator[pa.Table]:
+    """One partition's rows file by file: memory bounded by one file, whatever it holds."""
+    ds = _dataset(storage, bucket_uri(uri, bucket))
+    for fragment in [] if ds is None else ds.get_fragments():
+        yield fragment.to_table(columns=columns)
 
 
 def write_partitions(table: pa.Table, uri: str, storage: Storage, part: str) -> None:

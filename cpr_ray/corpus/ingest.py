@@ -46,7 +46,6 @@ from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
 from cpr_ray.errors import InputError
-from cpr_ray.ray_runtime import read_parquet_dataset
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, read_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
@@ -232,8 +231,10 @@ def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
     job, phase = _Ingest(run, inputs), Phases()
     job.parse()
     phase.lap("parse")
-    job.check_rejects_and_count_duplicates()
-    phase.lap("rejects_duplicates")
+    job.check_rejects()
+    phase.lap("rejects")
+    job.count_duplicates()
+    phase.lap("duplicates")
     job.link()
     phase.lap("link")
     job.assemble()
@@ -295,16 +296,20 @@ class _Ingest:
                 storage.delete_dir(self.stage_uri(name))
                 _parse_input(self.run, item, step, self.stage_uri(name), self.quarantined[name])
 
-    def check_rejects_and_count_duplicates(self) -> None:
-        """Rejected lines into one table, the reject-rate and empty-input checks, and the
-        duplicates the newest-first rule will drop, counted per input."""
+    def check_rejects(self) -> None:
+        """Rejected lines into one table, and the reject-rate and empty-input checks."""
         storage, inputs = self.storage, self.inputs
         counts = {name: buckets.count_split(storage, self.stage_uri(name)) for name in inputs}
-        _collect_rejects(storage, self.stage_uri, inputs, self.rejects_uri)
+        _collect_rejects(storage, self.stage_uri, inputs, self.rejects_uri, self.cpus)
         _check_reject_rates(self.cfg, counts, self.rejects_uri)
         _check_not_empty(inputs, counts, self.rejects_uri)
-        dups = _count_duplicates(storage, self.stage_uri, self.n, self.cpus, self.threads)
-        for name, item in inputs.items():
+        self.counts = counts
+
+    def count_duplicates(self) -> None:
+        """The duplicates the newest-first rule will drop, counted per input."""
+        counts = self.counts
+        dups = _count_duplicates(self.storage, self.stage_uri, self.n, self.cpus, self.threads)
+        for name, item in self.inputs.items():
             counts[name] |= {
                 "duplicates": dups.get(name, 0),
                 "shards": len(item.files) + len(item.empty),
@@ -565,24 +570,31 @@ def _read_small(storage: Storage, uri: str, name: str) -> pa.Table:
 
 
 def _collect_rejects(
-    storage: Storage, stage_uri: Callable[[str], str], inputs: dict[str, InputSet], out: str
+    storage: Storage,
+    stage_uri: Callable[[str], str],
+    inputs: dict[str, InputSet],
+    out: str,
+    cpus: float,
 ) -> str:
-    """Quarantined lines of every input, in one table with their dataset, file and reason."""
-    parts = []
-    for name in inputs:
-        uri = bucket_uri(stage_uri(name), buckets.REJECTED)
-        if buckets.count_rows(storage, stage_uri(name), buckets.REJECTED):
-            loc = storage.resolve(uri)
-            parts.append(
-                read_parquet_dataset(loc.path, filesystem=loc.fs)
-                .select_columns(["path", "reject_reason", "raw"])
-                .map_batches(_label_rejects, fn_kwargs={"dataset": name}, batch_format="pyarrow")
-            )
-    if parts:
-        loc = storage.resolve(out)
-        ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-        ds.write_parquet(loc.path, filesystem=loc.fs, try_create_dir=not loc.is_s3)
+    """Quarantined lines of every input, in one table with their dataset, file and reason: one
+    plain task per input with rejects (a Ray Data read and write here cost more to start than
+    the copying itself)."""
+    named = [
+        (name, stage_uri(name))
+        for name in inputs
+        if buckets.count_rows(storage, stage_uri(name), buckets.REJECTED)
+    ]
+    run_buckets(len(named), partial(_copy_rejects, storage=storage, named=named, out=out), cpus)
     return out
+
+
+def _copy_rejects(i: int, *, storage: Storage, named: Sequence[tuple[str, str]], out: str) -> None:
+    """Input i's rejected lines, labelled, one output file per staging file (a retried task
+    rewrites the same files)."""
+    name, uri = named[i]
+    parts = buckets.iter_bucket(storage, uri, buckets.REJECTED, ["path", "reject_reason", "raw"])
+    for j, part in enumerate(parts):
+        storage.write_parquet(_label_rejects(part, name), join(out, f"{name}-{j:05d}.parquet"))
 
 
 def _label_rejects(batch: pa.Table, dataset: str) -> pa.Table:
