@@ -10,18 +10,27 @@ shared machine the load drifts); ours end to end (actor start and model load inc
 `ray.init` not) and in steady state (documents over the span from the first batch's start to the
 last batch's end, stamped on the actors). Ours runs with float32 weights (like for like) and
 with bfloat16 (`encoder.dtype`; it pays on CPUs with AVX512-BF16 or AMX, as well as on GPUs).
-The outputs must agree (cosine >= 0.999 for every text) in every run. Usage:
+The outputs must agree (cosine >= 0.999 for every text) in every run.
+
+`--beir-docs N` adds `cpr eval --benchmark beir`'s index time (the evaluation's own path, in
+`run_eval`: below `eval.ray_min_docs` documents one process with torch's threads, above it the
+actors) on a BEIR folder of N sample papers (title and abstract, repeated to N), against
+sentence-transformers `encode` of the same document texts at the same max length and batch.
+Usage:
 
     python benchmarks/encode.py [--texts 1024] [--batch-size 32] [--actors 2] [--token-budget N]
-                                [--dtypes float32,bfloat16]
+                                [--dtypes float32,bfloat16] [--beir-docs 5183]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -46,39 +55,89 @@ def abstracts(n: int) -> list[str]:
 
 
 class TimedEncodeDocs(ray_encode.EncodeDocs):
-    """The encoder actor, stamping each batch with when its encoding started and ended."""
+    """The encoder actor, noting when each call's encoding started and ended (one file per
+    actor under `stamp_dir`, a class attribute that travels with the class to the actors)."""
+
+    stamp_dir = ""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.time()
         out = super().__call__(batch)
-        stamps = pa.array([[started, time.time()]] * out.num_rows, pa.list_(pa.float64()))
-        return out.append_column("stamps", stamps)
+        with open(os.path.join(self.stamp_dir, f"{os.getpid()}.txt"), "a") as f:
+            f.write(f"{started} {time.time()}\n")
+        return out
 
 
 def ours(texts: list[str], spec: EncoderSpec, actors: int) -> tuple[np.ndarray, float, float]:
-    """(embeddings in input order, seconds end to end, steady-state seconds)."""
-    import ray
-
-    rows = max(1, min(256, len(texts) // (4 * actors)))
-    table = pa.table({"row": np.arange(len(texts)), "text": texts})
-    blocks = [table.slice(s, rows) for s in range(0, len(texts), rows)]
+    """(embeddings in input order, seconds end to end, steady-state seconds), through the
+    product's own path (`encode_with_ray`: length-sorted blocks, every actor started at once)."""
+    TimedEncodeDocs.stamp_dir = tempfile.mkdtemp(prefix="cpr-bench-stamps-")
     ray_encode.EncodeDocs = TimedEncodeDocs  # encode_dataset's own map_batches, with stamps
     started = time.perf_counter()
-    ds = ray_encode.encode_dataset(
-        ray.data.from_arrow(blocks),
-        spec,
-        "dense",
-        ray_encode.RayEncodeOptions(max_actors=actors, batch_size=rows, num_cpus=1),
+    out = ray_encode.encode_with_ray(
+        texts, spec, "dense", ray_encode.RayEncodeOptions(max_actors=actors, num_cpus=1)
     )
-    out = np.zeros((len(texts), 384), np.float32)
-    spans = []
-    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-        col = batch["embedding"].combine_chunks()
-        out[batch["row"].to_numpy()] = col.flatten().to_numpy().reshape(-1, col.type.list_size)
-        spans += batch["stamps"].to_pylist()
     total = time.perf_counter() - started
+    spans = [
+        tuple(map(float, line.split()))
+        for name in os.listdir(TimedEncodeDocs.stamp_dir)
+        for line in open(os.path.join(TimedEncodeDocs.stamp_dir, name))
+    ]
     steady = max(e for _, e in spans) - min(s for s, _ in spans)
     return out, total, steady
+
+
+def papers(n: int) -> list[tuple[str, str]]:
+    """(title, abstract) of the first `n` sample papers with an abstract, repeated if fewer."""
+    s2 = sample_dir() / "s2"
+    papers_shard = s2 / "papers" / "papers-0000.jsonl.gz"  # not the deliberately malformed one
+    rows = duckdb.sql(
+        f"SELECT p.title, a.abstract FROM read_json_auto('{papers_shard}') p "
+        f"JOIN read_json_auto('{s2 / 'abstracts' / '*.gz'}') a USING (corpusid) "
+        "WHERE length(trim(coalesce(a.abstract, ''))) > 0 ORDER BY corpusid"
+    ).fetchall()
+    return (rows * (n // len(rows) + 1))[:n]
+
+
+def beir_index(n: int, batch_size: int, st_encode: Callable[[list[str]], float]) -> None:
+    """`cpr eval --benchmark beir`'s index seconds on n documents against sentence-transformers
+    encoding the same texts (the loader's own document texts) at the same max length."""
+    from cpr_ray.config import load_config
+    from cpr_ray.evaluate.loaders.beir import load_beir
+    from cpr_ray.evaluate.runner import run_eval
+    from cpr_ray.storage import Storage
+
+    folder = Path(tempfile.mkdtemp(prefix="cpr-bench-beir-"))
+    (folder / "qrels").mkdir()
+    docs = papers(n)
+    with open(folder / "corpus.jsonl", "w") as f:
+        for i, (title, abstract) in enumerate(docs):
+            f.write(json.dumps({"_id": f"d{i}", "title": title, "text": abstract}) + "\n")
+    with open(folder / "queries.jsonl", "w") as f, open(folder / "qrels" / "test.tsv", "w") as q:
+        q.write("query-id\tcorpus-id\tscore\n")
+        for i, (title, _) in enumerate(docs[:100]):
+            f.write(json.dumps({"_id": f"q{i}", "text": title}) + "\n")
+            q.write(f"q{i}\td{i}\t1\n")
+    cfg = load_config(
+        None,
+        env={},
+        overrides=[
+            "eval.benchmark=beir",
+            f"eval.data={folder}",
+            "eval.retriever=dense",
+            f"encoder.model={minilm_dir()}",
+            f"encoder.batch_size={batch_size}",
+        ],
+    )
+    texts = load_beir(Storage(cfg.storage), str(folder)).doc_texts
+    st_seconds = st_encode(texts)
+    index_s = run_eval(cfg)["timing"]["index_s"]
+    print(
+        f"cpr eval --benchmark beir, {n:,} documents: index {index_s:.1f} s "
+        f"({n / index_s:.1f} docs/s, encoder load included); sentence-transformers encode of the "
+        f"same texts {st_seconds:.1f} s ({n / st_seconds:.1f} docs/s, model loaded); ratio "
+        f"{st_seconds / index_s:.2f}x"
+    )
 
 
 def main() -> None:
@@ -92,6 +151,7 @@ def main() -> None:
         default="float32,bfloat16",
         help="our encoder's weight dtypes to run (bfloat16 pays on CPUs with AVX512-BF16/AMX)",
     )
+    ap.add_argument("--beir-docs", type=int, default=0, help="also time cpr eval's BEIR index")
     args = ap.parse_args()
 
     import ray
@@ -149,6 +209,15 @@ def main() -> None:
             f"sentence-transformers {st_seconds / total:.2f}x end to end, "
             f"{st_seconds / steady:.2f}x steady; min cosine {cosine.min():.6f} (>= 0.999)"
         )
+    if args.beir_docs:
+
+        def st_seconds_for(docs: list[str]) -> float:
+            started = time.perf_counter()
+            st.encode(docs, batch_size=args.batch_size, normalize_embeddings=True)
+            return time.perf_counter() - started
+
+        print(f"max length {st.max_seq_length} tokens on both sides")
+        beir_index(args.beir_docs, args.batch_size, st_seconds_for)
     if differ:
         raise SystemExit("outputs differ")
 

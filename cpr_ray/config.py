@@ -371,7 +371,10 @@ class EncoderConfig(_Section):
     max_length: int = Field(512, ge=8, description="Tokens encoded per text.")
     batch_size: int = Field(32, ge=1, description="Texts per forward pass.")
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        "float32", description="Weights' dtype; half precision only pays on a GPU."
+        "float32",
+        description="Weights' dtype. bfloat16 pays on a GPU and on a CPU with AVX512-BF16 or "
+        "AMX (MiniLM 2.9x float32's documents/s on such a CPU, benchmarks/encode.py); on "
+        "other CPUs it is emulated and slower. float16 only on a GPU.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: CUDA when the process has a GPU, else CPU."

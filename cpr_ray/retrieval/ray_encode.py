@@ -9,7 +9,7 @@ without a GPU keep it 0 (a GPU request there waits forever instead of failing).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -70,13 +70,20 @@ def encode_dataset(
     options: RayEncodeOptions = RayEncodeOptions(),
 ) -> ray.data.Dataset:
     """`ds` (a `text` column and any others) encoded on an actor pool, lazily: the caller
-    streams the result to storage or gathers it."""
+    streams the result to storage or gathers it.
+
+    Every actor starts at once (`initial_size`): Ray Data's autoscaler would otherwise start one
+    and add the others only once a queue has built up, so the second actor's model load landed
+    in the middle of the run instead of beside the first's. The pool may still shrink to one
+    (a cluster that cannot place them all yet)."""
     import ray
 
     return ds.map_batches(
         EncodeDocs,
         fn_constructor_kwargs={"spec": spec, "kind": kind},
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=options.max_actors),
+        compute=ray.data.ActorPoolStrategy(
+            min_size=1, max_size=options.max_actors, initial_size=options.max_actors
+        ),
         batch_size=options.batch_size,
         batch_format="pyarrow",
         num_cpus=options.num_cpus,
@@ -92,13 +99,24 @@ def encode_with_ray(
     options: RayEncodeOptions = RayEncodeOptions(),
     vocab_size: int | None = None,
 ) -> np.ndarray | sp.csr_matrix:
-    """Encode `texts` on an actor pool; returns rows in input order (dense array or CSR)."""
+    """Encode `texts` on an actor pool; returns rows in input order (dense array or CSR).
+
+    Blocks are cut from the texts sorted longest first (by characters, as sentence-transformers
+    sorts): each actor sorts its own block by tokens, but a block cut from unsorted texts mixes
+    lengths, and every batch pads to its longest text (11% of MiniLM's time on 64-text blocks of
+    sample abstracts)."""
     import ray
 
     n = len(texts)
-    table = pa.table({"row": pa.array(np.arange(n, dtype=np.int64)), "text": pa.array(texts)})
+    order = np.argsort(-np.fromiter(map(len, texts), np.int64, n), kind="stable")
+    table = pa.table(
+        {"row": pa.array(order.astype(np.int64)), "text": pa.array(texts).take(pa.array(order))}
+    )
     per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.max_actors))))
     blocks = [table.slice(s, per_block) for s in range(0, n, per_block)] or [table]
+    # a call never spans blocks: joined sorted blocks would give one actor the long texts and
+    # another the short ones, where one block per call balances them as actors free up
+    options = replace(options, batch_size=min(options.batch_size, per_block))
     ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options)
     if kind == "dense":
         out: np.ndarray | None = None

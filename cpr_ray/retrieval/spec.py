@@ -58,7 +58,7 @@ class EncoderSpec:
     normalize: bool = True
     batch_size: int = 32  # texts per forward pass, at most
     device: str = "auto"  # auto: CUDA where the process has a GPU, else CPU
-    dtype: str = "float32"  # the weights' dtype; half precision only pays on a GPU
+    dtype: str = "float32"  # the weights' dtype (bfloat16: GPUs, CPUs with AVX512-BF16/AMX)
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     # padded tokens per forward pass, at most (texts sorted by token length fill batches up to
     # it, so short texts go in big batches and long ones in small); None: batch_size alone
