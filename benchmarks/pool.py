@@ -35,6 +35,7 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from cpr_ray.buckets import BucketLayout  # noqa: E402
 from cpr_ray.config import Config, load_config, minilm_dir  # noqa: E402
 from cpr_ray.pooling.embeddings import store_uri  # noqa: E402
 from cpr_ray.pooling.poolers import plans  # noqa: E402
@@ -141,18 +142,17 @@ def publish(storage: Storage, world: dict) -> None:
     }
     for name, (stage, fmt) in upstream.items():
         uri = join(storage.root, stage, "runs", "0", f"{name}.{fmt}")
+        table: dict = {"uri": uri, "format": fmt, "rows": world[name].num_rows}
         if fmt == "lance":
-            lance.write_dataset(world[name], uri, max_rows_per_file=25_000)
+            written = lance.write_dataset(world[name], uri, max_rows_per_file=25_000)
+            # one key bucket: the pool stage reads the whole table in one task
+            layout = BucketLayout("corpus_id", 1, {}).as_dict()
+            table.update(version=written.version, layout=layout)
         else:
             storage.write_parquet(world[name], uri)
         storage.write_json(
             manifest_uri(storage, stage),
-            {
-                "stage": stage,
-                "run_id": "0",
-                "complete": True,
-                "tables": {name: {"uri": uri, "format": fmt, "rows": world[name].num_rows}},
-            },
+            {"stage": stage, "run_id": "0", "complete": True, "tables": {name: table}},
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from typing import Any
 
 import lance
 import pyarrow as pa
@@ -16,6 +17,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from cpr_ray.buckets import BucketLayout  # noqa: E402
 from cpr_ray.config import load_config  # noqa: E402
 from cpr_ray.pipeline.build import run_build  # noqa: E402
 from cpr_ray.pooling.rules import earliest_date, latest_date  # noqa: E402
@@ -279,21 +281,23 @@ def publish_world(storage: Storage, world: dict[str, list[dict]]) -> dict[str, s
     """The upstream stages' published tables and manifests, as pool reads them."""
     uris = {}
 
-    def publish(stage: str, table: str, uri: str, fmt: str = "parquet") -> None:
+    def publish(stage: str, table: str, uri: str, fmt: str = "parquet", **extra: Any) -> None:
         storage.write_json(
             manifest_uri(storage, stage),
             {
                 "stage": stage,
                 "run_id": f"{stage}-0",
                 "complete": True,
-                "tables": {table: {"uri": uri, "format": fmt, "rows": 0}},
+                "tables": {table: {"uri": uri, "format": fmt, "rows": 0, **extra}},
             },
         )
 
     papers_uri = join(storage.root, "ingest", "runs", "0", "papers.lance")
     table = pa.Table.from_pylist(world["papers"], schema=PAPERS)
-    lance.write_dataset(table, papers_uri, storage_options=storage.lance_options())
-    publish("ingest", "papers", papers_uri, "lance")
+    written = lance.write_dataset(table, papers_uri, storage_options=storage.lance_options())
+    # one key bucket: its fragments are read with the predicate corpus_id % 1 = 0, i.e. whole
+    layout = BucketLayout("corpus_id", 1, {}).as_dict()
+    publish("ingest", "papers", papers_uri, "lance", version=written.version, layout=layout)
     uris["papers"] = papers_uri
     for stage, name, rows in [
         ("mine", "universe", pa.table({"corpus_id": pa.array(world["universe"], pa.int64())})),

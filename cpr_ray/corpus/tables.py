@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cpr_ray import buckets
+from cpr_ray.errors import StorageError
 from cpr_ray.stage import require_manifest
 from cpr_ray.storage import Storage
 
 if TYPE_CHECKING:
     import lance
-    import ray.data
 
 INGEST = "ingest"
 
@@ -48,23 +49,26 @@ class PinnedTable:
         where = None if ids is None else pc.field("corpus_id").isin(pc.unique(ids))
         return self.open(storage).to_table(columns=list(columns), filter=where)
 
-    def read_ray(self, storage: Storage, columns: Sequence[str]) -> ray.data.Dataset:
-        """The whole table as a Ray dataset, at the pinned version."""
-        import ray.data
-
-        return ray.data.read_lance(
-            self.uri,
-            version=self.version,
-            columns=list(columns),
-            storage_options=storage.lance_options(),
-        )
-
 
 def pinned_papers(storage: Storage) -> tuple[PinnedTable, str]:
     """Ingest's papers table at its published version, and ingest's run id (the stage input a
     refresh changes)."""
     manifest = require_manifest(storage, INGEST)
     return PinnedTable.of(manifest, "papers"), manifest["run_id"]
+
+
+def bucket_plan(storage: Storage, ingest_manifest: dict[str, Any], name: str) -> buckets.BucketPlan:
+    """Which fragments of ingest's `name` table (at its pinned version) hold which key bucket:
+    what a stage needs to read the table one bucket per task."""
+    table = ingest_manifest["tables"][name]
+    if "layout" not in table:
+        raise StorageError(
+            f"the corpus under {storage.root} was ingested by a version that wrote no bucket "
+            f"layout for {name}: later stages read it by bucket; rebuild it once with "
+            "cpr build --stages ingest --force"
+        )
+    layout = buckets.BucketLayout.from_dict(table["layout"])
+    return buckets.plan(layout, storage, table["uri"], table["version"])
 
 
 def papers_by_id(

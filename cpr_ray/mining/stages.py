@@ -22,6 +22,7 @@ from rich.table import Table
 from cpr_ray import buckets, duck
 from cpr_ray.buckets import BUCKET, read_parquet_bucket, run_buckets, write_partitions
 from cpr_ray.config import Config, MiningConfig
+from cpr_ray.corpus.tables import bucket_plan
 from cpr_ray.errors import StorageError
 from cpr_ray.mining import rules
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
@@ -112,17 +113,7 @@ class _Corpus:
 
 
 def _corpus(storage: Storage, ingest_m: dict[str, Any]) -> _Corpus:
-    plans = {}
-    for name in ("papers", "citations"):
-        table = ingest_m["tables"][name]
-        if "layout" not in table:
-            raise StorageError(
-                f"the corpus under {storage.root} was ingested by a version that wrote no "
-                f"bucket layout for {name}: mining reads buckets from it; rebuild it once with "
-                "cpr build --stages ingest --force"
-            )
-        found = buckets.BucketLayout.from_dict(table["layout"])
-        plans[name] = buckets.plan(found, storage, table["uri"], table["version"])
+    plans = {name: bucket_plan(storage, ingest_m, name) for name in ("papers", "citations")}
     if plans["papers"].layout.num_buckets != plans["citations"].layout.num_buckets:
         raise StorageError("the papers and citations tables are bucketed differently: re-ingest")
     return _Corpus(storage, plans["papers"], plans["citations"])

@@ -5,8 +5,8 @@ ranked lists for that group.
 Phases (their seconds are in the stats):
 
 - **prepare**: the queries (score-positives' positives, with dates and topics from ingest's
-  papers); the universe's texts (mine's universe × ingest's papers, a Ray Data scan of the Lance
-  table) written as the run's ``docs``; the rejected citations (judge-analogy's judged pairs).
+  papers); the universe's texts (mine's universe × ingest's papers, one task per key bucket of
+  the papers) written as the run's ``docs``; the rejected citations (judge-analogy's judged pairs).
 - **encode**: per encoding pooler, the universe texts its embedding store lacks, on a Ray Data
   actor pool (`embeddings.encode_missing`).
 - **index**: per encoding pooler, this universe's vectors in search order (a Ray task each).
@@ -26,8 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
+from cpr_ray.buckets import BucketPlan, read_lance_bucket, run_buckets
 from cpr_ray.config import Config, PoolingConfig
-from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
+from cpr_ray.corpus.tables import INGEST, PinnedTable, bucket_plan, papers_by_id, pinned_papers
 from cpr_ray.pooling.embeddings import assemble_index, encode_missing, gather, with_keys
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.pooling.rules import (
@@ -66,21 +67,37 @@ def _keyed_docs(papers: pa.Table, universe_ids: pa.Array, templates: list[str]) 
     return with_keys(universe_docs(papers, universe_ids), templates)
 
 
+def _docs_of_bucket(
+    k: int,
+    *,
+    storage: Storage,
+    plan: BucketPlan,
+    universe_ids: pa.Array,
+    docs_uri: str,
+    templates: list[str],
+) -> None:
+    docs = _keyed_docs(read_lance_bucket(plan, storage, k, PAPER_COLUMNS), universe_ids, templates)
+    if docs.num_rows:  # a retried task rewrites its own part
+        storage.write_parquet(docs, join(docs_uri, f"part-{k:05d}.parquet"))
+
+
 def snapshot_docs(
-    storage: Storage, papers: PinnedTable, universe_uri: str, docs_uri: str, templates: list[str]
+    storage: Storage, plan: BucketPlan, universe_uri: str, docs_uri: str, templates: list[str]
 ) -> int:
     """The universe's DOCS rows under `docs_uri`, with their content key under each document
-    template: one streaming scan of the papers, each block filtered against the (broadcast)
-    universe ids. Returns the universe's size."""
+    template: one plain task per key bucket of the papers, each filtering its bucket against the
+    (broadcast) universe ids. (A Ray Data scan of the table cost ~6 s to start, more than the
+    scan itself on a refresh's or a dry run's corpus.) Returns the universe's size."""
     universe_ids = storage.read_parquet(universe_uri, ["corpus_id"])["corpus_id"].combine_chunks()
-    ds = papers.read_ray(storage, PAPER_COLUMNS).map_batches(
-        _keyed_docs,
-        fn_kwargs={"universe_ids": universe_ids, "templates": templates},
-        batch_format="pyarrow",
-        batch_size=None,
+    fn = partial(
+        _docs_of_bucket,
+        storage=storage,
+        plan=plan,
+        universe_ids=universe_ids,
+        docs_uri=docs_uri,
+        templates=templates,
     )
-    loc = storage.resolve(docs_uri)
-    ds.write_parquet(loc.path, filesystem=loc.fs, try_create_dir=not loc.is_s3)
+    run_buckets(plan.layout.num_buckets, fn, 1)
     if not storage.exists(docs_uri) or not storage.list_files(docs_uri, (".parquet",)):
         storage.write_parquet(
             with_keys(DOCS.empty_table(), templates), join(docs_uri, "empty.parquet")
@@ -125,7 +142,12 @@ def _search(
 
 
 def _pool(
-    run: StageRun, positives_uri: str, judged_uri: str, universe_uri: str, papers: PinnedTable
+    run: StageRun,
+    positives_uri: str,
+    judged_uri: str,
+    universe_uri: str,
+    papers: PinnedTable,
+    papers_plan: BucketPlan,
 ) -> StageOutput:
     cfg, storage, phase = run.cfg.pooling, run.storage, Phases()
     pool_plans = plans(cfg)
@@ -139,7 +161,7 @@ def _pool(
         queries, search = build_queries(positives, paper_meta(storage, papers, ids), cfg.top_k)
         if queries.num_rows:
             templates = [p.template for p in pool_plans if p.spec is not None]
-            in_universe = snapshot_docs(storage, papers, universe_uri, docs_uri, templates)
+            in_universe = snapshot_docs(storage, papers_plan, universe_uri, docs_uri, templates)
             docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"])
             judged = storage.read_parquet(judged_uri, ["base_id", "cited_id", "status", "decision"])
             rejected = rejected_citations(judged, search, docs)
@@ -275,12 +297,13 @@ def pool(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any
         arg: manifests[stage]["tables"][table]["uri"] for arg, (stage, table) in UPSTREAM.items()
     }
     papers, ingest_run = pinned_papers(storage)
+    papers_plan = bucket_plan(storage, require_manifest(storage, INGEST), "papers")
     return run_stage(
         STAGE,
         cfg,
         storage,
         inputs={**{stage: m["run_id"] for stage, m in manifests.items()}, "ingest": ingest_run},
         config_sections=("pooling",),
-        fn=partial(_pool, **uris, papers=papers),
+        fn=partial(_pool, **uris, papers=papers, papers_plan=papers_plan),
         force=force,
     )

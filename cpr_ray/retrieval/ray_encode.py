@@ -68,21 +68,26 @@ def encode_dataset(
     spec: EncoderSpec,
     kind: Kind = "dense",
     options: RayEncodeOptions = RayEncodeOptions(),
+    *,
+    start_all: bool = False,
 ) -> ray.data.Dataset:
     """`ds` (a `text` column and any others) encoded on an actor pool, lazily: the caller
     streams the result to storage or gathers it.
 
-    Every actor starts at once (`initial_size`): Ray Data's autoscaler would otherwise start one
-    and add the others only once a queue has built up, so the second actor's model load landed
-    in the middle of the run instead of beside the first's. The pool may still shrink to one
-    (a cluster that cannot place them all yet)."""
+    `start_all` starts every actor at once (`initial_size`): Ray Data's autoscaler otherwise
+    starts one and adds the others once a queue has built up, so the second actor's model load
+    lands mid-run. Only for input that needs no tasks (blocks already in memory): actors holding
+    every CPU from the start starve an upstream read of the CPU it needs, and the pipeline hangs.
+    """
     import ray
 
     return ds.map_batches(
         EncodeDocs,
         fn_constructor_kwargs={"spec": spec, "kind": kind},
         compute=ray.data.ActorPoolStrategy(
-            min_size=1, max_size=options.max_actors, initial_size=options.max_actors
+            min_size=1,
+            max_size=options.max_actors,
+            initial_size=options.max_actors if start_all else 1,
         ),
         batch_size=options.batch_size,
         batch_format="pyarrow",
@@ -117,7 +122,7 @@ def encode_with_ray(
     # a call never spans blocks: joined sorted blocks would give one actor the long texts and
     # another the short ones, where one block per call balances them as actors free up
     options = replace(options, batch_size=min(options.batch_size, per_block))
-    ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options)
+    ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options, start_all=True)
     if kind == "dense":
         out: np.ndarray | None = None
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
