@@ -99,9 +99,12 @@ def papers(n: int) -> list[tuple[str, str]]:
     return (rows * (n // len(rows) + 1))[:n]
 
 
-def beir_index(n: int, batch_size: int, st_encode: Callable[[list[str]], float]) -> None:
-    """`cpr eval --benchmark beir`'s index seconds on n documents against sentence-transformers
-    encoding the same texts (the loader's own document texts) at the same max length."""
+def beir_index(
+    n: int, batch_size: int, dtypes: list[str], st_encode: Callable[[list[str]], float]
+) -> None:
+    """`cpr eval --benchmark beir`'s index seconds on n documents (with each weight dtype of
+    ours) against sentence-transformers encoding the same texts (the loader's own document
+    texts, float32) at the same max length."""
     from cpr_ray.config import load_config
     from cpr_ray.evaluate.loaders.beir import load_beir
     from cpr_ray.evaluate.runner import run_eval
@@ -118,26 +121,25 @@ def beir_index(n: int, batch_size: int, st_encode: Callable[[list[str]], float])
         for i, (title, _) in enumerate(docs[:100]):
             f.write(json.dumps({"_id": f"q{i}", "text": title}) + "\n")
             q.write(f"q{i}\td{i}\t1\n")
-    cfg = load_config(
-        None,
-        env={},
-        overrides=[
-            "eval.benchmark=beir",
-            f"eval.data={folder}",
-            "eval.retriever=dense",
-            f"encoder.model={minilm_dir()}",
-            f"encoder.batch_size={batch_size}",
-        ],
-    )
+    overrides = [
+        "eval.benchmark=beir",
+        f"eval.data={folder}",
+        "eval.retriever=dense",
+        f"encoder.model={minilm_dir()}",
+        f"encoder.batch_size={batch_size}",
+    ]
+    cfg = load_config(None, env={}, overrides=overrides)
     texts = load_beir(Storage(cfg.storage), str(folder)).doc_texts
     st_seconds = st_encode(texts)
-    index_s = run_eval(cfg)["timing"]["index_s"]
-    print(
-        f"cpr eval --benchmark beir, {n:,} documents: index {index_s:.1f} s "
-        f"({n / index_s:.1f} docs/s, encoder load included); sentence-transformers encode of the "
-        f"same texts {st_seconds:.1f} s ({n / st_seconds:.1f} docs/s, model loaded); ratio "
-        f"{st_seconds / index_s:.2f}x"
-    )
+    for dtype in dtypes:
+        cfg = load_config(None, env={}, overrides=[*overrides, f"encoder.dtype={dtype}"])
+        index_s = run_eval(cfg)["timing"]["index_s"]
+        print(
+            f"cpr eval --benchmark beir ({dtype}), {n:,} documents: index {index_s:.1f} s "
+            f"({n / index_s:.1f} docs/s, encoder load included); sentence-transformers encode "
+            f"(float32) of the same texts {st_seconds:.1f} s ({n / st_seconds:.1f} docs/s, model "
+            f"loaded); ratio {st_seconds / index_s:.2f}x"
+        )
 
 
 def main() -> None:
@@ -217,7 +219,7 @@ def main() -> None:
             return time.perf_counter() - started
 
         print(f"max length {st.max_seq_length} tokens on both sides")
-        beir_index(args.beir_docs, args.batch_size, st_seconds_for)
+        beir_index(args.beir_docs, args.batch_size, args.dtypes.split(","), st_seconds_for)
     if differ:
         raise SystemExit("outputs differ")
 

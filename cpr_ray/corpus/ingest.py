@@ -16,9 +16,8 @@ with no records at all is an error that names it.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -180,26 +179,57 @@ class ParseShard:
     rows_per_file: int
 
     def __call__(self, k: int) -> None:
-        storage = self.reader.storage
-        lines: list[pa.Table] = []
         parsed: list[pa.Table] = []
-        n_lines = n_parsed = part = 0
+        n_parsed = part = 0
         flush_at = self.rows_per_file * (self.step.num_buckets + 2)
-        shard = self.reader(pa.table({"path": [self.files[k]]}))
-        for table in itertools.chain(shard, [None]):  # None: the end, flush what is left
-            if table is not None:
-                lines.append(table)
-                n_lines += table.num_rows
-                if n_lines < self.batch_lines:
-                    continue
-            if lines:
-                parsed.append(self.step(pa.concat_tables(lines)))
-                n_parsed += parsed[-1].num_rows
-                lines, n_lines = [], 0
-            if parsed and (n_parsed >= flush_at or table is None):
-                name = f"{k:05d}-{part:04d}"
-                write_partitions(pa.concat_tables(parsed), self.out, storage, name)
+        for rows in parsed_batches(self.reader, self.files[k], self.step, self.batch_lines):
+            parsed.append(rows)
+            n_parsed += rows.num_rows
+            if n_parsed >= flush_at:
+                self._write(k, part, parsed)
                 parsed, n_parsed, part = [], 0, part + 1
+        if parsed:
+            self._write(k, part, parsed)
+
+    def _write(self, k: int, part: int, parsed: list[pa.Table]) -> None:
+        name = f"{k:05d}-{part:04d}"  # a retried task rewrites its own files
+        write_partitions(pa.concat_tables(parsed), self.out, self.reader.storage, name)
+
+
+def parsed_batches(
+    reader: ReadShards, uri: str, step: ParseRecords, batch_lines: int
+) -> Iterator[pa.Table]:
+    """One shard's lines parsed about `batch_lines` at a time (DuckDB pays per call, so a few
+    large calls, and memory stays bounded by one batch)."""
+    lines: list[pa.Table] = []
+    n_lines = 0
+    for table in reader(pa.table({"path": [uri]})):
+        lines.append(table)
+        n_lines += table.num_rows
+        if n_lines >= batch_lines:
+            yield step(pa.concat_tables(lines))
+            lines, n_lines = [], 0
+    if lines:
+        yield step(pa.concat_tables(lines))
+
+
+def _parse_file(
+    k: int, *, files: tuple[str, ...], reader: ReadShards, step: ParseRecords, batch_lines: int
+) -> pa.Table:
+    parts = list(parsed_batches(reader, files[k], step, batch_lines))
+    return pa.concat_tables(parts) if parts else step(LINES.empty_table())
+
+
+def parse_files(
+    storage: Storage, files: Sequence[str], step: ParseRecords, batch_lines: int, cpus: float
+) -> pa.Table:
+    """Small shards (a refresh's diff files, new works partitions) → their parsed rows on the
+    driver, `_bucket` -1 for rejected and -2 for skipped lines: one plain task per file (a Ray
+    Data pipeline cost ~1 s to start, for each of a refresh's handful of small files)."""
+    reader = ReadShards(storage, "fail")
+    fn = partial(_parse_file, files=tuple(files), reader=reader, step=step, batch_lines=batch_lines)
+    tables = [t for t in run_buckets(len(files), fn, cpus) if t.num_rows]
+    return pa.concat_tables(tables) if tables else step(LINES.empty_table())
 
 
 def _parse_input(

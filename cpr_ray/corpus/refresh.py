@@ -32,7 +32,6 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-import ray
 
 from cpr_ray import buckets
 from cpr_ray.buckets import BUCKET, write_partitions
@@ -44,11 +43,12 @@ from cpr_ray.corpus.ingest import (
     ParseRecords,
     ParseWorks,
     build_venues,
+    parse_files,
     rows_schema,
 )
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.s2orc import recover_contexts
-from cpr_ray.corpus.shards import LINES, ReadShards
+from cpr_ray.corpus.shards import LINES
 from cpr_ray.corpus.tables import INGEST
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.ray_runtime import ensure_ray
@@ -99,15 +99,7 @@ def _parse_files(cfg: Config, storage: Storage, name: str, uris: Sequence[str]) 
     """Diff files (gzipped JSONL, the bulk format) → parsed rows with `_bucket` 0 (kept), -1
     (rejected, with reason) or -2 (skipped by rule); one Ray task per file."""
     step = ParseRecords(records.SPECS[name], 1, cfg.ingest.raw_line_limit)
-    if not uris:
-        return step(LINES.empty_table())
-    ds = (
-        ray.data.from_items([{"path": u} for u in uris], override_num_blocks=len(uris))
-        .map_batches(ReadShards(storage, "fail"), batch_size=1, batch_format="pyarrow")
-        .map_batches(step, batch_size=cfg.ingest.batch_size, batch_format="pyarrow")
-    )
-    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    return pa.concat_tables(tables) if tables else step(LINES.empty_table())
+    return parse_files(storage, uris, step, cfg.ingest.batch_size, cfg.ingest.cpus_per_task)
 
 
 def _split(parsed: pa.Table, name: str) -> tuple[pa.Table, pa.Table, int]:
@@ -526,14 +518,8 @@ class Refresher:
         n = self._key_buckets(corpus)
         keys_uri = manifest["tables"]["openalex_keys"]["uri"]
         step = ParseWorks(records.SPECS["works"], n, self.cfg.ingest.raw_line_limit)
-        ds = (
-            ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
-            .map_batches(ReadShards(self.storage, "fail"), batch_size=1, batch_format="pyarrow")
-            .map_batches(step, batch_size=self.cfg.ingest.batch_size, batch_format="pyarrow")
-        )
-        parsed = pa.concat_tables(
-            [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows] or [step(LINES.empty_table())]
-        )
+        ingest = self.cfg.ingest
+        parsed = parse_files(self.storage, files, step, ingest.batch_size, ingest.cpus_per_task)
         good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
         if good.num_rows:
             # named for the snapshot: a retried refresh rewrites the same files
