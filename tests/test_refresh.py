@@ -353,3 +353,30 @@ def test_cpr_refresh_against_a_dead_s2_api_is_one_line(scenario):
         app, [*args, *[a for o in overrides for a in ("--set", o)]], env={"S2_API_KEY": "k"}
     )
     assert "Semantic Scholar API unreachable at http://127.0.0.1:9/" in error_line(result)
+
+
+def test_diff_files_parse_to_rows_and_a_truncated_one_stops_in_one_line(ray_session, tmp_path):
+    """A refresh parses each diff file in its own task: a malformed line becomes a rejected row
+    with its reason, and a file cut short names itself instead of failing deep in a worker."""
+    import gzip
+
+    from cpr_ray.corpus import records
+    from cpr_ray.corpus.ingest import ParseRecords, parse_files
+    from cpr_ray.storage import StorageConfig
+
+    sample = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"
+    good_line = gzip.open(sample, "rt").readline()
+    good = tmp_path / "update-0.jsonl.gz"
+    good.write_bytes(gzip.compress((good_line + '{"corpusid": "not a number"\n').encode()))
+    cut = tmp_path / "update-1.jsonl.gz"
+    cut.write_bytes(gzip.compress((good_line * 50).encode())[:-40])
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    step = ParseRecords(records.SPECS["papers"], 1, 10_000)
+
+    parsed = parse_files(storage, [str(good)], step, 1_000, 1)
+    assert pc.sum(pc.equal(parsed[buckets.BUCKET], 0)).as_py() == 1
+    rejected = parsed.filter(pc.equal(parsed[buckets.BUCKET], buckets.REJECTED))
+    assert rejected.num_rows == 1 and rejected["reject_reason"][0].as_py()
+    assert parse_files(storage, [], step, 1_000, 1).schema == parsed.schema
+    with pytest.raises(InputError, match=r"shard .*update-1\.jsonl\.gz is corrupt"):
+        parse_files(storage, [str(good), str(cut)], step, 1_000, 1)

@@ -28,7 +28,7 @@ import ray
 
 from cpr_ray.buckets import BucketPlan, read_lance_bucket, run_buckets
 from cpr_ray.config import Config, PoolingConfig
-from cpr_ray.corpus.tables import INGEST, PinnedTable, bucket_plan, papers_by_id, pinned_papers
+from cpr_ray.corpus.tables import INGEST, PinnedTable, bucket_plan, papers_by_id
 from cpr_ray.pooling.embeddings import assemble_index, encode_missing, gather, with_keys
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.pooling.rules import (
@@ -296,13 +296,17 @@ def pool(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any
     uris = {
         arg: manifests[stage]["tables"][table]["uri"] for arg, (stage, table) in UPSTREAM.items()
     }
-    papers, ingest_run = pinned_papers(storage)
-    papers_plan = bucket_plan(storage, require_manifest(storage, INGEST), "papers")
+    # one read of ingest's manifest: the pinned version and the bucket plan cannot disagree
+    ingest = require_manifest(storage, INGEST)
+    papers, papers_plan = PinnedTable.of(ingest, "papers"), bucket_plan(storage, ingest, "papers")
     return run_stage(
         STAGE,
         cfg,
         storage,
-        inputs={**{stage: m["run_id"] for stage, m in manifests.items()}, "ingest": ingest_run},
+        inputs={
+            **{stage: m["run_id"] for stage, m in manifests.items()},
+            "ingest": ingest["run_id"],
+        },
         config_sections=("pooling",),
         fn=partial(_pool, **uris, papers=papers, papers_plan=papers_plan),
         force=force,
