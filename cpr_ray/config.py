@@ -186,6 +186,7 @@ class LLMConfig(_Section):
             "api_key_env",
             "max_in_flight",
             "actors",
+            "inline_max_rows",
             "timeout_s",
             "max_retries",
             "backoff_base_s",
@@ -225,6 +226,16 @@ class LLMConfig(_Section):
     )
     max_in_flight: int = Field(64, ge=1, description="Requests in flight per actor.")
     actors: int = Field(2, ge=1, description="LLM actors (each an asyncio client).")
+    inline_max_rows: int = Field(
+        256,
+        ge=0,
+        description="A stage with at most this many rows to ask sends them from the driver "
+        "(one asyncio client with the pool's actors × max_in_flight in flight, progress and "
+        "stops as with a pool), not through an actor pool. A pool costs seconds to start (a "
+        "node's start where the autoscaler must add one), which a nightly refresh's handful of "
+        "new rows would pay in every LLM stage; 256 answers cost the driver's client under a "
+        "second of CPU. Above it, the pool spreads that work over actors. 0: always a pool.",
+    )
     timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
     max_retries: int = Field(
         6, ge=0, description="Retries of a request on 429/408/5xx, timeouts, connection errors."

@@ -296,6 +296,7 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
         "llm.model=scripted",
         "llm.actors=1",
         "llm.max_in_flight=2",
+        "llm.inline_max_rows=0",  # actors, ended with the job (a driver's own ask: test_llm_inline)
         f"llm.max_rows_per_stage={rows}",
     ]
     job = [

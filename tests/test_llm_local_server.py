@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 AFTER_ARRIVAL_ONLY = ("contains meta-language", "names a method")
 
 
-def test_schema_valid_rows_from_llama_cpp(tmp_path):
+@pytest.mark.parametrize("inline_max_rows", [256, 0], ids=["from-the-driver", "actor-pool"])
+def test_schema_valid_rows_from_llama_cpp(tmp_path, inline_max_rows):
+    """Two rows through both ways a stage asks: the driver's own client and an actor pool."""
     rows = pa.table(
         {
             "query": [
@@ -50,6 +52,7 @@ def test_schema_valid_rows_from_llama_cpp(tmp_path):
                 f"storage.root={tmp_path}",
                 f"llm.base_url={url}",
                 f"llm.model={MODEL_ALIAS}",
+                f"llm.inline_max_rows={inline_max_rows}",
             ],
             unpin_for_endpoint=True,  # what the model itself answers
         )

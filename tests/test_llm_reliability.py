@@ -187,8 +187,10 @@ def test_the_dry_run_tolerates_only_invalid_answers():
     assert cfg.llm.max_failure_rate == load_config(env={}).llm.max_failure_rate < 1.0
 
 
-def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm):
-    """6 of 8 answered, 2 hanging: SIGINT, then a rerun pays only for the 2 missing."""
+@pytest.mark.parametrize("inline_max_rows", [ROWS, 0], ids=["from-the-driver", "actor-pool"])
+def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm, inline_max_rows):
+    """6 of 8 answered, 2 hanging: SIGINT, then a rerun pays only for the 2 missing, whether
+    the driver asked them itself (a small ask) or an actor pool did."""
     llm.faults(*[{"kind": "pass"}] * 6, {"kind": "hang"}, {"kind": "hang"})
     cmd = [
         sys.executable, "-m", "cpr_ray.cli", "build", "--profile", "dry-run",
@@ -196,6 +198,7 @@ def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm):
         "--set", "llm.stages={}", "--set", f"storage.root={build}",
         "--set", f"llm.max_rows_per_stage={ROWS}",
         "--set", f"llm.max_in_flight={ROWS}", "--set", "ray.num_cpus=1",
+        "--set", f"llm.inline_max_rows={inline_max_rows}",
     ]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -235,6 +238,8 @@ def test_the_shared_rate_limit_paces_a_whole_stage(build, llm):
         "llm.requests_per_second=4",
         "--set",
         "llm.actors=2",
+        "--set",
+        "llm.inline_max_rows=0",  # an actor pool, so that two processes share the limit
     )
     assert code == 0, out
     # what the shared limiter decided: 8 starts across two actors, each a quarter second (or,

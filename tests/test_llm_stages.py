@@ -102,7 +102,7 @@ def test_analogy_judge_many_rows_then_zero_calls_on_rerun(tmp_path, llm):
 def test_one_actor_pool_serves_the_whole_stage_and_every_actor_works(tmp_path, llm):
     """200 rows, reported every 64: one pool of two actors answers all of them (a pool per
     report would start actors again each time; one input block would idle all but one)."""
-    run = _run(tmp_path, llm, max_in_flight=2, actors=2)
+    run = _run(tmp_path, llm, max_in_flight=2, actors=2, inline_max_rows=0)
     out = run_llm_task(run, UsefulnessGrader(), _grader_rows(200), base_url=llm.base_url)
     assert out.stats["new_ok"] == 200
     parts = sorted(Path(ledger_uri(run.storage, "score-positives")).glob("*.parquet"))

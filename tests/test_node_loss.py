@@ -173,6 +173,7 @@ def judge_analogy(cluster: LosableCluster, root: Path, llm: ScriptedLLM) -> subp
         "--llm-base-url", llm.base_url, "--llm-model", "scripted", "--set", "llm.stages={}",
         "--set", f"storage.root={root}", "--set", f"llm.max_rows_per_stage={LLM_ROWS}",
         "--set", "llm.actors=1", "--set", "llm.max_in_flight=2",
+        "--set", "llm.inline_max_rows=0",  # an actor pool, whatever the rows: its node is lost
     )  # fmt: skip
 
 

@@ -62,18 +62,20 @@ class ChatEndpoint:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
+        # the loop the session belongs to (aiohttp deprecates session.loop)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _current(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._session
-        if session is None or session.closed or session.loop is not loop:
+        if session is None or session.closed or self._loop is not loop:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._connections),
                 headers=self._headers,
                 timeout=self._timeout,
                 json_serialize=json.dumps,
             )
-            self._session = session
+            self._session, self._loop = session, loop
         return session
 
     async def complete(self, body: dict[str, Any]) -> ChatReply:

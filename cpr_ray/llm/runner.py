@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import queue
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -233,14 +235,18 @@ class LLMActor:
             self.flush()
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.llm.max_in_flight)
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_every())
-        sem = self._sem
         recovered = self.schema.empty_table()
         if ray.get_runtime_context().was_current_actor_reconstructed:
             recovered = self._answered_in_this_run(batch[KEY])
             batch = batch.filter(pc.invert(pc.is_in(batch[KEY], value_set=recovered[KEY])))
+        return pa.concat_tables([recovered, await self.answer(batch)])
+
+    async def answer(self, batch: pa.Table) -> pa.Table:
+        """Every row of `batch` asked, at most `max_in_flight` of this asker's at once."""
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.llm.max_in_flight)
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_every())
+        sem = self._sem
         tasks = [asyncio.ensure_future(self._one(sem, r)) for r in batch.to_pylist()]
         try:
             rows = await asyncio.gather(*tasks)
@@ -250,7 +256,15 @@ class LLMActor:
             raise
         finally:
             self.flush()  # what was answered is kept even when the batch stops on a refusal
-        return pa.concat_tables([recovered, pa.Table.from_pylist(rows, schema=self.schema)])
+        return pa.Table.from_pylist(rows, schema=self.schema)
+
+    async def close(self) -> None:
+        """Stop the periodic flush and close the connections (an asker used outside Ray)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        self.flush()
+        await self.client.aclose()
 
     def _answered_in_this_run(self, keys: pa.Array) -> pa.Table:
         """The answers this run's actors already flushed for `keys`, as they were cached.
@@ -358,9 +372,11 @@ def run_llm_task(
     cached = _read_cache(storage, cache, unique_keys, schema)
     todo = inputs.filter(pc.invert(pc.is_in(inputs[KEY], value_set=cached[KEY])))
     todo = _first_per_key(todo)  # identical requests within this run are asked once
+    inline = todo.num_rows <= cfg.inline_max_rows
     console.print(
         f"  {task.stage}: {inputs.num_rows:,} rows, {cached.num_rows:,} already answered "
         f"(cache), {todo.num_rows:,} to ask {model} at {base_url}"
+        + ("" if not todo.num_rows else " from this process" if inline else "")
     )
 
     if todo.num_rows:
@@ -379,7 +395,8 @@ def run_llm_task(
     ledgers: list[pa.Table] = []
     recent: list[pa.Table] = []  # answers since the last report: the sample a stop quotes
     reported = 0
-    with ask_pool(task, cfg, todo, base_url=base_url, limiter=limiter, sink=sink) as answers:
+    asking = ask_inline if inline else ask_pool
+    with asking(task, cfg, todo, base_url=base_url, limiter=limiter, sink=sink) as answers:
         for out in answers:
             ledgers.append(out.select(LEDGER.names))
             answered.append(out)
@@ -422,6 +439,89 @@ def run_llm_task(
         "prompt_version": task.prompt_version,
     }
     return TaskRun(table, stats)
+
+
+@contextmanager
+def ask_inline(
+    task: LLMTask,
+    cfg: LLMConfig,
+    rows: pa.Table,
+    *,
+    base_url: str,
+    limiter: RateLimiter | None,
+    sink: AnswerSink,
+) -> Iterator[Iterator[pa.Table]]:
+    """`ask_pool`'s answers for a small ask (`llm.inline_max_rows`), asked by this process.
+
+    The asker is an `LLMActor` used as a plain object, with the pool's whole in-flight limit
+    (actors × max_in_flight), so the cache, ledger, flushing and refusal rules are the pool's
+    own. It runs on an event loop of its own thread, one wave of requests per block, and the
+    blocks come back as they complete, so the caller reports progress and applies its rate
+    checks as with a pool, and an async caller (a Serve replica) is served too. Leaving the
+    block early (a stop, Ctrl-C) cancels the requests in flight and keeps what was answered.
+    What Ray adds to an actor, a restart on another node, has nothing to restart here: the
+    driver is the run, and a killed driver's rerun is served what was flushed."""
+    wave = cfg.actors * cfg.max_in_flight
+    blocks = [rows.slice(i, wave) for i in range(0, rows.num_rows, wave)]
+    if not blocks:
+        yield iter(())
+        return
+    asker = LLMActor(task, cfg.model_copy(update={"max_in_flight": wave}), base_url, limiter, sink)
+    answered: queue.Queue[pa.Table | BaseException] = queue.Queue()
+
+    tasks: list[asyncio.Future[pa.Table]] = []
+    left: list[bool] = []  # set on the loop when the caller leaves early
+
+    async def drive() -> None:
+        tasks.extend(asyncio.ensure_future(asker.answer(b)) for b in blocks)
+        if left:
+            leave()
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                answered.put(await next_done)
+        except BaseException as exc:  # a refusal, or the caller left: it is told either way
+            answered.put(exc)
+            raise
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asker.close()  # what was answered reaches the cache before the thread ends
+
+    def leave() -> None:
+        left.append(True)
+        for t in tasks:
+            t.cancel()
+
+    loop = asyncio.new_event_loop()
+
+    def serve() -> None:
+        with suppress(BaseException):  # its outcome went through `answered`
+            loop.run_until_complete(drive())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name="cpr-llm-inline", daemon=True)
+    thread.start()
+
+    def stream() -> Iterator[pa.Table]:
+        for _ in blocks:
+            while True:
+                try:
+                    item = answered.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not thread.is_alive():
+                        raise RuntimeError(f"{task.stage}: the asking thread ended early") from None
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    try:
+        yield stream()
+    finally:
+        with suppress(RuntimeError):  # its loop is closed once it is done
+            loop.call_soon_threadsafe(leave)
+        thread.join()
 
 
 @contextmanager

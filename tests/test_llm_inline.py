@@ -1,0 +1,235 @@
+"""Small asks answered by the driver itself (`llm.inline_max_rows`), against the scripted endpoint.
+
+A nightly refresh asks a handful of rows per LLM stage; an actor pool costs seconds to start
+for each. These tests hold the driver's path to the pool's promises: the pool's whole in-flight
+limit, no Ray at all, answers kept when the driver is killed mid-ask, a refusal stopping it at
+once, and an async caller (a Serve replica) served too. The driver is a child process where
+the test needs one it can kill or one without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pytest
+
+from cpr_ray.config import load_config
+from cpr_ray.errors import LLMConfigError, LLMStageError
+from cpr_ray.llm.runner import LLMContext, ledger_uri, run_llm_task
+from cpr_ray.queries.usefulness import UsefulnessGrader
+from cpr_ray.storage import Storage
+
+# one driver: asks `n` grader rows of the scripted endpoint, prints its stats and whether Ray ran
+DRIVER = textwrap.dedent(
+    """
+    import json, sys
+    import pyarrow as pa
+    import ray
+    from cpr_ray.config import load_config
+    from cpr_ray.llm.runner import LLMContext, run_llm_task
+    from cpr_ray.queries.usefulness import UsefulnessGrader
+    from cpr_ray.storage import Storage
+
+    root, url, n, *settings = sys.argv[1:]
+    cfg = load_config("dry-run", env={}, overrides=[
+        f"storage.root={root}", f"llm.base_url={url}", "llm.stages={}", "llm.model=scripted",
+        *settings,
+    ])
+    rows = pa.table({
+        "query": [f"how to do thing {i}?" for i in range(int(n))],
+        "passage": ["good text"] * int(n),
+        "mappings": ["a -> b (role)"] * int(n),
+    })
+    ctx = LLMContext(cfg.llm, Storage(cfg.storage), "driver")
+    out = run_llm_task(ctx, UsefulnessGrader(), rows, base_url=url)
+    print(json.dumps({"stats": out.stats, "ray": ray.is_initialized()}))
+    """
+)
+
+
+def driver(root: Path, url: str, n: int, *settings: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(root), url, str(n), *settings],
+        env={**os.environ, "RAY_ADDRESS": ""},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def wait_for(what: str, ready, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the driver ended before {what}: {proc.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} in {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def test_a_small_ask_goes_out_at_once_from_the_driver_without_ray(tmp_path, llm):
+    """Six rows, two actors of three in flight: the driver sends all six at once (the pool's
+    limit, not one actor's), starts no Ray, and a second run is served from the cache."""
+    llm.pause()
+    settings = ("llm.actors=2", "llm.max_in_flight=3")
+    proc = driver(tmp_path, llm.base_url, 6, *settings)
+    try:
+        wait_for("six requests in flight", lambda: llm.stats().get("total", 0) >= 6, proc)
+        time.sleep(0.5)
+        assert llm.stats()["total"] == 6  # and no more than the pool would send
+    finally:
+        llm.resume()
+    first = result(proc)
+    assert first["ray"] is False
+    assert (first["stats"]["asked"], first["stats"]["new_ok"]) == (6, 6)
+    again = result(driver(tmp_path, llm.base_url, 6, *settings))
+    assert (again["stats"]["cached"], again["stats"]["asked"]) == (6, 0)
+    assert llm.stats()["total"] == 6
+
+
+def test_a_driver_killed_mid_ask_keeps_what_was_answered(tmp_path, llm):
+    """Eight rows in one wave, four answered and four held by the endpoint: the driver is
+    killed (SIGKILL, no clean-up). The answers it received had reached the cache; the rerun
+    asks only the four, so the ledger holds one row per input row."""
+    llm.faults(*[{"kind": "pass"}] * 4, *[{"kind": "hang"}] * 4)
+    proc = driver(tmp_path, llm.base_url, 8, "llm.actors=1", "llm.max_in_flight=8")
+    try:
+        wait_for("four answers", lambda: llm.stats().get("answered", 0) >= 4, proc)
+        assert llm.stats()["total"] == 8
+        time.sleep(1.5)  # every answer received reaches the cache (FLUSH_S = 0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    llm.reset()
+    rerun = result(driver(tmp_path, llm.base_url, 8, "llm.actors=1", "llm.max_in_flight=8"))
+    assert (rerun["stats"]["cached"], rerun["stats"]["asked"]) == (4, 4)
+    storage = Storage(load_config(env={}, overrides=[f"storage.root={tmp_path}"]).storage)
+    ledger = pds.dataset(ledger_uri(storage, "score-positives")).to_table()
+    assert ledger.num_rows == 8 and set(ledger["status"].to_pylist()) == {"ok"}
+
+
+def _context(root: Path, url: str, *settings: str) -> LLMContext:
+    cfg = load_config(
+        "dry-run",
+        env={},
+        overrides=[
+            f"storage.root={root}",
+            f"llm.base_url={url}",
+            "llm.stages={}",
+            "llm.model=scripted",
+            *settings,
+        ],
+    )
+    return LLMContext(cfg.llm, Storage(cfg.storage), "test")
+
+
+def _rows(n: int) -> pa.Table:
+    return pa.table(
+        {
+            "query": [f"question {i}?" for i in range(n)],
+            "passage": ["good text"] * n,
+            "mappings": ["a -> b (role)"] * n,
+        }
+    )
+
+
+def test_a_refusal_mid_ask_stops_the_driver_at_once(tmp_path, llm):
+    """The probe passes (no /models auth), then the chat requests are refused: one error, and
+    the rows not yet sent are never sent. One request at a time, so they can be counted."""
+    llm.faults(*[{"kind": "401"}] * 20)
+    settings = ("llm.actors=1", "llm.max_in_flight=1", "llm.inline_max_rows=6")
+    with pytest.raises(LLMConfigError, match=r"refused the API key \(HTTP 401\)"):
+        run_llm_task(
+            _context(tmp_path, llm.base_url, *settings),
+            UsefulnessGrader(),
+            _rows(6),
+            base_url=llm.base_url,
+        )
+    assert llm.stats()["total"] == 1
+
+
+def test_an_async_caller_is_answered_too(tmp_path, llm):
+    """A caller that runs its own event loop (a Serve replica's method) gets its answers: the
+    ask runs on a thread of its own rather than failing on the running loop."""
+    ctx = _context(tmp_path, llm.base_url, "llm.actors=1", "llm.max_in_flight=4")
+    stats: dict = {}
+
+    async def caller() -> None:
+        out = run_llm_task(ctx, UsefulnessGrader(), _rows(3), base_url=llm.base_url)
+        stats.update(out.stats)
+
+    llm.pause()
+    thread = threading.Thread(target=asyncio.run, args=(caller(),))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while llm.stats().get("total", 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "cpr-llm-inline" in {t.name.rsplit("_", 1)[0] for t in threading.enumerate()}
+    finally:
+        llm.resume()
+        thread.join(timeout=60)
+    assert (stats["asked"], stats["new_ok"]) == (3, 3)
+
+
+def test_a_failing_endpoint_stops_a_many_wave_ask_early_with_progress_on_the_way(
+    tmp_path, llm, capfd
+):
+    """200 rows, two in flight, every answer an HTTP 500: the driver reports progress every 64
+    answers as a pool's stage does, and the first report's rate check stops it, long before
+    the 200th request."""
+    llm.faults({"kind": "500", "always": True})
+    llm.latency(20)
+    settings = (
+        "llm.actors=1",
+        "llm.max_in_flight=2",
+        "llm.max_retries=0",
+        "llm.min_calls_for_failure_rate=10",
+    )
+    with pytest.raises(LLMStageError, match=r"score-positives: \d+ of \d+ calls .* failed"):
+        run_llm_task(
+            _context(tmp_path, llm.base_url, *settings),
+            UsefulnessGrader(),
+            _rows(200),
+            base_url=llm.base_url,
+        )
+    out = capfd.readouterr().err  # the console is stderr
+    assert "200 to ask scripted" in out and "from this process" in out
+    assert "64/200 asked" in out
+    assert llm.stats()["total"] < 100
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_shared_rate_limit_paces_the_driver_too(tmp_path, llm):
+    """The driver's ask waits for the same shared limiter (a Ray actor) as a pool's actors:
+    four requests at two a second arrive about half a second apart."""
+    settings = ("llm.requests_per_second=2", "llm.max_in_flight=4")
+    out = run_llm_task(
+        _context(tmp_path, llm.base_url, *settings),
+        UsefulnessGrader(),
+        _rows(4),
+        base_url=llm.base_url,
+    )
+    assert out.stats["new_ok"] == 4
+    arrivals = sorted(llm.stats()["arrivals"])
+    assert len(arrivals) == 4
+    assert all(b - a >= 0.5 - 0.05 for a, b in zip(arrivals, arrivals[1:])), arrivals
