@@ -9,6 +9,7 @@ from cpr_ray.queries.qd_metrics import (
     cross_encoder_scorer,
     cw_distribution,
     dist_sim,
+    embed_once,
     len_sim,
     paraphrase_share,
     qd_report,
@@ -24,6 +25,22 @@ def test_dist_sim_is_the_cosine_of_the_mean_embeddings():
     assert dist_sim(np.array([[2.0, 2.0]]), ref) == pytest.approx(1.0)  # scale does not matter
     assert dist_sim(np.array([[1.0, -1.0]]), ref) == pytest.approx(0.0)
     assert dist_sim(np.array([[1.0, 0.0]]), ref) == pytest.approx(1 / np.sqrt(2))
+
+
+def test_embed_once_encodes_each_distinct_text_once_and_keeps_repeats_in_place():
+    calls: list[list[str]] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        calls.append(list(texts))
+        return np.array([[float(len(t)), 1.0] for t in texts]).reshape(len(texts), 2)
+
+    cached = embed_once(embed)
+    first = cached(["ab", "abc", "ab"])
+    again = cached(["abc", "abcd", "ab"])
+    assert calls == [["ab", "abc"], ["abcd"]]
+    assert first.tolist() == [[2.0, 1.0], [3.0, 1.0], [2.0, 1.0]]  # the repeat counts in a mean
+    assert again.tolist() == [[3.0, 1.0], [4.0, 1.0], [2.0, 1.0]]
+    assert cached([]).shape == (0, 2)
 
 
 def test_len_sim_is_one_minus_the_total_variation_distance():

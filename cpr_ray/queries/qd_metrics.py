@@ -82,6 +82,21 @@ def cw_distribution(texts: Sequence[str], stop_words: Iterable[str] = STOP_WORDS
     }
 
 
+def embed_once(embed: Callable[[list[str]], np.ndarray]) -> Callable[[list[str]], np.ndarray]:
+    """`embed` that encodes each distinct text once across calls: the reports of a build's
+    queries and of a synthesized set both compare against the build's queries, which would
+    otherwise be encoded three times (and a set's repeated queries once each)."""
+    seen: dict[str, np.ndarray] = {}
+
+    def embedded(texts: list[str]) -> np.ndarray:
+        new = [t for t in dict.fromkeys(texts) if t not in seen]
+        if new:
+            seen.update(zip(new, embed(new), strict=True))
+        return np.stack([seen[t] for t in texts]) if texts else embed([])
+
+    return embedded
+
+
 def qd_report(
     groups: Mapping[Any, Sequence[str]],
     reference: Sequence[str],

@@ -14,7 +14,7 @@ each other's negatives.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
+from functools import cache, partial
 from typing import Annotated, Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer, normalized
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
-from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
+from cpr_ray.queries.qd_metrics import cross_encoder_scorer, embed_once, qd_report
 from cpr_ray.queries.writing import MAX_QUERY_WORDS, QUERY_CHARS, WORD_CHARS
 from cpr_ray.schemas import paper_text
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
@@ -186,16 +186,21 @@ def _groups(queries: pa.Table, key: str) -> dict[Any, list[str]]:
     return out
 
 
-def qd_metrics(cfg: SynthesisConfig, build: pa.Table, synthesized: pa.Table) -> dict[str, Any]:
+def qd_metrics(
+    cfg: SynthesisConfig, build: pa.Table, synthesized: pa.Table, storage: Storage
+) -> dict[str, Any]:
     """Q-D metrics of the build's queries and of the synthesized set, both against the build's
-    queries; Dist-Sim and CE only where their models are configured."""
+    queries; Dist-Sim and CE only where their models are configured. Query vectors come from
+    the build's store (`query_store`): a rerun encodes only queries it has not seen."""
+    from cpr_ray.queries import query_store
     from cpr_ray.retrieval.encoder import DenseEncoder
     from cpr_ray.retrieval.spec import EncoderSpec
 
     embed = None
     if cfg.embed_model:
-        encoder = DenseEncoder(EncoderSpec(model=cfg.embed_model, device=cfg.device))
-        embed = encoder.encode_queries
+        spec = EncoderSpec(model=cfg.embed_model, device=cfg.device)
+        encoder = cache(lambda: DenseEncoder(spec))  # loaded only if a text is new
+        embed = embed_once(query_store.stored(storage, spec, lambda t: encoder().encode_queries(t)))
     scorer = cross_encoder_scorer(cfg.cross_encoder, cfg.device) if cfg.cross_encoder else None
     reference = build["query"].to_pylist()
     out = {}
@@ -226,7 +231,7 @@ def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTabl
     rows = multi_query_rows(result.table)
     out_uri = join(run.out, "multi-query.parquet")
     run.storage.write_parquet(rows, out_uri)
-    metrics = qd_metrics(cfg, build, rows) if rows.num_rows else {}
+    metrics = qd_metrics(cfg, build, rows, run.storage) if rows.num_rows else {}
     stats = {**result.stats, "mode": cfg.mode, "inputs": inputs.num_rows, "queries": rows.num_rows}
     stats["qd_metrics"] = metrics
     line = f"  {STAGE}: {rows.num_rows:,} queries for {inputs.num_rows:,} input(s) ({cfg.mode})"
