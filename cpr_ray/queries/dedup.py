@@ -128,10 +128,13 @@ def _groups_by_base(
     by_base: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_base.setdefault(row["base_id"], []).append(row)
+    links: dict[int, list[tuple[int, int]]] = {}  # one pass: a scan per base is quadratic
+    for base, a, b in same_pairs:
+        links.setdefault(base, []).append((a, b))
     for base, items in by_base.items():
-        links = [(a, b) for b0, a, b in same_pairs if b0 == base]
-        for group in groups([r["cited_id"] for r in items], links):
-            yield base, group[0], [r for r in items if r["cited_id"] in group]
+        for group in groups([r["cited_id"] for r in items], links.get(base, [])):
+            members = set(group)
+            yield base, group[0], [r for r in items if r["cited_id"] in members]
 
 
 CANDIDATE = pa.struct(
