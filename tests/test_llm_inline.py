@@ -26,9 +26,11 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMConfigError, LLMStageError
-from cpr_ray.llm.runner import LLMContext, ledger_uri, run_llm_task
+from cpr_ray.llm.runner import LLMContext, TaskRun, ledger_uri, run_llm_task
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.storage import Storage
+
+from .conftest import ScriptedLLM
 
 # one driver: asks `n` grader rows of the scripted endpoint, prints its stats and whether Ray ran
 DRIVER = textwrap.dedent(
@@ -152,18 +154,19 @@ def _rows(n: int) -> pa.Table:
     )
 
 
+def _ask(root: Path, llm: ScriptedLLM, n: int, *settings: str) -> TaskRun:
+    """`n` grader rows through `run_llm_task` in this process."""
+    ctx = _context(root, llm.base_url, *settings)
+    return run_llm_task(ctx, UsefulnessGrader(), _rows(n), base_url=llm.base_url)
+
+
 def test_a_refusal_mid_ask_stops_the_driver_at_once(tmp_path, llm):
     """The probe passes (no /models auth), then the chat requests are refused: one error, and
     the rows not yet sent are never sent. One request at a time, so they can be counted."""
     llm.faults(*[{"kind": "401"}] * 20)
     settings = ("llm.actors=1", "llm.max_in_flight=1", "llm.inline_max_rows=6")
     with pytest.raises(LLMConfigError, match=r"refused the API key \(HTTP 401\)"):
-        run_llm_task(
-            _context(tmp_path, llm.base_url, *settings),
-            UsefulnessGrader(),
-            _rows(6),
-            base_url=llm.base_url,
-        )
+        _ask(tmp_path, llm, 6, *settings)
     assert llm.stats()["total"] == 1
 
 
@@ -206,12 +209,7 @@ def test_a_failing_endpoint_stops_a_many_wave_ask_early_with_progress_on_the_way
         "llm.min_calls_for_failure_rate=10",
     )
     with pytest.raises(LLMStageError, match=r"score-positives: \d+ of \d+ calls .* failed"):
-        run_llm_task(
-            _context(tmp_path, llm.base_url, *settings),
-            UsefulnessGrader(),
-            _rows(200),
-            base_url=llm.base_url,
-        )
+        _ask(tmp_path, llm, 200, *settings)
     out = capfd.readouterr().err  # the console is stderr
     assert "200 to ask scripted" in out and "from this process" in out
     assert "64/200 asked" in out
@@ -223,12 +221,7 @@ def test_the_shared_rate_limit_paces_the_driver_too(tmp_path, llm):
     """The driver's ask waits for the same shared limiter (a Ray actor) as a pool's actors:
     four requests at two a second arrive about half a second apart."""
     settings = ("llm.requests_per_second=2", "llm.max_in_flight=4")
-    out = run_llm_task(
-        _context(tmp_path, llm.base_url, *settings),
-        UsefulnessGrader(),
-        _rows(4),
-        base_url=llm.base_url,
-    )
+    out = _ask(tmp_path, llm, 4, *settings)
     assert out.stats["new_ok"] == 4
     arrivals = sorted(llm.stats()["arrivals"])
     assert len(arrivals) == 4
