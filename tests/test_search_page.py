@@ -346,9 +346,10 @@ def test_errors_read_as_messages_on_the_page(page_service, browser, llm):
         browser.delete_network_conditions()
 
 
-def test_page_is_served_from_the_package_and_explain_checks_like_search(page_service):
+def test_page_is_served_from_the_package_and_explain_checks_like_search(page_service, llm):
     """The page and its assets need no key and load nothing from elsewhere (its CSP says so);
-    /explain is in the OpenAPI, asks for the key and refuses what /search refuses."""
+    /explain is in the OpenAPI, asks for the key and refuses what /search refuses; an LLM
+    endpoint that refuses the service's key is the service's trouble (503), not the request's."""
     url, rows = page_service
     status, headers, html = get(url, "/")
     assert status == 200 and headers["content-type"].startswith("text/html")
@@ -379,3 +380,10 @@ def test_page_is_served_from_the_package_and_explain_checks_like_search(page_ser
     )
     status, body = post(url, "/explain", {"query": PROBLEM, "corpus_id": some_id, "k": 3})
     assert status == 422 and "k" in body["error"]
+    llm.faults({"kind": "401", "always": True})
+    status, body = post(
+        url, "/explain", {"query": "a question not asked before", "corpus_id": some_id}
+    )
+    assert status == 503 and body["error"].startswith("the LLM endpoint is unavailable: ")
+    assert "refused the API key (HTTP 401)" in body["error"]
+    llm.reset()  # the service's other tests find the endpoint answering

@@ -20,7 +20,8 @@ many queries) or with the line `cpr search` prints for the same mistake (a blank
 outside 1 to ``search.max_k``: `Query` and `search_options` check both for both), 413 for a body
 over ``search.serve.max_body_bytes``, 401 without the API key (when ``search.serve.api_key_env``
 names one), 503 when every replica is busy and the bounded queue (``max_queued_requests``) is
-full, and never a stack trace (500 says to read the service log); each as ``{"error": "…"}``,
+full or the LLM endpoint behind ``rerank``/``explain`` cannot be reached or refuses the service's
+key, and never a stack trace (500 says to read the service log); each as ``{"error": "…"}``,
 one line a person can read (the search page shows it as it is). Replicas autoscale between
 ``min_replicas`` and ``max_replicas``.
 
@@ -40,7 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cpr_ray.config import Config, ServeConfig, load_config
-from cpr_ray.errors import ConfigError, UserError
+from cpr_ray.errors import ConfigError, LLMConfigError, LLMStageError, UserError
 
 log = logging.getLogger("cpr_ray.search.serve")
 QUERY_CHARS = 4000
@@ -150,6 +151,17 @@ def make_api(cfg: Config):
     @api.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=422)
+
+    @api.exception_handler(LLMConfigError)
+    @api.exception_handler(LLMStageError)
+    async def llm_unavailable(request: Request, exc: UserError) -> JSONResponse:
+        # the service's LLM endpoint is down or refuses the service's key: nothing the client
+        # sent is at fault (422 would say it was), and a retry may find it back
+        return JSONResponse(
+            {"error": f"the LLM endpoint is unavailable: {exc}"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
 
     @api.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
