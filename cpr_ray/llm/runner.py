@@ -470,7 +470,7 @@ def ask_inline(
     answered: queue.Queue[pa.Table | BaseException] = queue.Queue()
 
     tasks: list[asyncio.Future[pa.Table]] = []
-    left: list[bool] = []  # set on the loop when the caller leaves early
+    left = False  # set on the loop when the caller leaves (before or after the asking starts)
 
     async def drive() -> None:
         tasks.extend(asyncio.ensure_future(asker.answer(b)) for b in blocks)
@@ -489,7 +489,8 @@ def ask_inline(
             await asker.close()  # what was answered reaches the cache before the thread ends
 
     def leave() -> None:
-        left.append(True)
+        nonlocal left
+        left = True
         for t in tasks:
             t.cancel()
 

@@ -82,7 +82,10 @@ def cw_distribution(texts: Sequence[str], stop_words: Iterable[str] = STOP_WORDS
     }
 
 
-def embed_once(embed: Callable[[list[str]], np.ndarray]) -> Callable[[list[str]], np.ndarray]:
+Embed = Callable[[list[str]], np.ndarray]  # texts → one vector per text, as rows
+
+
+def embed_once(embed: Embed) -> Embed:
     """`embed` that encodes each distinct text once across calls: the reports of a build's
     queries and of a synthesized set both compare against the build's queries, which would
     otherwise be encoded three times (and a set's repeated queries once each)."""

@@ -13,17 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pds
 
 from cpr_ray.pooling.embeddings import STORE
+from cpr_ray.queries.qd_metrics import Embed, embed_once
 from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
 from cpr_ray.storage import Storage, join
 
-Embed = Callable[[list[str]], np.ndarray]
 VECTORS = pa.schema([("text", pa.string()), ("embedding", pa.list_(pa.float32()))])
 
 
@@ -35,29 +34,27 @@ def store_uri(storage: Storage, spec: EncoderSpec) -> str:
 
 
 def stored(storage: Storage, spec: EncoderSpec, encode: Embed) -> Embed:
-    """`encode` (query texts → rows of vectors) that reads the vectors the store holds and
-    encodes and appends only the rest."""
+    """`encode` (query texts → rows of vectors) backed by the store: each distinct text is
+    looked up once per process (`embed_once`), and only texts the store lacks are encoded and
+    appended."""
     uri = store_uri(storage, spec)
 
-    def embedded(texts: list[str]) -> np.ndarray:
-        distinct = list(dict.fromkeys(texts))
-        found = _read(storage, uri, distinct)
-        missing = [t for t in distinct if t not in found]
+    def fetched(texts: list[str]) -> np.ndarray:  # distinct texts, none asked before here
+        if not texts:
+            return encode([])
+        found = _read(storage, uri, texts)
+        missing = [t for t in texts if t not in found]
         if missing:
             vectors = np.asarray(encode(missing), dtype=np.float32)
             table = pa.table({"text": missing, "embedding": list(vectors)}, schema=VECTORS)
             storage.write_parquet(table, join(uri, f"part-{uuid.uuid4().hex[:12]}.parquet"))
             found.update(zip(missing, vectors, strict=True))
-        if not texts:
-            return encode([])
         return np.stack([found[t] for t in texts])
 
-    return embedded
+    return embed_once(fetched)
 
 
 def _read(storage: Storage, uri: str, texts: list[str]) -> dict[str, np.ndarray]:
-    if not texts or not storage.exists(uri):
-        return {}
     parts = [f.path for f in storage.list_files(uri, (".parquet",), missing_ok=True)]
     if not parts:
         return {}

@@ -28,7 +28,7 @@ from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer, normalized
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
-from cpr_ray.queries.qd_metrics import cross_encoder_scorer, embed_once, qd_report
+from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
 from cpr_ray.queries.writing import MAX_QUERY_WORDS, QUERY_CHARS, WORD_CHARS
 from cpr_ray.schemas import paper_text
 from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
@@ -200,7 +200,7 @@ def qd_metrics(
     if cfg.embed_model:
         spec = EncoderSpec(model=cfg.embed_model, device=cfg.device)
         encoder = cache(lambda: DenseEncoder(spec))  # loaded only if a text is new
-        embed = embed_once(query_store.stored(storage, spec, lambda t: encoder().encode_queries(t)))
+        embed = query_store.stored(storage, spec, lambda t: encoder().encode_queries(t))
     scorer = cross_encoder_scorer(cfg.cross_encoder, cfg.device) if cfg.cross_encoder else None
     reference = build["query"].to_pylist()
     out = {}
