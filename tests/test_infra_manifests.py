@@ -2,10 +2,11 @@
 deployment keeps the properties infra/README.md promises.
 
 Built-in kinds go through kubernetes-validate (strict: unknown keys fail) for one Kubernetes
-version. The KubeRay kinds (RayJob, also the one embedded in the ConfigMap, and RayCronJob) go
-through jsonschema against the openAPIV3Schema of KubeRay's CRDs in ../shared/reference/kuberay/,
-with `additionalProperties: false` added to every object schema that lists its properties, as
-the API server's strict field validation would; CEL rules and some enums stay unchecked.
+version. The KubeRay kinds (RayJob, also the one embedded in the ConfigMap, RayCronJob and the
+judge fleet's RayService) go through jsonschema against the openAPIV3Schema of KubeRay's CRDs in
+../shared/reference/kuberay/ and tests/data/kuberay/ (see its PROVENANCE.md), with
+`additionalProperties: false` added to every object schema that lists its properties, as the API
+server's strict field validation would; CEL rules and some enums stay unchecked.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .test_cluster_config import find_credentials
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 KUBERAY_CRDS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kuberay"
+VENDORED_CRDS = Path(__file__).resolve().parent / "data" / "kuberay"  # RayService
 KUBERAY_VERSION = "1.7.0"
 K8S_VERSION = "1.33"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
 
@@ -71,6 +73,8 @@ def _load_manifests() -> list[tuple[str, dict]]:
 MANIFESTS = _load_manifests()
 BUILTIN = [(w, d) for w, d in MANIFESTS if not d["apiVersion"].startswith("ray.io/")]
 KUBERAY = [(w, d) for w, d in MANIFESTS if d["apiVersion"].startswith("ray.io/")]
+# the refresh's jobs; the judge fleet's RayService (infra/judges/) is checked on its own
+JOBS = [(w, d) for w, d in KUBERAY if d["kind"] != "RayService"]
 
 
 def _only(kind: str, where_part: str = "") -> dict:
@@ -131,13 +135,15 @@ def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
         pytest.fail(f"KubeRay CRDs not found at {KUBERAY_CRDS} (the checkout's ../shared)")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     validators = {}
-    for path in sorted(KUBERAY_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")):
+    paths = [*KUBERAY_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")]
+    paths += VENDORED_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")
+    for path in sorted(paths):
         with gzip.open(path, "rt") as f:
             crd = yaml.load(f, Loader=loader)
         (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
         schema = _close_objects(version["schema"]["openAPIV3Schema"])
         validators[crd["spec"]["names"]["kind"]] = jsonschema.Draft7Validator(schema)
-    assert {"RayJob", "RayCronJob"} <= set(validators), sorted(validators)
+    assert {"RayJob", "RayCronJob", "RayService"} <= set(validators), sorted(validators)
     return validators
 
 
@@ -152,7 +158,7 @@ def _crd_errors(validators, doc: dict) -> list[str]:
 def test_the_expected_manifests_are_there():
     kinds = {d["kind"] for _, d in MANIFESTS}
     expected = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "CronJob"}
-    assert expected | {"RayJob", "RayCronJob"} <= kinds
+    assert expected | {"Ingress", "RayJob", "RayCronJob", "RayService"} <= kinds
 
 
 @pytest.mark.parametrize("where, doc", BUILTIN, ids=[w for w, _ in BUILTIN])
@@ -205,6 +211,21 @@ def test_the_crd_validator_can_fail(crd_validators):
     assert any("is not of type 'string'" in e for e in _crd_errors(crd_validators, cron))
     del cron["spec"]["schedule"]
     assert any("'schedule' is a required property" in e for e in _crd_errors(crd_validators, cron))
+
+
+def test_the_rayservice_schema_catches_typos(crd_validators):
+    fleet = _only("RayService")
+    typo = copy.deepcopy(fleet)
+    typo["spec"]["serveConfig2"] = typo["spec"].pop("serveConfigV2")
+    assert any("serveConfig2" in e for e in _crd_errors(crd_validators, typo))
+
+    deep_typo = copy.deepcopy(fleet)
+    deep_typo["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplica"] = 6
+    assert any("maxReplica'" in e for e in _crd_errors(crd_validators, deep_typo))
+
+    wrong_type = copy.deepcopy(fleet)
+    wrong_type["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = "6"
+    assert any("is not of type 'integer'" in e for e in _crd_errors(crd_validators, wrong_type))
 
 
 # --- what the manifests do -------------------------------------------------------------------
@@ -307,7 +328,7 @@ def test_the_ray_cluster_is_the_launcher_layout():
 
 
 def test_credentials_come_from_the_secret_and_irsa():
-    for where, doc in KUBERAY:
+    for where, doc in JOBS:
         spec = doc["spec"].get("jobTemplate", doc["spec"])
         for group, pod in _pod_specs(spec).items():
             sa = _by_name("ServiceAccount", pod["serviceAccountName"])
@@ -360,7 +381,7 @@ def test_runtime_env_pins_one_commit():
 
 
 def _named_job_scripts() -> set[str]:
-    texts = [doc["spec"].get("jobTemplate", doc["spec"])["entrypoint"] for _, doc in KUBERAY]
+    texts = [doc["spec"].get("jobTemplate", doc["spec"])["entrypoint"] for _, doc in JOBS]
     texts += [p.read_text() for p in (INFRA / "launcher").iterdir() if p.suffix != ".json"]
     return {m for text in texts for m in re.findall(r"\bjobs/[\w/-]+\.py\b", text)}
 
