@@ -35,6 +35,7 @@ import asyncio
 import json
 import random
 import re
+import ssl
 import time
 from collections import Counter
 from typing import Any
@@ -403,8 +404,20 @@ def app() -> web.Application:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--tls-cert", help="serve https with this certificate (PEM)")
+    parser.add_argument("--tls-key", help="and its private key (PEM)")
     args = parser.parse_args()
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
     # hanging requests (fault `hang`) must not hold a test session's teardown
     web.run_app(
-        app(), host="127.0.0.1", port=args.port, print=None, backlog=1024, shutdown_timeout=1
+        app(),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        backlog=1024,
+        shutdown_timeout=1,
+        ssl_context=tls,
     )

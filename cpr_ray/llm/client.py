@@ -137,6 +137,8 @@ def probe_endpoint(cfg: LLMConfig, base_url: str) -> None:
         raw = client.models.with_raw_response.list()
     except (openai.APIConnectionError, openai.APITimeoutError) as exc:
         cause = exc.__cause__ or exc
+        if "CERTIFICATE_VERIFY_FAILED" in str(cause):
+            raise _untrusted(base_url, cause) from None
         raise LLMConfigError(
             f"cannot reach the LLM endpoint {base_url} ({type(cause).__name__}: "
             f"{str(cause)[:200]}); is the server running? check llm.base_url"
@@ -149,6 +151,16 @@ def probe_endpoint(cfg: LLMConfig, base_url: str) -> None:
         client.close()
     if "json" not in raw.headers.get("content-type", ""):
         raise _not_openai(base_url, raw.http_response.text)
+
+
+def _untrusted(base_url: str, cause: BaseException) -> LLMConfigError:
+    """Python trusts the system's CAs, and SSL_CERT_FILE's instead when it is set: a private CA
+    (an internal load balancer's) needs no setting of ours, only that variable on every node."""
+    reason = str(cause).rsplit("certificate verify failed:", 1)[-1].split("(_ssl")[0].strip()
+    return LLMConfigError(
+        f"the TLS certificate of {base_url} is not trusted ({reason}); if a private CA issued "
+        "it, set SSL_CERT_FILE to that CA's PEM bundle wherever the build runs"
+    )
 
 
 def _refused_key(cfg: LLMConfig, base_url: str, status: int) -> LLMConfigError:
