@@ -138,6 +138,9 @@ class MiningConfig(_Section):
 
 
 class LLMStageConfig(_Section):
+    # a cap says when to stop paying, not what a stage computes: raising it reruns nothing
+    operational: ClassVar[frozenset[str]] = frozenset({"max_usd"})
+
     model: str | None = Field(None, description="Model for this stage; unset: llm.model.")
     temperature: float | None = Field(None, ge=0, le=2, description="Unset: llm.temperature.")
     max_tokens: int | None = Field(None, ge=16, description="Unset: llm.max_tokens.")
@@ -147,6 +150,14 @@ class LLMStageConfig(_Section):
         "only), e.g. {verdict: transfer}. For a placeholder model whose judgments mean nothing "
         "(the dry run pins the passing answers so every later stage gets rows); never for a "
         "real judge. Pinned answers are cached apart from unpinned ones.",
+    )
+    max_usd: float | None = Field(
+        None,
+        gt=0,
+        description="Spend cap of this build stage in USD: every answer its ledger holds "
+        "(earlier runs included; a refresh counts its own) at llm.prices. At the cap the stage "
+        "stops asking, publishes nothing and says what was spent; a rerun with a higher cap "
+        "asks only for what is missing. Unset: no stage cap (llm.max_usd still applies).",
     )
 
 
@@ -168,6 +179,16 @@ LLMStage = Literal[
     "rewrite",
 ]
 LLM_STAGES: tuple[str, ...] = get_args(LLMStage)
+# the LLM stages of a build, which the spend caps cover (evaluation's and search's are not capped)
+BUILD_LLM_STAGES: tuple[str, ...] = (
+    "judge-analogy",
+    "judge-transfer",
+    "write-queries",
+    "dedup",
+    "score-positives",
+    "judge-negatives",
+    "synthesize-queries",
+)
 
 
 def stage_name(name: str) -> str:
@@ -195,6 +216,7 @@ class LLMConfig(_Section):
             "tokens_per_minute",
             "min_calls_for_failure_rate",
             "prices",
+            "max_usd",
             "allow_same_verifier",
         }
     )
@@ -283,6 +305,16 @@ class LLMConfig(_Section):
     prices: dict[str, Price] = Field(
         default_factory=dict, description="Price table per model name, for the ledger's cost."
     )
+    max_usd: float | None = Field(
+        None,
+        gt=0,
+        description="Spend cap of the build's LLM stages together, in USD: every answer the "
+        "root's ledgers hold (earlier stages and runs included; a refresh counts only its own) "
+        "at llm.prices, checked as answers arrive. At the cap the stage stops asking, publishes "
+        "nothing and says what was spent; a rerun with a higher cap (--set llm.max_usd=…) "
+        "asks only for what is missing. Every capped stage's model needs a price. Unset: no "
+        "cap. Per stage: llm.stages.<stage>.max_usd.",
+    )
     allow_same_verifier: bool = Field(
         False,
         description="Let judge-transfer ask the analogy judge's own model. The method verifies "
@@ -322,6 +354,34 @@ class LLMConfig(_Section):
                 f"{named} would force these answers on the model at llm.base_url "
                 f"{self.base_url}; pins are for the dry run's embedded placeholder judge only: "
                 "remove them for a real endpoint (cpr dry-run --llm-base-url drops them itself)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _caps_need_prices(self) -> LLMConfig:
+        # a model without a price costs $0 in the ledger, so a cap over it would never stop
+        # anything: refuse the cap rather than let it look like a limit
+        capped = [s for s, o in self.stages.items() if o.max_usd is not None]
+        not_build = [s for s in capped if s not in BUILD_LLM_STAGES]
+        if not_build:
+            raise ValueError(
+                f"llm.stages.{not_build[0]}.max_usd: spend caps cover the build's LLM stages "
+                f"({', '.join(BUILD_LLM_STAGES)}), not {not_build[0]}"
+            )
+        stages = BUILD_LLM_STAGES if self.max_usd is not None else capped
+        unpriced: dict[str, list[str]] = {}
+        for stage in stages:
+            model = self.for_stage(stage)[0]
+            price = self.prices.get(model)
+            if price is None or not (price.input_per_mtok or price.output_per_mtok):
+                unpriced.setdefault(model, []).append(stage)
+        if unpriced:
+            model, used_by = next(iter(unpriced.items()))
+            cap = "llm.max_usd" if self.max_usd is not None else f"llm.stages.{used_by[0]}.max_usd"
+            raise ValueError(
+                f"{cap} caps spend, but llm.prices has no price above $0 for model {model!r} "
+                f"(used by {', '.join(used_by)}), so its answers would count $0 against the "
+                "cap: add its input_per_mtok/output_per_mtok under llm.prices, or unset the cap"
             )
         return self
 

@@ -32,5 +32,9 @@ class LLMStageError(UserError):
     """An LLM stage stopped because its calls failed; nothing was published."""
 
 
+class SpendCapError(UserError):
+    """An LLM stage stopped at a spend cap (llm.max_usd); nothing was published."""
+
+
 class LocalServerError(UserError):
     """The embedded local LLM server could not be built or started."""

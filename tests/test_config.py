@@ -2,7 +2,13 @@ from pathlib import Path
 
 import pytest
 
-from cpr_ray.config import ConfigError, load_config, profile_names, sample_dir
+from cpr_ray.config import (
+    BUILD_LLM_STAGES,
+    ConfigError,
+    load_config,
+    profile_names,
+    sample_dir,
+)
 
 
 def test_profiles_load_and_validate():
@@ -125,3 +131,48 @@ def test_how_a_stage_runs_is_not_part_of_its_fingerprint():
     assert cfg.model_copy(update={"llm": served}).section_hash("llm") == base
     for change in ("llm.model=other", 'llm.stages.dedup.pin={"same_problem": true}'):
         assert load_config("dry-run", overrides=[change]).section_hash("llm") != base, change
+
+
+def test_a_spend_cap_needs_a_price_for_every_model_it_covers():
+    """A model without a price (or at $0) counts $0 in the ledger, so a cap over it could never
+    stop anything: the config is refused with one line naming the model and the cap. A stage's
+    cap needs only its own model's price; a cap must be above $0 and only build stages have
+    one; raising a cap reruns nothing (it is not part of the stage's fingerprint)."""
+    priced = ["llm.prices.gemma-3-270m.input_per_mtok=0.1"]
+    with pytest.raises(
+        ConfigError,
+        match=r"llm.max_usd caps spend, but llm.prices has no "
+        r"price above \$0 for model 'gemma-3-270m' \(used by judge-analogy, ",
+    ):
+        load_config("dry-run", overrides=["llm.max_usd=10"], env={})
+    zero = ["llm.prices.gemma-3-270m.input_per_mtok=0", "llm.prices.gemma-3-270m.output_per_mtok=0"]
+    with pytest.raises(ConfigError, match="no price above"):
+        load_config("dry-run", overrides=[*zero, "llm.max_usd=10"], env={})
+    other = ["llm.stages.judge-negatives.model=big", "llm.stages.judge-negatives.max_usd=3"]
+    with pytest.raises(
+        ConfigError,
+        match=r"llm.stages.judge-negatives.max_usd caps spend.*"
+        r"model 'big' \(used by judge-negatives\)",
+    ):
+        load_config("dry-run", overrides=[*priced, *other], env={})
+    assert load_config("dry-run", overrides=[*priced, "llm.stages.dedup.max_usd=3"], env={})
+    with pytest.raises(ConfigError, match=r"llm.max_usd: Input should be greater than 0"):
+        load_config("dry-run", overrides=[*priced, "llm.max_usd=0"], env={})
+    with pytest.raises(ConfigError, match="spend caps cover the build's LLM stages.*not rewrite"):
+        load_config("dry-run", overrides=[*priced, "llm.stages.rewrite.max_usd=3"], env={})
+
+    base = load_config("dry-run", overrides=priced, env={}).section_hash("llm")
+    capped = ["llm.max_usd=10", "llm.stages.dedup.max_usd=3"]
+    assert load_config("dry-run", overrides=[*priced, *capped], env={}).section_hash("llm") == base
+
+
+def test_the_cluster_profile_prices_every_model_it_names_under_its_cap():
+    cfg = load_config("cluster", env={})
+    assert cfg.llm.max_usd is not None and cfg.mining.base_per_field is not None
+    models = {cfg.llm.for_stage(s)[0] for s in BUILD_LLM_STAGES}
+    assert models == {
+        "Qwen/Qwen3-32B",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "google/gemma-3-27b-it",
+    }
+    assert all(cfg.llm.prices[m].input_per_mtok > 0 for m in models)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -78,13 +79,13 @@ def published(root: Path, stage: str = "judge-analogy") -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def fails(root: Path, base_url: str, *extra: str) -> str:
+def fails(root: Path, base_url: str, *extra: str, stage: str = "judge-analogy") -> str:
     """Run the stage, expecting the one-line failure a user should see; returns that line."""
     code, out = cpr_build(root, base_url, *extra)
     assert code == 2, out
     lines = [ln for ln in out.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in out, out
-    assert published(root) is None  # nothing a rerun could skip
+    assert published(root, stage) is None  # nothing a rerun could skip
     return lines[0]
 
 
@@ -305,3 +306,82 @@ def test_a_failed_llm_stage_as_a_job_ends_with_the_same_one_line(build, llm, cap
     assert len(errors) == 1 and errors[0].startswith("error: judge-analogy: 8 of 8 calls to ")
     assert err.strip().splitlines()[-1] == errors[0] and "Traceback" not in err
     assert published(build) is None
+
+
+# the scripted model at a price that makes every answer cost dollars (a prompt is ~1k tokens)
+PRICED = ("--set", "llm.prices.scripted.input_per_mtok=10000",
+          "--set", "llm.prices.scripted.output_per_mtok=10000")  # fmt: skip
+
+
+def ledger_rows(root: Path, stage: str = "judge-analogy") -> int:
+    storage = Storage(load_config(env={}, overrides=[f"storage.root={root}"]).storage)
+    return pds.dataset(ledger_uri(storage, stage)).count_rows()
+
+
+@pytest.mark.parametrize("inline_max_rows", [16, 0], ids=["from-the-driver", "actor-pool"])
+def test_a_stage_stops_at_its_spend_cap_and_a_higher_cap_pays_only_the_rest(
+    build, llm, inline_max_rows
+):
+    """16 rows asked one at a time, $5 allowed and each answer costing more: the stage stops
+    after the first answers with one line saying what was spent against which cap, publishes
+    nothing, and cancels the rest (the pool's actors too). The rerun with a higher cap (from
+    the driver: one pool start per test is enough) sends only the requests whose answers were
+    not paid for, publishes, and its progress shows the dollars against the cap."""
+    llm.latency(150)  # 16 answers take 2.4 s; the cap is reached by the first block's
+    one_at_a_time = (
+        "--set", "llm.max_rows_per_stage=16", "--set", "llm.actors=1",
+        "--set", "llm.max_in_flight=1",
+    )  # fmt: skip
+    cap = ("--set", "llm.stages.judge-analogy.max_usd=5")
+    path = ("--set", f"llm.inline_max_rows={inline_max_rows}")
+    line = fails(build, llm.base_url, *PRICED, *one_at_a_time, *path, *cap)
+    assert re.search(
+        r"error: judge-analogy: stopped at the spend cap: \$[\d.,]+ spent \(this stage's answers"
+        r" in its ledger, at llm.prices; \$[\d.,]+ by this run\) against "
+        r"llm.stages.judge-analogy.max_usd=\$5.00\. Nothing was published.*"
+        r"--set llm.stages.judge-analogy.max_usd=\d+\)$",
+        line,
+    ), line
+    paid = ledger_rows(build)
+    assert 1 <= paid < 16 and llm.stats()["total"] < 16  # stopped, not run to the end
+
+    llm.reset()
+    higher = ("--set", "llm.stages.judge-analogy.max_usd=1000000")
+    code, out = cpr_build(build, llm.base_url, *PRICED, *one_at_a_time, *higher)
+    assert code == 0, out
+    stats = published(build)["stats"]
+    asked = stats["asked"]
+    assert stats["cached"] + asked == 16 and stats["cached"] >= paid
+    assert llm.stats()["total"] == asked  # nothing paid twice
+    assert stats["cost_usd"] > 5
+    assert f"{asked}/{asked} asked" in out and "of $1,000,000.00)" in out
+    assert re.search(r"16 rows pass \(100%\); .*; \$[\d,]+\.\d\d", out), out
+
+
+def test_the_build_cap_counts_what_earlier_stages_spent(build, llm):
+    """judge-analogy spends S uncapped; judge-transfer under llm.max_usd below S asks nothing
+    (the earlier stage's ledger counts), names the root's spend and the cap; with a cap above
+    S it asks and publishes, judge-analogy skipped either way (a cap reruns nothing)."""
+    code, out = cpr_build(build, llm.base_url, *PRICED)
+    assert code == 0, out
+    spent = published(build)["stats"]["cost_usd"]
+    assert spent > 1
+    both = ("--stages", "judge-analogy,judge-transfer")
+
+    llm.reset()
+    under = ("--set", f"llm.max_usd={spent / 2:.2f}")
+    line = fails(build, llm.base_url, *PRICED, *both, *under, stage="judge-transfer")
+    assert (
+        f"error: judge-transfer: stopped at the spend cap: ${spent:,.2f} spent (every LLM "
+        f"answer in the ledgers of {build}" in line
+    ), line
+    assert f"$0.00 by this run) against llm.max_usd=${spent / 2:,.2f}" in line
+    assert llm.stats().get("total", 0) == 0  # not one request
+
+    above = ("--set", f"llm.max_usd={spent * 100:.2f}")
+    code, out = cpr_build(build, llm.base_url, *PRICED, *both, *above)
+    assert code == 0, out
+    assert "judge-analogy[/]: skipped" in out or "judge-analogy: skipped" in out
+    analogies = published(build)["tables"]["analogies"]["rows"]
+    transfer = published(build, "judge-transfer")["stats"]
+    assert transfer["asked"] == analogies > 0 and llm.stats()["total"] == analogies

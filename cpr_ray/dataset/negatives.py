@@ -354,6 +354,7 @@ def _judge_negatives(
         f"false negatives {stats['false_negatives']:,}; short groups eval "
         f"{stats['short_groups'][EVAL]:,} / train {stats['short_groups'][TRAIN]:,}"
         + (" (capped by llm.max_rows_per_stage)" if done.capped else "")
+        + f"; ${stats['cost_usd']:,.2f}"
     )
     return StageOutput(
         tables={

@@ -12,9 +12,11 @@ output columns. `run_llm_task`:
    at most a second of paid answers and its rerun asks only for what is missing. An actor lost
    with its node is restarted by Ray on a surviving node and given its batches again; it serves
    what the lost actor had flushed and asks only for the rest (`LLMActor._answered_in_this_run`);
-4. stops the stage with one clear line when the endpoint refuses us (key, model, URL) or when
-   more calls fail or come back invalid than the configured rates allow, and otherwise returns
-   every input row with its answer, status and reason.
+4. stops the stage with one clear line when the endpoint refuses us (key, model, URL), when
+   more calls fail or come back invalid than the configured rates allow, or when a build
+   stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`,
+   checked as answers arrive), and otherwise returns every input row with its answer, status
+   and reason.
 
 Only `ok` answers are served from the cache. Invalid answers (the model kept breaking the
 contract after re-asks) and transport failures are in the ledger, and are asked again next run.
@@ -47,6 +49,7 @@ from cpr_ray.llm.answers import check_pins
 from cpr_ray.llm.client import LLMClient, RateLimiter, Status, Usage, probe_endpoint
 from cpr_ray.llm.prompts import Prompt
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
+from cpr_ray.llm.spend import Budget, cost_usd
 from cpr_ray.ray_runtime import user_errors_from_ray
 from cpr_ray.stage import StageRun, console
 from cpr_ray.storage import Storage, StorageConfig, join
@@ -325,20 +328,6 @@ def ledger_uri(storage: Storage, stage: str) -> str:
     return join(storage.root, "_llm", "ledger", stage)
 
 
-def cost_usd(cfg: LLMConfig, ledger: pa.Table) -> float:
-    total = 0.0
-    for row in (
-        ledger.group_by("model")
-        .aggregate([("prompt_tokens", "sum"), ("completion_tokens", "sum")])
-        .to_pylist()
-    ):
-        price = cfg.prices.get(row["model"])
-        if price:
-            total += row["prompt_tokens_sum"] * price.input_per_mtok / 1e6
-            total += row["completion_tokens_sum"] * price.output_per_mtok / 1e6
-    return round(total, 6)
-
-
 @dataclass(frozen=True)
 class LLMContext:
     """Where an LLM step outside a build stage (e.g. an evaluation) keeps its cache and ledger."""
@@ -379,7 +368,11 @@ def run_llm_task(
         + ("" if not todo.num_rows else " from this process" if inline else "")
     )
 
+    # the spend caps of a build stage (evaluation's and search's LLM steps are not capped)
+    budget = Budget.open(cfg, storage, task.stage) if isinstance(run, StageRun) else None
     if todo.num_rows:
+        if budget is not None:
+            budget.check(0.0)  # a cap already reached: not one request more
         probe_endpoint(cfg, base_url)  # a dead endpoint or a refused key: one line, right now
     limiter = None
     if cfg.requests_per_second or cfg.tokens_per_minute:
@@ -392,6 +385,7 @@ def run_llm_task(
     answered: list[pa.Table] = [cached]
     counts = {"ok": 0, "invalid": 0, "failed": 0}
     tokens = {"prompt": 0, "completion": 0}
+    spent = 0.0  # USD of this ask's new answers
     ledgers: list[pa.Table] = []
     recent: list[pa.Table] = []  # answers since the last report: the sample a stop quotes
     reported = 0
@@ -405,15 +399,19 @@ def run_llm_task(
                 counts[status] += pc.sum(pc.equal(out["status"], status)).as_py() or 0
             tokens["prompt"] += pc.sum(out["prompt_tokens"]).as_py() or 0
             tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
+            spent += cost_usd(cfg, out)
             done = sum(counts.values())
             last = done >= todo.num_rows
+            if budget is not None and not last:  # the last answers are paid: keep them
+                budget.check(spent)
             if done - reported < report_every and not last:
                 continue
             reported = done
             console.print(
                 f"  {task.stage}: {done:,}/{todo.num_rows:,} asked — ok {counts['ok']:,}, "
                 f"invalid {counts['invalid']:,}, failed {counts['failed']:,}; tokens "
-                f"{tokens['prompt']:,} in / {tokens['completion']:,} out"
+                f"{tokens['prompt']:,} in / {tokens['completion']:,} out; "
+                + (budget.progress(spent) if budget else f"${spent:,.2f}")
             )
             if last or done >= cfg.min_calls_for_failure_rate:  # early when many calls say so
                 sample = pa.concat_tables(recent)
@@ -538,8 +536,9 @@ def ask_pool(
     """Every row of `rows` through one pool of LLM actors, answered blocks as they complete.
 
     One pool serves the whole table: starting actors costs seconds, which per chunk of a few
-    hundred rows would be most of a stage's time. Leaving the block early (a rate check that
-    stops the stage) shuts the pool down; a refusal by the endpoint surfaces as its one line.
+    hundred rows would be most of a stage's time. Leaving the block early (a rate check or a
+    spend cap that stops the stage) shuts the pool down at once, cancelling what its actors
+    have in flight; a refusal by the endpoint surfaces as its one line.
     """
     schema = result_schema(task)
     actors = max(1, min(cfg.actors, rows.num_rows))
@@ -569,8 +568,13 @@ def ask_pool(
             batch_format="pyarrow",
             num_cpus=ACTOR_CPUS,
         )
-        stream = ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
-        yield (t.cast(schema) for t in stream if t.num_rows)
+        stream = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0))
+        try:
+            yield (t.cast(schema) for t in stream if t.num_rows)
+        finally:
+            # a stop (a spend cap, a rate check) shuts the pool down now, not when the stream
+            # is collected: its actors would go on asking (and paying for) the rest
+            stream.close()
 
 
 def _check_rates(

@@ -22,6 +22,7 @@ from cpr_ray.corpus.refresh import INGEST, Refresher
 from cpr_ray.corpus.s2_api import S2DatasetsClient
 from cpr_ray.errors import StorageError
 from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.llm.spend import counted_from_here
 from cpr_ray.pipeline.build import STAGES, run_build
 from cpr_ray.stage import console, read_manifest
 from cpr_ray.storage import Storage
@@ -43,7 +44,8 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         applied = updater.apply()
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
-            manifests = run_build(cfg, [s for s in STAGES if s != INGEST])
+            with counted_from_here(storage, cfg.llm):  # the caps count this night's spend
+                manifests = run_build(cfg, [s for s in STAGES if s != INGEST])
             downstream = {name: m["run_id"] for name, m in manifests.items()}
         holders = [h for h in leases.active(storage) if h != lease]
         cleaned: dict[str, int] | str = (

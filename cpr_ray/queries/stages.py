@@ -83,7 +83,8 @@ def _publish(
     console.print(
         f"  {run.name}: {kept.num_rows:,} of {result.table.num_rows:,} rows pass "
         f"({stats['survival']:.0%}); failures {n_failures:,}; calls {stats['calls']:,}, tokens "
-        f"{stats['prompt_tokens']:,} in / {stats['completion_tokens']:,} out"
+        f"{stats['prompt_tokens']:,} in / {stats['completion_tokens']:,} out; "
+        f"${stats['cost_usd']:,.2f}"
     )
     return StageOutput(
         tables={
@@ -275,7 +276,7 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
         f" {requests.num_rows:,} groups of two or more (strongest chosen by the model in "
         f"{stats['groups_chosen_by_model']:,}, by the ranking in "
         f"{stats['groups_chosen_by_rule']:,}); {kept.num_rows:,} of {queries.num_rows:,} "
-        "queries kept"
+        f"queries kept; ${stats['cost_usd']:,.2f}"
     )
     return StageOutput(
         tables=tables,

@@ -234,7 +234,10 @@ def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTabl
     metrics = qd_metrics(cfg, build, rows, run.storage) if rows.num_rows else {}
     stats = {**result.stats, "mode": cfg.mode, "inputs": inputs.num_rows, "queries": rows.num_rows}
     stats["qd_metrics"] = metrics
-    line = f"  {STAGE}: {rows.num_rows:,} queries for {inputs.num_rows:,} input(s) ({cfg.mode})"
+    line = (
+        f"  {STAGE}: {rows.num_rows:,} queries for {inputs.num_rows:,} input(s) ({cfg.mode}); "
+        f"${result.stats['cost_usd']:,.2f}"
+    )
     if metrics:
         syn, own = metrics["synthesized"], metrics["build"]
         line += (
