@@ -1,29 +1,23 @@
 # Two commands do all set-up on a fresh machine: `make dry-run` and `make test`.
-# Both create .venv and install from this repo's files; torch stays on the CPU wheel
-# (constraints.txt) so dev and CI never pull a multi-GB CUDA build.
+# Both create .venv and install from this repo's files; torch at the version constraints.txt pins.
+# Where pip's config offers no local CPU wheel of it, `make install
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu` keeps dev off the multi-GB CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+TORCH_INDEX ?=
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
 .PHONY: install browser dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh bench-search bench-search-load clean
 
-# uv resolves and installs in seconds what pip takes two minutes for; it does not read pip's
-# config, so the machine's wheel folders and indexes are passed from it (a local torch CPU
-# wheel among them). It compiles the bytecode as pip does: with PYTHONDONTWRITEBYTECODE set (as
-# here) every Ray worker would otherwise parse torch and ray from source, and a test run takes
-# 1.6 times as long. Should uv fail, pip installs the same set.
-PIP_SOURCES := $(foreach l,$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),--find-links $(l)) \
-	$(foreach u,$(shell $(PYTHON) -m pip config get global.extra-index-url 2>/dev/null),--extra-index-url $(u))
-
-$(VENV)/.installed: pyproject.toml constraints.txt
+# infra/image/install.sh installs the package, dev extras and the pinned torch into the venv: the
+# same script, with the same constraints, that installs the package into the cluster images
+# (infra/image/Dockerfile). Here torch comes from pip's configured sources (a local CPU wheel on
+# the CI machines) or PyPI.
+$(VENV)/.installed: pyproject.toml constraints.txt infra/image/install.sh
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip uv
-	$(VENV)/bin/uv pip install --python $(PY) -q -c constraints.txt $(PIP_SOURCES) \
-		--index-strategy unsafe-best-match --compile-bytecode torch==2.13.0 -e '.[dev]' \
-		|| $(PIP) install -q -c constraints.txt torch==2.13.0 -e '.[dev]'
+	bash infra/image/install.sh $(PY)$(if $(TORCH_INDEX), --torch-index $(TORCH_INDEX)) -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed

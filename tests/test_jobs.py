@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -30,6 +32,11 @@ OLD, NEW = "2026-11-25", "2026-12-02"
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
 pytestmark = pytest.mark.slow
+# The head takes jobs only with its token, as the cluster's do (cluster.yaml, infra/k8s/): every
+# client here presents it, as `ray job submit` does with this environment
+TOKEN = secrets.token_hex(16)
+WITH_TOKEN = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,7 @@ def ray_head(tmp_path_factory):
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {
         **os.environ,
-        "RAY_AUTH_MODE": "disabled",
+        **WITH_TOKEN,
         "RAY_ADDRESS": "",
         "PATH": path,
         # beside another test process on 2 cores the dashboard can take longer than Ray's 60 s
@@ -79,7 +86,8 @@ def ray_head(tmp_path_factory):
     deadline = time.time() + 360
     while True:
         try:
-            urllib.request.urlopen(f"{url}/api/version", timeout=2)
+            version = urllib.request.Request(f"{url}/api/version", headers=AUTH)
+            urllib.request.urlopen(version, timeout=2)
             break
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
@@ -116,7 +124,7 @@ def submit(head: str, job_id: str, env_vars: dict[str, str], *entrypoint: str) -
                 "--",
                 *entrypoint,
             ],
-            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+            env={**os.environ, **WITH_TOKEN},
             capture_output=True,
             text=True,
             timeout=120,
@@ -129,10 +137,16 @@ def submit(head: str, job_id: str, env_vars: dict[str, str], *entrypoint: str) -
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def wait(head: str, job_id: str, timeout_s: float = 600) -> tuple[str, str]:
-    from ray.job_submission import JobStatus, JobSubmissionClient
+def jobs_client(head: str):
+    from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(head)
+    return JobSubmissionClient(head, headers=AUTH)
+
+
+def wait(head: str, job_id: str, timeout_s: float = 600) -> tuple[str, str]:
+    from ray.job_submission import JobStatus
+
+    client = jobs_client(head)
     deadline = time.time() + timeout_s
     while (status := client.get_job_status(job_id)) not in (
         JobStatus.SUCCEEDED,
@@ -279,8 +293,6 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
     stages, serves the four answers from the cache and asks only for the other rows: the
     endpoint answers each row once, and the ledger has one row per answer. (The build is a
     local copy of the mined sample: the object store is the other test's subject.)"""
-    from ray.job_submission import JobSubmissionClient
-
     rows = 8
     root = copy_build(sample_mined, tmp_path / "build")
     scripted_llm.reset()
@@ -305,7 +317,7 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
         *[a for s in settings for a in ("--set", s)],
     ]  # fmt: skip
     submit(ray_head, "judge-1", {}, *job)
-    client = JobSubmissionClient(ray_head)
+    client = jobs_client(ray_head)
     deadline = time.time() + 600
     while scripted_llm.stats().get("answered", 0) < 4:
         running = client.get_job_status("judge-1").value in ("PENDING", "RUNNING")
@@ -331,3 +343,44 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
     ledger = pds.dataset(str(root / "_llm" / "ledger" / "judge-analogy")).to_table()
     keys = ledger.filter(pds.field("status") == "ok")["request_key"].to_pylist()
     assert len(keys) == len(set(keys)) == rows
+
+
+def test_the_head_refuses_a_job_without_its_token(ray_head, tmp_path):
+    """Token authentication as the cluster runs it (RAY_AUTH_MODE=token on the head): `ray job
+    submit` without the token, or with another, is refused and nothing runs; the job API answers
+    only with it. The nightly submitter stops at once, in one line, when it has no token."""
+    entrypoint = ["--", "python", "-c", "print('ran')"]
+    no_token = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+    out = subprocess.run(
+        [RAY, "job", "submit", "--address", ray_head, "--submission-id", "anon-1", *entrypoint],
+        env={**no_token, "HOME": str(tmp_path)},  # no ~/.ray/auth_token either
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0, out.stdout
+    assert "Unauthorized: Missing authentication token" in out.stderr, out.stderr
+    wrong = urllib.request.Request(
+        f"{ray_head}/api/jobs/",
+        data=json.dumps({"entrypoint": "python -c 1", "submission_id": "anon-2"}).encode(),
+        headers={"Authorization": "Bearer not-the-token", "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(wrong, timeout=30)
+    assert refused.value.code == 403
+    submitted = {job.submission_id for job in jobs_client(ray_head).list_jobs()}
+    assert not {"anon-1", "anon-2"} & submitted
+
+    script = ROOT / "infra" / "launcher" / "submit-refresh.sh"
+    out = subprocess.run(
+        ["bash", str(script)],
+        env={**no_token, "RAY_ADDRESS": ray_head, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "error: no Ray token: set RAY_AUTH_TOKEN_PATH to the file holding the cluster's "
+        "(SSM /cpr-ray/RAY_AUTH_TOKEN; infra/README.md)"
+    ]

@@ -8,15 +8,24 @@
 #
 # The job runs the code of the checkout in CPR_RAY_CHECKOUT: `--working-dir .` uploads it, and it
 # comes first on sys.path of the driver and every worker. The cluster's nodes hold the
-# dependencies (cluster.yaml's setup commands); rerun `ray up` after dependency changes.
+# dependencies (its images); after dependency changes, build new images and rerun `ray up`.
 #
 # Environment (e.g. /etc/cpr-ray/refresh.env for systemd): RAY_ADDRESS (required, the head's
-# dashboard, http://HEAD_PRIVATE_IP:8265), CPR_RAY_CHECKOUT, CPR_REFRESH_CONFIG.
-# No credentials here: the cluster's nodes fetch them (infra/launcher/node-env.sh).
+# dashboard, http://HEAD_PRIVATE_IP:8265), RAY_AUTH_TOKEN_PATH (required: a file, readable only
+# by the user running this, holding the cluster's Ray token, SSM /cpr-ray/RAY_AUTH_TOKEN; or the
+# token itself in RAY_AUTH_TOKEN), CPR_RAY_CHECKOUT, CPR_REFRESH_CONFIG.
+# No API keys here: the cluster's nodes fetch them (infra/launcher/node-env.sh).
 set -euo pipefail
 
 : "${RAY_ADDRESS:?set RAY_ADDRESS to the dashboard of the head, e.g. http://10.0.1.23:8265}"
 export RAY_ADDRESS
+# the cluster's dashboard and job API take requests only with its token (RAY_AUTH_MODE=token)
+if [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ]; then
+  echo "error: no Ray token: set RAY_AUTH_TOKEN_PATH to the file holding the cluster's" \
+    "(SSM /cpr-ray/RAY_AUTH_TOKEN; infra/README.md)" >&2
+  exit 2
+fi
+export RAY_AUTH_MODE=token
 checkout="${CPR_RAY_CHECKOUT:-/srv/cpr-ray}"
 config="${CPR_REFRESH_CONFIG:-s3://my-cpr-bucket/configs/refresh.yaml}"
 today="refresh-$(date -u +%F)"
