@@ -94,8 +94,9 @@ def _refresh_rayjob() -> dict:
 
 
 def _pod_specs(job_spec: dict) -> dict[str, dict]:
-    """Pod spec of the head and of each worker group of a RayJob spec, by group name."""
-    cluster = job_spec["rayClusterSpec"]
+    """Pod spec of the head and of each worker group of a RayJob (or RayService) spec, by
+    group name."""
+    cluster = job_spec.get("rayClusterSpec") or job_spec["rayClusterConfig"]
     pods = {"head": cluster["headGroupSpec"]["template"]["spec"]}
     for group in cluster["workerGroupSpecs"]:
         pods[group["groupName"]] = group["template"]["spec"]
@@ -389,15 +390,16 @@ def test_runtime_env_pins_one_commit():
     # the images are the same commit's (the tag IMAGE requires)
 
 
-def test_ray_token_authentication_on_every_job_cluster():
-    for where, doc in KUBERAY_JOBS:
-        cluster = doc["spec"].get("jobTemplate", doc["spec"])["rayClusterSpec"]
+def test_ray_token_authentication_on_every_ray_cluster():
+    for where, doc in KUBERAY:
+        spec = doc["spec"].get("jobTemplate", doc["spec"])
+        cluster = spec.get("rayClusterSpec") or spec["rayClusterConfig"]  # RayJob / RayService
         # KubeRay sets RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from the Secret on every Ray
         # container and its job submitter; the Secret is made by hand, never stored here
         assert cluster["authOptions"] == {"mode": "token", "secretName": "cpr-ray-auth"}, where
         head = cluster["headGroupSpec"]["rayStartParams"]
         assert head.get("dashboard-host", "0.0.0.0") == "0.0.0.0"  # reachable, so with a token
-        for pod in _pod_specs(doc["spec"].get("jobTemplate", doc["spec"])).values():
+        for pod in _pod_specs(spec).values():
             (container,) = pod["containers"]
             names = {e["name"] for e in container.get("env", [])}
             assert not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} & names, where  # KubeRay's to set
