@@ -38,6 +38,7 @@ from .iam_policy import (
     render,
 )
 from .test_ingest import _check_sample_build
+from .test_mine import check_mined_sample
 
 POLICY = Path(__file__).resolve().parents[1] / "infra" / "iam-policy.json"
 OPENALEX = "openalex"  # the public snapshot's bucket, on the stand-in
@@ -266,8 +267,10 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     # the sample's corpus, as a local ingest gives it; the snapshot's manifest.json unread
     ingested = manifests["ingest"]
     assert ingested["tables"]["papers"]["uri"].startswith(f"{root}/ingest/runs/")
-    _check_sample_build(ingested, Storage(cfg.storage))
+    storage = Storage(cfg.storage)
+    _check_sample_build(ingested, storage)
     assert ingested["stats"]["inputs"]["works"]["shards"] == 1
+    check_mined_sample(storage, manifests["mine"])
     job = [r for r in requests if r["access_key"] != "operator"]
     refused = [r for r in job if r["decision"] != ALLOW]
     assert not refused, json.dumps(refused[:5], indent=1)
