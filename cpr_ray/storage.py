@@ -234,7 +234,12 @@ class Storage:
         """A Lance table at `version` (None: its latest), with these endpoint settings."""
         import lance  # a heavy import: only the stages that read the corpus pay for it
 
-        return lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+        try:
+            return lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+        except (OSError, ValueError) as exc:  # Lance's IO errors come as either
+            if uri.startswith("s3://") and ACCESS_DENIED.search(str(exc)):
+                raise StorageError(access_denied(uri)) from None
+            raise
 
     def make_dirs(self, uri: str) -> None:
         """A folder and its parents, locally. Nothing on S3, which has no folders: pyarrow's
@@ -333,6 +338,8 @@ class Storage:
         try:
             return pq.read_table(loc.path, filesystem=loc.fs, columns=columns)
         except (OSError, pa.ArrowInvalid) as exc:
+            if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
+                raise StorageError(access_denied(loc.uri)) from None
             raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
 
     def write_parquet(self, table: pa.Table, uri: str) -> None:
@@ -433,7 +440,9 @@ def _rel_parts(root: str, path: str) -> list[str]:
     return posixpath.relpath(path, root).split("/")
 
 
-ACCESS_DENIED = re.compile(r"ACCESS_DENIED|AccessDenied|Access Denied|response code: 403")
+ACCESS_DENIED = re.compile(
+    r"ACCESS_DENIED|AccessDenied|Access Denied|response code: 403|status 403|403 Forbidden"
+)
 
 
 def access_denied(uri: str) -> str:
@@ -514,9 +523,11 @@ def find_table(storage: Storage, root: str, name: str) -> str | None:
             return uri
     folder = join(root, name)
     loc = storage.resolve(folder)
-    if loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory:
-        return folder
-    return None
+    try:
+        found = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+    except OSError as exc:
+        raise StorageError(_explain(loc, exc)) from None
+    return folder if found else None
 
 
 def files_under(storage: Storage, uri: str, prefix: str) -> list[str]:

@@ -305,6 +305,15 @@ def test_a_root_outside_the_policys_prefixes_stops_preflight_in_one_line(
         check_root(inside)  # a first build under builds/: nothing there yet, and allowed
         with pytest.raises(StorageError) as top:
             inside.write_json(f"s3://{s3_bucket}/x.json", {})
+        with pytest.raises(StorageError) as table:
+            inside.open_lance(f"s3://{s3_bucket}/runs/r1/papers.lance")
+        # the README's old example: a training run out of the policy's prefixes
+        out = f"s3://{s3_bucket}/runs/r1"
+        result = cli.invoke(
+            app,
+            ["train", "--data", "unused.jsonl", "--format", "triplets", "--model", "unused",
+             "--out", out, "--s3-endpoint", s3_standin.url],
+        )  # fmt: skip
     message = str(err.value)
     assert message == (
         f"storage.root s3://{s3_bucket}/runs/r1: access denied to s3://{s3_bucket}/runs/r1: "
@@ -313,6 +322,13 @@ def test_a_root_outside_the_policys_prefixes_stops_preflight_in_one_line(
         "eval/ and index/: put the path under one of those, or grant it)"
     )
     assert str(top.value).startswith(f"access denied to s3://{s3_bucket}/x.json: ")
+    assert str(table.value).startswith(f"access denied to s3://{s3_bucket}/runs/r1/papers.lance")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        f"error: access denied to {out}/train.json: these credentials may not use prefix "
+        + result.output.split("may not use prefix ", 1)[1].strip()
+    ]
+    assert f"prefix runs/r1/train.json of bucket {s3_bucket} (" in result.output
 
 
 def test_two_buckets_with_their_own_region_and_signing_in_one_storage(
