@@ -25,7 +25,7 @@ from cpr_ray.errors import StorageError
 from cpr_ray.pipeline.build import check_root, run_build
 from cpr_ray.storage import Storage, StorageConfig
 
-from .conftest import S3Standin, ScriptedLLM
+from .conftest import LLM_STAGES, S3Standin, ScriptedLLM
 from .iam_policy import (
     ALLOW,
     EXPLICIT_DENY,
@@ -250,6 +250,8 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
         cfg = load_config("dry-run", f"s3://{bucket}/configs/build.yaml", overrides, env={})
         manifests = run_build(cfg)
         export = manifests["export"]["output"]
+        calls = scripted_llm.stats()["total"]
+        again = run_build(cfg, LLM_STAGES, force=True)  # the answers cached on S3 are reused
         s3 = ["--s3-endpoint", endpoint, "--set", "storage.s3_region=us-west-2"]
         for args in (
             ["train", "--data", export, "--format", "cpr", "--model", model,
@@ -271,6 +273,12 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     _check_sample_build(ingested, storage)
     assert ingested["stats"]["inputs"]["works"]["shards"] == 1
     check_mined_sample(storage, manifests["mine"])
+    for stage in LLM_STAGES:
+        m = manifests[stage]
+        assert m["output"].startswith(f"{root}/{stage}/"), m
+        assert m["complete"] and m["stats"]["new_failed"] == 0, (stage, m["stats"])
+    assert manifests["score-positives"]["tables"]["positives"]["rows"] > 0
+    assert scripted_llm.stats()["total"] == calls and again["judge-analogy"]["stats"]["asked"] == 0
     job = [r for r in requests if r["access_key"] != "operator"]
     refused = [r for r in job if r["decision"] != ALLOW]
     assert not refused, json.dumps(refused[:5], indent=1)
