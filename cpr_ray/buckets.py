@@ -244,7 +244,7 @@ def write_bucketed_table(
 
     Each task writes its bucket's fragments; only their metadata comes back to be committed, so
     a failed task publishes nothing (the files of the others are unreferenced until then)."""
-    opts = storage.lance_options()
+    opts = storage.lance_options(uri)
     write = partial(
         _write_bucket, make=make, uri=uri, schema=schema, fragment_rows=fragment_rows, opts=opts
     )

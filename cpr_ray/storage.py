@@ -12,6 +12,7 @@ import io
 import json
 import os
 import posixpath
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ from cpr_ray.sections import Section
 
 if TYPE_CHECKING:
     import lance
+
+
+class BucketSettings(Section):
+    """How one bucket is reached: its region, and whether requests go unsigned."""
+
+    s3_region: str | None = Field(None, description="The bucket's region; unset: AWS's chain.")
+    s3_anonymous: bool = Field(
+        False, description="Unsigned requests (a public bucket): no credentials, no IAM policy."
+    )
 
 
 class StorageConfig(Section):
@@ -49,6 +59,17 @@ class StorageConfig(Section):
         "need the default path style.",
     )
     s3_anonymous: bool = Field(False, description="Read public buckets without credentials.")
+    buckets: dict[str, BucketSettings] = Field(
+        default_factory=dict,
+        description="Settings of particular buckets, by name, over s3_region/s3_anonymous: e.g. "
+        "{openalex: {s3_region: us-east-1, s3_anonymous: true}} reads the public OpenAlex "
+        "snapshot unsigned from its region while the build root uses the team's region and role.",
+    )
+
+    def for_bucket(self, bucket: str) -> BucketSettings:
+        return self.buckets.get(bucket) or BucketSettings(
+            s3_region=self.s3_region, s3_anonymous=self.s3_anonymous
+        )
 
 
 @dataclass(frozen=True)
@@ -60,6 +81,69 @@ class Location:
     @property
     def is_s3(self) -> bool:
         return self.uri.startswith("s3://")
+
+    def folderless_fs(self) -> pafs.FileSystem:
+        """The filesystem to hand a library that creates folders before writing: on S3 one whose
+        create_dir does nothing (`_S3WithoutFolders`)."""
+        return pafs.PyFileSystem(_S3WithoutFolders(self.fs)) if self.is_s3 else self.fs
+
+
+class _S3WithoutFolders(pafs.FileSystemHandler):
+    """An S3 filesystem whose create_dir does nothing, for a library that makes folders before
+    it writes (Ray Train's storage context): S3 has no folders, and pyarrow's recursive create
+    first asks HeadBucket, which a role limited to prefixes of the bucket is refused. Every other
+    call goes to the real filesystem, whose streams are returned as they are."""
+
+    def __init__(self, fs: pafs.FileSystem) -> None:
+        self.fs = fs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _S3WithoutFolders) and self.fs.equals(other.fs)
+
+    def get_type_name(self) -> str:
+        return "s3-without-folders"
+
+    def normalize_path(self, path: str) -> str:
+        return self.fs.normalize_path(path)
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        pass
+
+    def delete_dir(self, path: str) -> None:
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise OSError("refusing to empty a whole bucket")
+
+    def delete_file(self, path: str) -> None:
+        self.fs.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self.fs.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.fs.copy_file(src, dest)
+
+    def open_input_stream(self, path: str) -> Any:
+        return self.fs.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self.fs.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: Any) -> Any:
+        return self.fs.open_output_stream(path, metadata=metadata)
+
+    def open_append_stream(self, path: str, metadata: Any) -> Any:
+        return self.fs.open_append_stream(path, metadata=metadata)
 
 
 def join(uri: str, *parts: str) -> str:
@@ -73,7 +157,7 @@ def join(uri: str, *parts: str) -> str:
 class Storage:
     def __init__(self, cfg: StorageConfig) -> None:
         self.cfg = cfg
-        self._s3: pafs.S3FileSystem | None = None
+        self._s3: dict[BucketSettings, pafs.S3FileSystem] = {}
 
     @property
     def root(self) -> str:
@@ -81,18 +165,21 @@ class Storage:
             raise StorageError("storage.root is not set: give the URI the build writes under")
         return self.resolve(self.cfg.root).uri
 
-    def _s3_fs(self) -> pafs.S3FileSystem:
-        if self._s3 is None:
+    def _s3_fs(self, bucket: str) -> pafs.S3FileSystem:
+        """One client per distinct bucket settings: pyarrow takes region and anonymity per
+        filesystem, so a public bucket in another region needs its own."""
+        settings = self.cfg.for_bucket(bucket)
+        if settings not in self._s3:
             kwargs: dict[str, Any] = {
                 "force_virtual_addressing": self.cfg.s3_virtual_addressing,
-                "anonymous": self.cfg.s3_anonymous,
+                "anonymous": settings.s3_anonymous,
                 # fail in seconds on a dead endpoint, not after minutes of retries
                 "connect_timeout": 5,
                 "request_timeout": 60,
                 "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
             }
-            if self.cfg.s3_region:
-                kwargs["region"] = self.cfg.s3_region
+            if settings.s3_region:
+                kwargs["region"] = settings.s3_region
             if self.cfg.s3_endpoint:
                 parsed = urlparse(self.cfg.s3_endpoint)
                 if not parsed.scheme or not parsed.netloc:
@@ -102,15 +189,15 @@ class Storage:
                     )
                 kwargs["endpoint_override"] = parsed.netloc
                 kwargs["scheme"] = parsed.scheme
-            self._s3 = pafs.S3FileSystem(**kwargs)
-        return self._s3
+            self._s3[settings] = pafs.S3FileSystem(**kwargs)
+        return self._s3[settings]
 
     def resolve(self, uri: str) -> Location:
         if uri.startswith("s3://"):
             path = uri[len("s3://") :].rstrip("/")
             if not path:
                 raise StorageError(f"{uri!r} names no bucket")
-            return Location(self._s3_fs(), path, f"s3://{path}")
+            return Location(self._s3_fs(path.split("/", 1)[0]), path, f"s3://{path}")
         if "://" in uri and not uri.startswith("file://"):
             scheme = uri.split("://", 1)[0]
             raise StorageError(
@@ -119,21 +206,27 @@ class Storage:
         local = os.path.abspath(uri[len("file://") :] if uri.startswith("file://") else uri)
         return Location(pafs.LocalFileSystem(), local, local)
 
-    def lance_options(self) -> dict[str, str]:
-        """The same endpoint settings, in the form Lance's object store takes."""
+    def lance_options(self, uri: str | None = None) -> dict[str, str]:
+        """The same endpoint settings, in the form Lance's object store takes, for the bucket
+        of `uri` (None: the defaults)."""
+        settings = (
+            self.cfg.for_bucket(self.resolve(uri).path.split("/", 1)[0])
+            if uri and uri.startswith("s3://")
+            else self.cfg.for_bucket("")
+        )
         opts: dict[str, str] = {}
         if self.cfg.s3_endpoint:
             opts["aws_endpoint"] = self.cfg.s3_endpoint
             opts["allow_http"] = str(self.cfg.s3_endpoint.startswith("http://")).lower()
             opts["aws_virtual_hosted_style_request"] = str(self.cfg.s3_virtual_addressing).lower()
         region = (
-            self.cfg.s3_region
+            settings.s3_region
             or os.environ.get("AWS_REGION")
             or os.environ.get("AWS_DEFAULT_REGION")
         )
         if region:
             opts["aws_region"] = region
-        if self.cfg.s3_anonymous:
+        if settings.s3_anonymous:
             opts["aws_skip_signature"] = "true"
         return opts
 
@@ -141,7 +234,24 @@ class Storage:
         """A Lance table at `version` (None: its latest), with these endpoint settings."""
         import lance  # a heavy import: only the stages that read the corpus pay for it
 
-        return lance.dataset(uri, version=version, storage_options=self.lance_options())
+        try:
+            return lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+        except (OSError, ValueError) as exc:  # Lance's IO errors come as either
+            if uri.startswith("s3://") and ACCESS_DENIED.search(str(exc)):
+                raise StorageError(access_denied(uri)) from None
+            raise
+
+    def make_dirs(self, uri: str) -> None:
+        """A folder and its parents, locally. Nothing on S3, which has no folders: pyarrow's
+        recursive create there writes a marker per level after a HeadBucket, which a role
+        limited to some prefixes of the bucket (infra/iam-policy.json) is refused."""
+        loc = self.resolve(uri)
+        if loc.is_s3:
+            return
+        try:
+            loc.fs.create_dir(loc.path, recursive=True)
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
 
     # -- checks and small files ------------------------------------------------------------
     def check(self, uri: str, *, must_exist: bool = False) -> Location:
@@ -154,6 +264,18 @@ class Storage:
         if must_exist and info.type == pafs.FileType.NotFound:
             raise StorageError(f"{loc.uri} does not exist")
         return loc
+
+    def check_prefix(self, uri: str) -> None:
+        """List the folder `uri` once (on S3, one ListObjectsV2 of `key/`): what a role limited
+        to some prefixes may do, where a HeadBucket needs the whole bucket. A missing folder is
+        fine (nothing written yet); a missing bucket or a refusal is one message."""
+        loc = self.resolve(uri)
+        try:
+            loc.fs.get_file_info(pafs.FileSelector(loc.path, allow_not_found=False))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
 
     def exists(self, uri: str) -> bool:
         loc = self.resolve(uri)
@@ -178,8 +300,8 @@ class Storage:
     def write_text(self, uri: str, text: str) -> None:
         """A small text file, written whole."""
         loc = self.resolve(uri)
+        self.make_dirs(posixpath.dirname(loc.uri))
         try:
-            loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
             with loc.fs.open_output_stream(loc.path) as f:
                 f.write(text.encode())
         except OSError as exc:
@@ -216,6 +338,8 @@ class Storage:
         try:
             return pq.read_table(loc.path, filesystem=loc.fs, columns=columns)
         except (OSError, pa.ArrowInvalid) as exc:
+            if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
+                raise StorageError(access_denied(loc.uri)) from None
             raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
 
     def write_parquet(self, table: pa.Table, uri: str) -> None:
@@ -226,8 +350,8 @@ class Storage:
         mid-write never leaves a truncated file where a reader, or a resumed run, will look.
         """
         loc = self.resolve(uri)
+        self.make_dirs(posixpath.dirname(loc.uri))
         try:
-            loc.fs.create_dir(posixpath.dirname(loc.path), recursive=True)
             if loc.is_s3:
                 pq.write_table(table, loc.path, filesystem=loc.fs)
                 return
@@ -246,8 +370,8 @@ class Storage:
         loc = self.resolve(uri)
         folder, name = posixpath.split(loc.path)
         tmp = posixpath.join(folder, f"_tmp-{os.getpid()}-{name}")
+        self.make_dirs(posixpath.dirname(loc.uri))
         try:
-            loc.fs.create_dir(folder, recursive=True)
             stream = loc.fs.open_output_stream(tmp, compression=None)  # bytes as given
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
@@ -316,10 +440,29 @@ def _rel_parts(root: str, path: str) -> list[str]:
     return posixpath.relpath(path, root).split("/")
 
 
+ACCESS_DENIED = re.compile(
+    r"ACCESS_DENIED|AccessDenied|Access Denied|response code: 403|status 403|403 Forbidden"
+)
+
+
+def access_denied(uri: str) -> str:
+    """The one line for S3's 403 on `uri`: which prefix of which bucket these credentials may not
+    use, and the prefixes the shipped policy grants (infra/iam-policy.json)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    where = f"prefix {key}" if key else "the top level"
+    return (
+        f"access denied to {uri}: these credentials may not use {where} of bucket {bucket} "
+        "(infra/iam-policy.json lets jobs read s2/ and configs/ and write builds/, models/, "
+        "eval/ and index/: put the path under one of those, or grant it)"
+    )
+
+
 def _explain(loc: Location, exc: OSError) -> str:
     text = str(exc)
     if not loc.is_s3:
         return f"cannot use {loc.uri}: {text}"
+    if ACCESS_DENIED.search(text):
+        return access_denied(loc.uri)
     hints = []
     low = text.lower()
     if "access" in low or "forbidden" in low or "credential" in low or "signature" in low:
@@ -380,9 +523,11 @@ def find_table(storage: Storage, root: str, name: str) -> str | None:
             return uri
     folder = join(root, name)
     loc = storage.resolve(folder)
-    if loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory:
-        return folder
-    return None
+    try:
+        found = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+    except OSError as exc:
+        raise StorageError(_explain(loc, exc)) from None
+    return folder if found else None
 
 
 def files_under(storage: Storage, uri: str, prefix: str) -> list[str]:

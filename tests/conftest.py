@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -156,15 +157,61 @@ def remote_code_model(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> 
     return str(folder)
 
 
+class S3Standin:
+    """Handle on tests/s3_standin.py: moto's server, every request recorded, and an IAM policy
+    enforced on one access key while `enforce` is open."""
+
+    def __init__(self, url: str, log: Path) -> None:
+        self.url = url
+        self.log = log
+
+    def _post(self, path: str, payload: object) -> None:
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def mark(self) -> int:
+        """A position in the log: `requests(mark)` is what came after it."""
+        return len(self.log.read_bytes().splitlines()) if self.log.exists() else 0
+
+    def requests(self, since: int = 0) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()[since:]]
+
+    @contextmanager
+    def enforce(
+        self, access_key: str, policy: dict, public_buckets: tuple[str, ...] = ()
+    ) -> Iterator[None]:
+        self._post(
+            "/_standin/enforce",
+            {"access_key": access_key, "policy": policy, "public_buckets": list(public_buckets)},
+        )
+        try:
+            yield
+        finally:
+            self._post("/_standin/clear", {})
+
+
 @pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
+def s3_standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Standin]:
+    folder = tmp_path_factory.mktemp("moto")
+    script = str(Path(__file__).parent / "s3_standin.py")
+    log = folder / "requests.jsonl"
     proc, url = start_local_server(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "{port}"], "/moto-api/", log
+        [sys.executable, script, "--port", "{port}", "--log", str(log)],
+        "/moto-api/",
+        folder / "moto.log",
     )
-    yield url
+    yield S3Standin(url, log)
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_standin: S3Standin) -> str:
+    return s3_standin.url
 
 
 @pytest.fixture()
@@ -437,6 +484,7 @@ LONGEST_FIRST = (
     "test_pooling_stage.py",
     "test_jobs.py",
     "test_refresh.py",
+    "test_iam_policy.py",
     "test_llm_reliability.py",
     "test_train_ray.py",
     "test_search_service.py",

@@ -8,12 +8,10 @@ import lance
 import pyarrow.parquet as pq
 import pytest
 
-from cpr_ray.config import load_config, sample_dir
+from cpr_ray.config import load_config
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.errors import InputError
 from cpr_ray.storage import Storage
-
-from .conftest import upload_tree
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -98,26 +96,6 @@ def test_sample_ingest_local_then_skip_then_force(tmp_path):
     assert forced["run_id"] != rerun["run_id"]
     runs = sorted(p.name for p in (tmp_path / "build" / "ingest" / "runs").iterdir())
     assert runs == [forced["run_id"]]  # superseded runs are removed after publishing
-
-
-def test_sample_ingest_through_s3(s3_endpoint, s3_bucket):
-    upload_tree(s3_endpoint, s3_bucket, sample_dir(), "raw")
-    cfg = _cfg(
-        f"s3://{s3_bucket}/build",
-        **{
-            "storage.s3_endpoint": s3_endpoint,
-            "input.s2": f"s3://{s3_bucket}/raw/s2",
-            "input.openalex": f"s3://{s3_bucket}/raw/openalex",
-        },
-    )
-    storage = Storage(cfg.storage)
-    manifest = ingest(cfg, storage)
-    assert manifest["tables"]["papers"]["uri"].startswith(f"s3://{s3_bucket}/build/ingest/runs/")
-    _check_sample_build(manifest, storage)
-    assert (
-        storage.read_json(f"s3://{s3_bucket}/build/ingest/_MANIFEST.json")["run_id"]
-        == manifest["run_id"]
-    )
 
 
 def test_missing_required_input_is_named(tmp_path):

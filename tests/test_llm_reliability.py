@@ -26,7 +26,6 @@ from cpr_ray.cli import app
 from cpr_ray.config import load_config
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
 from cpr_ray.llm.runner import ledger_uri
-from cpr_ray.pipeline.build import run_build
 from cpr_ray.storage import Storage
 
 from .conftest import copy_build
@@ -253,34 +252,6 @@ def test_the_shared_rate_limit_paces_a_whole_stage(build, llm):
     arrivals = sorted(llm.stats()["arrivals"])
     assert len(arrivals) == ROWS
     assert all(arrived >= start - 0.05 for arrived, start in zip(arrivals, starts))
-
-
-def test_every_llm_stage_on_s3(s3_endpoint, s3_bucket, llm):
-    cfg = load_config(
-        "dry-run",
-        env={},
-        overrides=[
-            f"storage.root=s3://{s3_bucket}/build",
-            f"storage.s3_endpoint={s3_endpoint}",
-            f"llm.base_url={llm.base_url}",
-            "llm.stages={}",
-            "llm.model=scripted",
-            "llm.max_rows_per_stage=4",
-            "llm.max_in_flight=4",
-        ],
-    )
-    llm_stages = ["judge-analogy", "judge-transfer", "write-queries", "dedup", "score-positives"]
-    stages = ["ingest", "venues", "mine", *llm_stages]  # pooling on S3: tests/test_pooling_stage
-    manifests = run_build(cfg, stages)
-    for stage in llm_stages:
-        m = manifests[stage]
-        assert m["output"].startswith(f"s3://{s3_bucket}/build/{stage}/"), m
-        assert m["complete"] and m["stats"]["new_failed"] == 0, (stage, m["stats"])
-    assert manifests["score-positives"]["tables"]["positives"]["rows"] > 0
-    calls = llm.stats()["total"]
-    again = run_build(cfg, llm_stages, force=True)  # the S3 cache answers everything
-    assert llm.stats()["total"] == calls
-    assert again["judge-analogy"]["stats"]["asked"] == 0
 
 
 def test_a_failed_llm_stage_as_a_job_ends_with_the_same_one_line(build, llm, capsys):

@@ -50,6 +50,9 @@ from cpr_ray.storage import Storage, join
 
 STAGE = "ingest"
 TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
+# the OpenAlex snapshot's list of an entity's parts (data/jsonl/ENTITY/manifest.json), written
+# last: not a shard of records
+SNAPSHOT_MANIFEST = "manifest.json"
 # parsed inputs kept beside the corpus tables (not in the staging folder a run removes): the
 # refresh links new papers to OpenAlex through the key table and recounts venues from the lists
 KEPT_INPUTS = {
@@ -99,7 +102,8 @@ def discover_inputs(cfg: Config, storage: Storage) -> dict[str, InputSet]:
             console.print(f"  [yellow]note[/]: optional input {item.name!r} absent ({item.uri})")
             found[item.name] = item
             continue
-        infos = storage.list_files(item.uri, TEXT_SUFFIXES)
+        listed = storage.list_files(item.uri, TEXT_SUFFIXES)
+        infos = [i for i in listed if i.base_name != SNAPSHOT_MANIFEST]
         if not infos and item.required:
             raise InputError(
                 f"no shards (*{', *'.join(TEXT_SUFFIXES)}) under {item.uri} for required input "

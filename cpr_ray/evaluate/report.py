@@ -259,8 +259,7 @@ def write_report(storage: Storage, results: Sequence[dict[str, Any]], out: str) 
     for r in results:
         groups[(bench_label(r), r.get("variant", "full"))].append(r)
     written, names = [], []
-    loc = storage.resolve(out)
-    loc.fs.create_dir(loc.path, recursive=True)
+    storage.make_dirs(out)
     for (bench, variant), rs in sorted(groups.items()):
         name = f"{bench.replace(':', '-')}-{variant}.png".replace("/", "_")
         uri = join(out, name)

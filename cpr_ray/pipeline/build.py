@@ -46,23 +46,19 @@ def resolve_stages(names: Sequence[str] | None) -> list[str]:
 
 
 def check_root(storage: Storage) -> None:
-    """The build root can be used: on S3 its bucket exists and answers; locally it is not a file.
+    """The build root can be used: on S3 a listing of its prefix answers (what a role limited to
+    the bucket's job prefixes may do, where the HeadBucket this was needs the whole bucket);
+    locally it is not a file.
 
-    One line naming the bucket, in seconds; found by the first write inside Ray it cost a
-    minute and a multipart-upload traceback.
+    One line naming the prefix or the bucket, in seconds; found by the first write inside Ray it
+    cost a minute and a multipart-upload traceback.
     """
     root = storage.resolve(storage.root)
     if root.is_s3:
-        bucket = root.path.split("/", 1)[0]
         try:
-            found = storage.exists(f"s3://{bucket}")
+            storage.check_prefix(root.uri)
         except StorageError as exc:
             raise StorageError(f"storage.root {root.uri}: {exc}") from None
-        if not found:
-            raise StorageError(
-                f"storage.root {root.uri}: bucket {bucket!r} does not exist (or these "
-                "credentials cannot see it); create it or fix storage.root"
-            )
     elif storage.is_file(root.uri):
         raise StorageError(f"storage.root {root.uri} is a file; give a folder")
 

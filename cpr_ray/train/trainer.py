@@ -223,9 +223,9 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def _upload(storage: Storage, local: str, uri: str) -> None:
+    storage.make_dirs(uri)
     loc = storage.resolve(uri)
-    loc.fs.create_dir(loc.path, recursive=True)
-    pafs.copy_files(local, loc.path, destination_filesystem=loc.fs)
+    pafs.copy_files(local, loc.path, destination_filesystem=loc.folderless_fs())
 
 
 def _download(storage: Storage, uri: str, local: str) -> None:
@@ -513,7 +513,7 @@ def _trainer(
         run_config=RunConfig(
             name=RUN_NAME,
             storage_path=loc.path,
-            storage_filesystem=loc.fs if loc.is_s3 else None,
+            storage_filesystem=loc.folderless_fs() if loc.is_s3 else None,
             checkpoint_config=CheckpointConfig(num_to_keep=tc.keep_checkpoints),
             failure_config=FailureConfig(max_failures=tc.max_failures),
         ),
