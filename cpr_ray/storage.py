@@ -13,8 +13,8 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlparse
@@ -342,23 +342,44 @@ class Storage:
                 raise StorageError(access_denied(loc.uri)) from None
             raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
 
-    def write_parquet(self, table: pa.Table, uri: str) -> None:
-        """Write one Parquet file atomically: readers see the whole file or none of it.
+    def parquet_file(self, uri: str) -> pq.ParquetFile:
+        """A Parquet file opened for reading its footer and row groups one at a time."""
+        loc = self.check(uri, must_exist=True)
+        try:
+            return pq.ParquetFile(loc.fs.open_input_file(loc.path))
+        except (OSError, pa.ArrowInvalid) as exc:
+            if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
+                raise StorageError(access_denied(loc.uri)) from None
+            raise StorageError(f"cannot read Parquet at {loc.uri}: {exc}") from None
 
-        An object store's PUT is atomic already; on a local disk the file is written under a
-        `_`-prefixed name (which every dataset reader skips) and renamed, so a process killed
-        mid-write never leaves a truncated file where a reader, or a resumed run, will look.
+    def write_parquet(self, table: pa.Table, uri: str) -> None:
+        """Write one Parquet file atomically: readers see the whole file or none of it."""
+        self.write_parquet_stream([table], uri, table.schema)
+
+    def write_parquet_stream(self, tables: Iterable[pa.Table], uri: str, schema: pa.Schema) -> None:
+        """Write `tables` as one Parquet file, a row group (or more) each, holding one of them
+        at a time, atomically: readers see the whole file or none of it.
+
+        An object store's upload becomes visible only when it completes; on a local disk the
+        file is written under a `_`-prefixed name (which every dataset reader skips) and
+        renamed, so a process killed mid-write never leaves a truncated file where a reader, or
+        a resumed run, will look.
         """
         loc = self.resolve(uri)
         self.make_dirs(posixpath.dirname(loc.uri))
         try:
-            if loc.is_s3:
-                pq.write_table(table, loc.path, filesystem=loc.fs)
-                return
             folder, name = posixpath.split(loc.path)
-            tmp = posixpath.join(folder, f"_tmp-{os.getpid()}-{name}")
-            pq.write_table(table, tmp, filesystem=loc.fs)
-            loc.fs.move(tmp, loc.path)
+            path = loc.path if loc.is_s3 else posixpath.join(folder, f"_tmp-{os.getpid()}-{name}")
+            try:
+                with pq.ParquetWriter(path, schema, filesystem=loc.fs) as writer:
+                    for table in tables:
+                        writer.write_table(table)
+            except BaseException:  # closing the writer published what it had: take it back
+                with suppress(OSError):
+                    loc.fs.delete_file(path)
+                raise
+            if not loc.is_s3:
+                loc.fs.move(path, loc.path)
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 

@@ -1,10 +1,12 @@
 """Entry point for `ray job submit … -- python jobs/index.py --corpus s3://…/export --model …`.
 
 Encodes a corpus (our export, the build's papers table, or a BEIR corpus.jsonl) on the cluster's
-encoder actor pools (GPU workers with the cluster profile) into a sharded faiss index on object
-storage, with its metadata beside it; into an existing index, only new or changed papers are
-encoded. Config as for `cpr index` (profile < `--config` < `CPR_*` variables < `--set` < flags);
-on a user error it prints the CLI's one line and exits 2.
+encoder actor pools (with `--profile cluster`, one actor per GPU worker: the profile's `encoder:`
+section) into a sharded faiss index on object storage, with its metadata beside it; into an
+existing index, only new or changed papers are encoded. The actors write the vectors to storage
+themselves: this driver, on the head, holds the documents' table and one chunk of vectors.
+Config as for `cpr index` (profile < `--config` < `CPR_*` variables < `--set` < flags); on a
+user error it prints the CLI's one line and exits 2.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
+from cpr_ray.config import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = ROOT / "cluster.yaml"
 # what encoder.resources_per_actor and train.resources_per_worker ask for
@@ -161,14 +163,65 @@ def test_the_credential_scan_can_fail():
     assert not find_credentials(harmless + "# OPENAI_API_KEY: read from SSM\n")
 
 
-def test_the_cluster_profile_keeps_encoders_and_training_on_the_nodes_offering_the_resource():
-    from cpr_ray.config import load_config
-    from cpr_ray.pooling.poolers import plans
+def _fits(ask: dict[str, float], node: dict[str, float]) -> bool:
+    return all(0 < amount <= node.get(name, 0) for name, amount in ask.items())
 
-    nodes = yaml.safe_load((ROOT / "cluster.yaml").read_text())["available_node_types"]
-    offering = {name for name, node in nodes.items() if node["resources"].get("cpr_gpu_node")}
-    assert offering == {"gpu_worker"}
-    cfg = load_config("cluster", env={})
-    encoders = [p for p in plans(cfg.pooling) if p.spec is not None]
-    assert encoders and all(p.resources == {"cpr_gpu_node": 1} for p in encoders)
-    assert cfg.train.resources_per_worker == {"cpr_gpu_node": 1}
+
+def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_one(raw):
+    """Under `--profile cluster`, resolved by each command's own config function, every stage
+    that can use a GPU asks Ray for one, with the resource only the GPU node type offers, per
+    actor or worker, and what it asks fits that node type: the poolers' encoder and search
+    actors (build), `cpr index`'s encoder actors (jobs/index.py), `cpr eval`'s for a dense or
+    SPLADE retriever (jobs/evaluate.py) and Ray Train's workers (jobs/train.py)."""
+    from cpr_ray.evaluate.commands import eval_config
+    from cpr_ray.pooling.poolers import plans
+    from cpr_ray.retrieval.factory import make_retriever
+    from cpr_ray.retrieval.spec import RetrieverOptions
+    from cpr_ray.search.commands import search_config
+    from cpr_ray.search.index import encode_options
+    from cpr_ray.train.commands import train_config
+    from cpr_ray.train.trainer import default_cpus_per_worker, worker_resources
+
+    gpu_node = raw["available_node_types"]["gpu_worker"]["resources"]
+    asks: dict[str, dict[str, float]] = {}
+
+    build = load_config("cluster", env={})
+    for plan in plans(build.pooling):
+        if plan.spec is not None:  # bm25 encodes nothing
+            asks[f"pool {plan.name}"] = {
+                "CPU": plan.num_cpus,
+                "GPU": plan.num_gpus,
+                **plan.resources,
+            }
+    assert len(asks) == 3  # E5, SPLADE-v3, SciNCL
+
+    flags = {"search.corpus": "s3://b/export", "search.out": "s3://b/index"}
+    opts = encode_options(search_config("cluster", None, [], flags).encoder)
+    asks["index"] = {"CPU": opts.num_cpus, "GPU": opts.num_gpus, **opts.resources}
+
+    for retriever in ("dense", "splade"):
+        flags = {"eval.benchmark": "cpr", "eval.data": "s3://b/export", "eval.retriever": retriever}
+        cfg = eval_config("cluster", None, [], flags)
+        made = make_retriever(retriever, cfg.encoder.model, RetrieverOptions.from_config(cfg))
+        opts = made.ray_options()  # what its documents are encoded on, past eval.ray_min_docs
+        asks[f"eval {retriever}"] = {"CPU": opts.num_cpus, "GPU": opts.num_gpus, **opts.resources}
+
+    flags = {"train.data": "s3://b/export", "train.out": "s3://b/run", "encoder.model": "m"}
+    tc = train_config("cluster", None, [], flags).train
+    assert tc.use_gpu
+    cluster = load_config("cluster", env={})
+    placed = tc.model_copy(update={"cpus_per_worker": default_cpus_per_worker(cluster, 0.0)})
+    asks["train"] = worker_resources(placed)
+
+    for stage, ask in asks.items():
+        assert ask["GPU"] >= 1, (stage, ask)
+        assert ask[GPU_NODE_RESOURCE] >= 1, (stage, ask)
+        assert _fits(ask, gpu_node), (stage, ask, gpu_node)
+
+
+def test_the_fit_check_can_fail(raw):
+    gpu_node = raw["available_node_types"]["gpu_worker"]["resources"]
+    assert _fits({"CPU": 4, "GPU": 1, GPU_NODE_RESOURCE: 1}, gpu_node)
+    assert not _fits({"CPU": 16, "GPU": 1, GPU_NODE_RESOURCE: 1}, gpu_node)  # a cpu_worker's
+    assert not _fits({"CPU": 1, "GPU": 2}, gpu_node)
+    assert not _fits({"CPU": 1, "GPU": 1, "other_node": 1}, gpu_node)

@@ -284,7 +284,8 @@ def test_an_index_build_re_encodes_a_lost_encoder_actors_batches_elsewhere(
     on the new node; the index holds every paper once, with the vector MiniLM gives it."""
     from cpr_ray.retrieval.encoder import DenseEncoder
     from cpr_ray.retrieval.spec import EncoderSpec
-    from cpr_ray.search.index import _read_vectors, read_manifest
+    from cpr_ray.search.engine import SearchIndex
+    from cpr_ray.search.index import read_manifest
     from cpr_ray.storage import Storage, StorageConfig
 
     from .search_corpus import papers, write_export
@@ -303,7 +304,7 @@ def test_an_index_build_re_encodes_a_lost_encoder_actors_batches_elsewhere(
     storage = Storage(StorageConfig())
     manifest = read_manifest(storage, str(out))
     docs = storage.read_parquet(f"{out}/{manifest['docs']}")
-    vectors = _read_vectors(storage, str(out), manifest)
+    vectors = np.concatenate([s.vectors for s in SearchIndex.load(storage, str(out)).shards])
     assert sorted(docs["corpus_id"].to_pylist()) == sorted(r["corpus_id"] for r in rows)
     # a batch that never came back would leave zero rows: every paper has a unit vector
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)

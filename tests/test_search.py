@@ -196,19 +196,34 @@ def test_sharded_index_on_s3_answers_as_one_shard(built, s3_endpoint, s3_bucket)
     ]
 
 
-def test_reindex_encodes_only_what_changed(corpus, minilm, ray_session, tmp_path):
+def test_reindex_encodes_only_what_changed(
+    corpus, minilm, ray_session, tmp_path, s3_endpoint, s3_bucket, monkeypatch
+):
+    """On S3, in shards of 50 written 16 vectors at a time: the encoder actors' parts and the
+    kept vectors (read back by row group from the previous shards) are assembled a chunk at a
+    time into shards that answer as exact search does."""
+    import cpr_ray.search.index as search_index
+
+    monkeypatch.setattr(search_index, "CHUNK_ROWS", 16)
     _, rows = corpus
+    out = f"s3://{s3_bucket}/idx"
+    on_s3 = {"storage.s3_endpoint": s3_endpoint, "search.shard_size": 50}
     export = write_export(tmp_path / "v1", rows[:120])
-    cfg = config(tmp_path, minilm, export, tmp_path / "idx")
+    cfg = config(tmp_path, minilm, export, out, **on_s3)
+    storage = Storage(cfg.storage)
     first = build_index(cfg)
     assert first["build"]["encoded"] == 120
+    assert [s["rows"] for s in first["shards"]] == [50, 50, 20]
+    shard = storage.parquet_file(f"{out}/{first['shards'][0]['path']}/vectors.parquet")
+    assert shard.metadata.num_rows == 50 and shard.metadata.num_row_groups == 4  # 16 at a time
+    assert not storage.exists(f"{out}/g0001/encoded")  # the parts are gone once in the shards
     # a refresh: 3 papers changed, 5 deleted, 4 new
     changed = [dict(r) for r in rows[:120]]
     for r in changed[:3]:
         r["abstract"] = "We now study quantum entropy and galaxy diffusion instead."
     changed = changed[:115] + papers(4, seed=9, start_id=10**6)
     export2 = write_export(tmp_path / "v2", changed)
-    second = build_index(config(tmp_path, minilm, export2, tmp_path / "idx"))
+    second = build_index(config(tmp_path, minilm, export2, out, **on_s3))
     assert second["build"] == {
         **second["build"],
         "reason": "same encoder",
@@ -217,9 +232,10 @@ def test_reindex_encodes_only_what_changed(corpus, minilm, ray_session, tmp_path
         "deleted": 5,
     }
     assert second["generation"] == 2
-    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == ["g0002", "index.json"]
+    assert storage.list_dirs(out) == [f"{out}/g0002"]
+    assert storage.list_dirs(f"{out}/g0002") == [f"{out}/g0002/shard-0000{i}" for i in range(3)]
     # the updated index answers as a fresh one of the new corpus
-    index = SearchIndex.load(Storage(cfg.storage), str(tmp_path / "idx"))
+    index = SearchIndex.load(storage, out)
     enc = DenseEncoder(EncoderSpec(minilm))
     docs = enc.encode_docs(texts_of(changed))
     q = enc.encode_queries([x.query for x in QUERIES])
@@ -233,9 +249,46 @@ def test_reindex_encodes_only_what_changed(corpus, minilm, ray_session, tmp_path
     )
     # another model: everything is encoded again
     third = build_index(
-        config(tmp_path, minilm, export2, tmp_path / "idx", **{"encoder.max_length": 64})
+        config(tmp_path, minilm, export2, out, **on_s3, **{"encoder.max_length": 64})
     )
     assert third["build"]["reason"] == "encoder changed" and third["build"]["encoded"] == 119
+
+
+def test_stored_vectors_hold_only_the_pieces_a_run_needs(tmp_path):
+    """A re-index's vectors: kept ones from the previous shard's row groups, re-encoded ones
+    from the encoder actors' parts (the previous shard's stale vector of a changed text is not
+    taken). Each run of rows gets exactly its vectors while holding only pieces it overlaps;
+    a vector in no piece is one clear error."""
+    import pyarrow as pa
+
+    from cpr_ray.retrieval.index import save_vector_chunks
+    from cpr_ray.search.index import Piece, StoredVectors, shard_pieces
+
+    storage = Storage(load_config().storage)
+    rng = np.random.default_rng(0)
+    vids = np.arange(0, 400, 2, dtype=np.int64)
+    want = rng.standard_normal((200, 8)).astype(np.float32)
+    kept = rng.random(200) < 0.5
+    stale = np.where(kept[:, None], want, -want)
+    runs = ((vids[a : a + 32], stale[a : a + 32]) for a in range(0, 200, 32))
+    save_vector_chunks(storage, str(tmp_path / "old"), runs, 8)
+    old = shard_pieces(storage, str(tmp_path / "old" / "vectors.parquet"))
+    assert [(p.lo, p.hi) for p in old[:2]] == [(0, 62), (64, 126)] and len(old) == 7
+    new = []
+    todo = np.flatnonzero(~kept)
+    for a in range(0, len(todo), 10):
+        rows = todo[a : a + 10]
+        uri = str(tmp_path / "parts" / f"part-{a}.parquet")
+        embedding = pa.FixedSizeListArray.from_arrays(pa.array(want[rows].reshape(-1)), 8)
+        storage.write_parquet(pa.table({"id": vids[rows], "embedding": embedding}), uri)
+        new.append(Piece(uri, int(vids[rows[0]]), int(vids[rows[-1]])))
+    vectors = StoredVectors(storage, vids, kept, old, new, 8)
+    for a in range(0, 200, 25):
+        np.testing.assert_array_equal(vectors.rows(a, a + 25), want[a : a + 25])
+        assert vectors.held and all(p.hi >= vids[a] and p.lo <= vids[a + 24] for p in vectors.held)
+    lost = StoredVectors(storage, vids, kept, old, new[1:], 8)
+    with pytest.raises(StorageError, match="in no stored part"):
+        lost.rows(0, 25)
 
 
 def test_beir_corpus_keeps_its_ids_and_evaluation_vectors(minilm, ray_session, tmp_path):

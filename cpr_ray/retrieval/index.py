@@ -9,7 +9,8 @@ Saved as the vectors themselves, readable by anything that reads Parquet: ``vect
 complete save, ``index.json`` (factory string, metric, nprobe). Loading rebuilds the index from
 them; training sees the same vectors in the same order and faiss seeds its k-means, so a loaded
 index answers as the saved one did. Never pickle. :func:`save_vectors` writes that form without
-building an index first (a stage that assembles vectors for indexes that its search actors load).
+building an index first (a stage that assembles vectors for indexes that its search actors load);
+:func:`save_vector_chunks` writes it a run of vectors at a time (`cpr index`'s shards).
 
 A search can be restricted to some rows (``allowed``, a boolean mask over the index's rows): the
 mask becomes a faiss bitmap selector, so the restriction happens inside the scan and a filtered
@@ -24,6 +25,7 @@ cannot answer (more than ``GPU_MAX_K`` neighbours).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from math import isqrt
 
 import numpy as np
@@ -61,17 +63,36 @@ def save_vectors(
     nprobe: int = 1,
 ) -> None:
     """Write an index's saved form (``vectors.parquet``, then ``index.json``) at `uri`."""
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    dim = int(vectors.shape[1])
-    table = pa.table(
-        {
-            "id": pa.array(np.asarray(ids, dtype=np.int64), type=pa.int64()),
-            "embedding": pa.FixedSizeListArray.from_arrays(
-                pa.array(vectors.reshape(-1), type=pa.float32()), dim
-            ),
-        }
+    dim = int(np.asarray(vectors).shape[1])
+    save_vector_chunks(storage, uri, [(ids, vectors)], dim, factory, metric, nprobe)
+
+
+def save_vector_chunks(
+    storage: Storage,
+    uri: str,
+    chunks: Iterable[tuple[np.ndarray, np.ndarray]],
+    dim: int,
+    factory: str = "Flat",
+    metric: str = "inner_product",
+    nprobe: int = 1,
+) -> None:
+    """The saved form of an index whose (ids, vectors) come a run at a time, each run one row
+    group of ``vectors.parquet``: whoever assembles it holds one run, never the whole index (and
+    a later reader can fetch the row groups that hold some ids)."""
+    schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32(), dim))])
+    tables = (
+        pa.table(
+            [
+                pa.array(np.asarray(ids, dtype=np.int64), type=pa.int64()),
+                pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1)), dim
+                ),
+            ],
+            schema=schema,
+        )
+        for ids, vectors in chunks
     )
-    storage.write_parquet(table, join(uri, VECTORS))
+    storage.write_parquet_stream(tables, join(uri, VECTORS), schema)
     meta = {"format": FORMAT, "factory": factory, "metric": metric}
     storage.write_json(join(uri, META), {**meta, "nprobe": nprobe, "dim": dim})
 

@@ -57,17 +57,21 @@ class _Neural:
     def uses_ray(self, n_docs: int) -> bool:
         return n_docs >= self.options.ray_min_docs
 
+    def ray_options(self) -> RayEncodeOptions:
+        """The encoder actors a large collection is encoded on (the `encoder:` section's)."""
+        return RayEncodeOptions(
+            max_actors=self.options.ray_max_actors,
+            batch_size=self.options.ray_batch_size,
+            num_cpus=self.options.ray_num_cpus,
+            num_gpus=self.options.ray_num_gpus,
+            resources=self.options.ray_resources,
+        )
+
     def _encode_docs(self, texts: Sequence[str]):
         if self.uses_ray(len(texts)) and _ray_is_up():
             self.encoded_with_ray = True
-            opts = RayEncodeOptions(
-                max_actors=self.options.ray_max_actors,
-                batch_size=self.options.ray_batch_size,
-                num_cpus=self.options.ray_num_cpus,
-                num_gpus=self.options.ray_num_gpus,
-                resources=self.options.ray_resources,
-            )
             vocab = self.encoder.dim if self.kind == "splade" else None
+            opts = self.ray_options()
             return encode_with_ray(list(texts), self.spec, self.kind, opts, vocab_size=vocab)
         return self.encoder.encode_docs(list(texts))
 

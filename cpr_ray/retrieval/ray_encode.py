@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.storage import Storage, StorageConfig, join
 
 if TYPE_CHECKING:
     import ray
@@ -37,14 +38,47 @@ class RayEncodeOptions:
     resources: Mapping[str, float] = field(default_factory=dict)
 
 
+# what an encoder actor writing its vectors to storage returns per batch (see PartsTarget)
+PART_RECORD = pa.schema(
+    [("uri", pa.string()), ("lo", pa.int64()), ("hi", pa.int64()), ("rows", pa.int64())]
+)
+
+
+@dataclass(frozen=True)
+class PartsTarget:
+    """Where encoder actors write dense vectors themselves instead of returning them: each batch
+    of (`id`, `text`) rows becomes ``{folder}/part-{first id}.parquet`` of (`id`, `embedding`),
+    and only its record (uri, lo and hi id, rows) goes on, so the vectors reach storage without
+    passing through the object store or the driver. A retried batch rewrites the same part."""
+
+    storage: StorageConfig
+    folder: str
+
+
+def write_part(storage: Storage, folder: str, encoded: pa.Table) -> pa.Table:
+    """Write one encoded batch as a part under `folder`; returns its PART_RECORD row."""
+    ids = encoded["id"]
+    lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
+    uri = join(folder, f"part-{lo:020d}.parquet")
+    storage.write_parquet(encoded.select(["id", "embedding"]), uri)
+    return pa.Table.from_pylist(
+        [{"uri": uri, "lo": lo, "hi": hi, "rows": encoded.num_rows}], schema=PART_RECORD
+    )
+
+
 class EncodeDocs:
     """Callable class for map_batches: a `text` column -> `embedding` (dense, fixed-size list of
     float32) or `indices`/`values` (SPLADE, the nonzero vocabulary entries); every other column
     (a row position, an id, a content key) passes through, so the caller can store or reorder
-    the output without a join."""
+    the output without a join. With `parts` (dense only), the actor writes the batch's vectors
+    to storage and returns only where they went."""
 
-    def __init__(self, spec: EncoderSpec, kind: Kind) -> None:
+    def __init__(self, spec: EncoderSpec, kind: Kind, parts: PartsTarget | None = None) -> None:
+        if parts is not None and kind != "dense":
+            raise ValueError("only dense vectors are written as parts")
         self.kind = kind
+        self.parts = parts
+        self.storage = Storage(parts.storage) if parts else None  # one S3 client per actor
         self.encoder = DenseEncoder(spec) if kind == "dense" else SpladeEncoder(spec)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -53,9 +87,14 @@ class EncodeDocs:
         if self.kind == "dense":
             emb = self.encoder.encode_docs(texts)  # (b, d)
             flat = pa.array(emb.reshape(-1), type=pa.float32())
-            return rest.append_column(
+            encoded = rest.append_column(
                 "embedding", pa.FixedSizeListArray.from_arrays(flat, self.encoder.dim)
             )
+            if self.parts is None or self.storage is None:
+                return encoded
+            if not encoded.num_rows:
+                return PART_RECORD.empty_table()
+            return write_part(self.storage, self.parts.folder, encoded)
         mat = self.encoder.encode_docs(texts).tocsr()  # (b, V) sparse
         offsets = pa.array(mat.indptr.astype(np.int32))
         indices = pa.ListArray.from_arrays(offsets, pa.array(mat.indices.astype(np.int32)))
@@ -70,9 +109,11 @@ def encode_dataset(
     options: RayEncodeOptions = RayEncodeOptions(),
     *,
     start_all: bool = False,
+    parts: PartsTarget | None = None,
 ) -> ray.data.Dataset:
     """`ds` (a `text` column and any others) encoded on an actor pool, lazily: the caller
-    streams the result to storage or gathers it.
+    streams the result to storage or gathers it; with `parts`, the actors write the vectors
+    to storage themselves and the result is their PART_RECORD rows.
 
     `start_all` starts every actor at once (`initial_size`): Ray Data's autoscaler otherwise
     starts one and adds the others once a queue has built up, so the second actor's model load
@@ -83,7 +124,7 @@ def encode_dataset(
 
     return ds.map_batches(
         EncodeDocs,
-        fn_constructor_kwargs={"spec": spec, "kind": kind},
+        fn_constructor_kwargs={"spec": spec, "kind": kind, "parts": parts},
         compute=ray.data.ActorPoolStrategy(
             min_size=1,
             max_size=options.max_actors,

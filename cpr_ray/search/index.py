@@ -18,12 +18,22 @@ corpus are dropped. A new generation folder is written beside the old one and th
 switched to it last, so a killed re-index leaves the previous index whole (its half-written
 generation is removed by the next run). Reuse needs the same encoder: a different model (its
 files' fingerprint), pooling, prefixes, length or dtype re-encodes everything.
+
+No vector passes through the driver whole. The encoder actors (on the cluster profile, GPU
+workers) write each batch's vectors to ``gNNNN/encoded/part-….parquet`` (id, embedding) and
+return only where they went; each shard's ``vectors.parquet`` is then written
+``CHUNK_ROWS`` vectors at a time (one row group each), gathered from the parts and from the
+row groups of the previous generation's shards that hold the vectors kept, and the parts are
+removed. The driver holds the documents' table (ids, text, metadata: what ``docs.parquet``
+holds) and one chunk of vectors. A faiss index is built whole per shard where it is searched
+(``cpr search``, ``cpr serve``: ``VectorIndex.load``), from that shard's vectors.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,16 +42,18 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cpr_ray.config import Config, SearchConfig
+from cpr_ray.config import Config, EncoderConfig, SearchConfig
 from cpr_ray.errors import ConfigError, InputError, StorageError
-from cpr_ray.retrieval.index import factory_for, save_vectors
-from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
+from cpr_ray.retrieval.index import VECTORS, factory_for, save_vector_chunks
+from cpr_ray.retrieval.ray_encode import PartsTarget, RayEncodeOptions, encode_dataset
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, vector_identity
 from cpr_ray.search.documents import Documents, content_hashes, load_documents
 from cpr_ray.storage import Storage, join
 
 FORMAT = 1
 MANIFEST, DOCS, BM25_DIR = "index.json", "docs.parquet", "bm25"
+PARTS = "encoded"  # the encoder actors' parts, inside the generation being built
+CHUNK_ROWS = 32_768  # vectors assembled and written at a time (a shard's row group)
 GENERATION = re.compile(r"g\d{4}")
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -113,24 +125,105 @@ def reusable(docs: pa.Table, previous: pa.Table | None) -> np.ndarray:
     return out
 
 
-def _read_vectors(storage: Storage, uri: str, manifest: dict[str, Any]) -> np.ndarray:
-    parts = []
-    for shard in manifest["shards"]:
-        table = storage.read_parquet(join(uri, shard["path"], "vectors.parquet"))
-        values = table.column("embedding").combine_chunks().flatten()
-        parts.append(values.to_numpy(zero_copy_only=False).reshape(-1, manifest["dim"]))
-    return np.concatenate(parts) if parts else np.zeros((0, manifest["dim"]), np.float32)
+@dataclass(frozen=True)
+class Piece:
+    """Stored vectors of ids `lo`..`hi`: a whole Parquet file of (`id`, `embedding`) (an encoder
+    actor's part), or one row group of one (a shard's ``vectors.parquet``)."""
+
+    uri: str
+    lo: int
+    hi: int
+    row_group: int | None = None
 
 
-def encode(texts: pa.Table, spec: EncoderSpec, options: RayEncodeOptions, label: str) -> np.ndarray:
-    """Rows (`row`, `text`) encoded on a Ray Data actor pool, with a progress bar on stderr;
-    embeddings come back in `row` order."""
+def shard_pieces(storage: Storage, uri: str) -> list[Piece]:
+    """The row groups of a saved shard (ids ascending), from its footer's id statistics
+    (pyarrow writes them): a later build reads only those holding the ids it keeps."""
+    meta = storage.parquet_file(uri).metadata
+    column = meta.schema.names.index("id")
+    stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
+    return [Piece(uri, int(s.min), int(s.max), i) for i, s in enumerate(stats)]
+
+
+class StoredVectors:
+    """The vectors of a generation's documents (`vids`, ascending) read a run of rows at a time:
+    rows marked `kept` from the previous generation's shards (`old`), the others from the
+    encoder actors' parts (`new`). Only the pieces a run overlaps are read and held, so
+    assembling an index of any size holds one run and a few pieces, never every vector."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        vids: np.ndarray,
+        kept: np.ndarray,
+        old: list[Piece],
+        new: list[Piece],
+        dim: int,
+    ) -> None:
+        self.storage, self.vids, self.kept, self.dim = storage, vids, kept, dim
+        # each source's pieces by id (they do not overlap), with their bounds for a bisection
+        self.sources = []
+        for pieces in (old, new):
+            pieces = sorted(pieces, key=lambda p: p.lo)
+            bounds = np.array([(p.lo, p.hi) for p in pieces], dtype=np.int64).reshape(-1, 2)
+            self.sources.append((pieces, bounds[:, 0], bounds[:, 1]))
+        # the pieces read and held now: those the last run overlapped
+        self.held: dict[Piece, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _read(self, piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+        """(ids ascending, their vectors) of a piece, held until a run past it is asked for."""
+        if piece not in self.held:
+            if piece.row_group is None:
+                table = self.storage.read_parquet(piece.uri, ["id", "embedding"])
+            else:
+                file = self.storage.parquet_file(piece.uri)
+                table = file.read_row_group(piece.row_group, columns=["id", "embedding"])
+            ids = table["id"].to_numpy()
+            vectors = table["embedding"].combine_chunks().flatten().to_numpy()
+            order = np.argsort(ids, kind="stable")
+            self.held[piece] = ids[order], vectors.reshape(len(ids), self.dim)[order]
+        return self.held[piece]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Vectors of rows start..stop (float32, (stop - start, dim))."""
+        vids = self.vids[start:stop]
+        out = np.empty((len(vids), self.dim), dtype=np.float32)
+        self.held = {p: v for p, v in self.held.items() if p.hi >= vids[0]}  # runs ascend
+        for wanted, (pieces, los, his) in zip(
+            (self.kept[start:stop], ~self.kept[start:stop]), self.sources
+        ):
+            at = np.flatnonzero(wanted)
+            if not len(at):
+                continue
+            first = np.searchsorted(his, vids[at[0]])  # the first piece reaching the run
+            last = np.searchsorted(los, vids[at[-1]], side="right")  # past the last in it
+            found = np.zeros(len(at), dtype=bool)
+            for piece in pieces[first:last]:
+                ids, vectors = self._read(piece)
+                pos = np.searchsorted(ids, vids[at]).clip(max=len(ids) - 1)
+                hit = ids[pos] == vids[at]
+                out[at[hit]] = vectors[pos[hit]]
+                found |= hit
+            if not found.all():
+                raise StorageError(
+                    f"{(~found).sum():,} vector(s) of ids {vids[at[~found]][:3].tolist()}… are in "
+                    "no stored part: rebuild the index with cpr index"
+                )
+        return out
+
+
+def encode_to_parts(
+    todo: pa.Table, spec: EncoderSpec, options: RayEncodeOptions, parts: PartsTarget, label: str
+) -> list[Piece]:
+    """Rows (`id`, `text`, ids ascending) encoded on a Ray Data actor pool whose actors write
+    the vectors to `parts` themselves, with a progress bar on stderr; the driver sees only each
+    part's record."""
     import ray
 
-    n = texts.num_rows
+    n = todo.num_rows
     per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.max_actors))))
-    blocks = [texts.slice(s, per_block) for s in range(0, n, per_block)]
-    out: np.ndarray | None = None
+    blocks = [todo.slice(s, per_block) for s in range(0, n, per_block)]
+    pieces = []
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -140,19 +233,18 @@ def encode(texts: pa.Table, spec: EncoderSpec, options: RayEncodeOptions, label:
     )
     with Progress(*columns, console=progress_console, transient=False) as bar:
         task = bar.add_task(label, total=n, flight=0)
-        ds = encode_dataset(ray.data.from_arrow(blocks), spec, "dense", options)
+        ds = encode_dataset(ray.data.from_arrow(blocks), spec, "dense", options, parts=parts)
         done = 0
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
-            col = batch.column("embedding").combine_chunks()
-            emb = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, col.type.list_size)
-            if out is None:
-                out = np.zeros((n, emb.shape[1]), dtype=np.float32)
-            out[batch.column("row").to_numpy()] = emb
-            done += batch.num_rows
+            for record in batch.to_pylist():
+                pieces.append(Piece(record["uri"], record["lo"], record["hi"]))
+                done += record["rows"]
             bar.update(
                 task, completed=done, flight=min(options.max_actors, -(-(n - done) // per_block))
             )
-    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+    if done != n:
+        raise StorageError(f"the encoder actors stored {done:,} of {n:,} vectors")
+    return pieces
 
 
 def _generation(manifest: dict[str, Any] | None) -> int:
@@ -193,30 +285,24 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     todo = np.flatnonzero(keep < 0)
 
     ensure_ray(cfg.ray)
-    enc = cfg.encoder
-    options = RayEncodeOptions(
-        max_actors=enc.actors,
-        num_cpus=enc.cpus_per_actor,
-        num_gpus=enc.gpus_per_actor,
-        resources=dict(enc.resources_per_actor),
-    )
-    new_vectors = (
-        encode(
-            pa.table({"row": pa.array(np.arange(len(todo))), "text": table["text"].take(todo)}),
-            spec,
-            options,
-            f"encoding {len(todo):,} of {table.num_rows:,} documents",
-        )
-        if len(todo)
-        else None
-    )
-    dim = new_vectors.shape[1] if new_vectors is not None else previous["dim"]
-    vectors = np.zeros((table.num_rows, dim), dtype=np.float32)
+    generation = _generation(previous)
+    gen_dir = join(out_uri, f"g{generation:04d}")
+    storage.delete_dir(gen_dir)  # what a killed run of this generation left
+    new: list[Piece] = []
+    if len(todo):
+        target = PartsTarget(cfg.storage, join(gen_dir, PARTS))
+        todo_rows = pa.table({"id": table["vid"].take(todo), "text": table["text"].take(todo)})
+        label = f"encoding {len(todo):,} of {table.num_rows:,} documents"
+        new = encode_to_parts(todo_rows, spec, encode_options(cfg.encoder), target, label)
+        first = storage.parquet_file(new[0].uri).schema_arrow.field("embedding")
+        dim = first.type.list_size
+    else:
+        dim = previous["dim"]
+    old = []
     if (keep >= 0).any():
-        old = _read_vectors(storage, out_uri, previous)
-        vectors[keep >= 0] = old[keep[keep >= 0]]
-    if new_vectors is not None:
-        vectors[todo] = new_vectors
+        for shard in previous["shards"]:
+            old += shard_pieces(storage, join(out_uri, shard["path"], VECTORS))
+    vectors = StoredVectors(storage, table["vid"].to_numpy(), keep >= 0, old, new, dim)
 
     deleted = 0
     if prev_docs is not None:
@@ -228,7 +314,7 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
         "reused": int((keep >= 0).sum()),
         "deleted": deleted,
     }
-    return publish(
+    manifest = publish(
         storage,
         out_uri,
         table,
@@ -236,8 +322,21 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
         cfg.search,
         encoder=record,
         source={"uri": docs_in.uri, "kind": docs_in.kind},
-        generation=_generation(previous),
+        generation=generation,
         build={**build, "seconds": round(time.perf_counter() - started, 1)},
+    )
+    storage.delete_dir(join(gen_dir, PARTS))  # every vector is in a shard now
+    return manifest
+
+
+def encode_options(enc: EncoderConfig) -> RayEncodeOptions:
+    """The encoder actors `cpr index` asks Ray for: the `encoder:` section's count, CPUs, GPUs
+    and custom resources (on the cluster profile, GPU workers only)."""
+    return RayEncodeOptions(
+        max_actors=enc.actors,
+        num_cpus=enc.cpus_per_actor,
+        num_gpus=enc.gpus_per_actor,
+        resources=dict(enc.resources_per_actor),
     )
 
 
@@ -245,7 +344,7 @@ def publish(
     storage: Storage,
     out_uri: str,
     table: pa.Table,
-    vectors: np.ndarray,
+    vectors: np.ndarray | StoredVectors,
     search: SearchConfig,
     *,
     encoder: dict[str, Any],
@@ -254,21 +353,26 @@ def publish(
     build: dict[str, Any],
 ) -> dict[str, Any]:
     """Write generation `generation` of the index (documents in vid order, their vectors in the
-    same order), then the manifest that points at it, then remove older generations."""
+    same order: an array, or stored vectors read CHUNK_ROWS at a time), then the manifest that
+    points at it, then remove older generations."""
     gen_dir = f"g{generation:04d}"
-    storage.delete_dir(join(out_uri, gen_dir))  # what a killed run of this generation left
+    if isinstance(vectors, np.ndarray):
+        dim, rows = int(vectors.shape[1]), lambda a, b: vectors[a:b]
+    else:
+        dim, rows = vectors.dim, vectors.rows
     size = search.shard_size
     vids = table["vid"].to_numpy()
     shards = []
     for i, start in enumerate(range(0, table.num_rows, size)):
-        rows = slice(start, start + size)
-        n = min(size, table.num_rows - start)
-        factory = factory_for(n, search.ivf_min_vectors)
+        end = min(start + size, table.num_rows)
+        factory = factory_for(end - start, search.ivf_min_vectors)
         path = f"{gen_dir}/shard-{i:05d}"
-        save_vectors(
-            storage, join(out_uri, path), vids[rows], vectors[rows], factory, nprobe=search.nprobe
+        chunks = (
+            (vids[a : min(a + CHUNK_ROWS, end)], rows(a, min(a + CHUNK_ROWS, end)))
+            for a in range(start, end, CHUNK_ROWS)
         )
-        shards.append({"path": path, "rows": n, "factory": factory})
+        save_vector_chunks(storage, join(out_uri, path), chunks, dim, factory, nprobe=search.nprobe)
+        shards.append({"path": path, "rows": end - start, "factory": factory})
     storage.write_parquet(table, join(out_uri, gen_dir, DOCS))
     bm25 = None
     if search.bm25:
@@ -286,7 +390,7 @@ def publish(
         "source": source,
         "id_type": id_type,
         "encoder": encoder,
-        "dim": int(vectors.shape[1]),
+        "dim": dim,
         "metric": "inner_product",
         "n_docs": table.num_rows,
         "docs": f"{gen_dir}/{DOCS}",

@@ -500,15 +500,11 @@ def _trainer(
 
     tc = plan.train
     loc = storage.resolve(plan.out)
-    resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
-    if tc.use_gpu:
-        resources["GPU"] = 1
-    resources.update(tc.resources_per_worker)
     return TorchTrainer(
         train_worker,
         train_loop_config={"plan": plan, "on_step": on_step, "progress": progress},
         scaling_config=ScalingConfig(
-            num_workers=tc.workers, use_gpu=tc.use_gpu, resources_per_worker=resources
+            num_workers=tc.workers, use_gpu=tc.use_gpu, resources_per_worker=worker_resources(tc)
         ),
         run_config=RunConfig(
             name=RUN_NAME,
@@ -518,6 +514,15 @@ def _trainer(
             failure_config=FailureConfig(max_failures=tc.max_failures),
         ),
     )
+
+
+def worker_resources(tc: TrainConfig) -> dict[str, float]:
+    """What each Ray Train worker reserves (`cpus_per_worker` placed, see `_placed`): its CPUs,
+    a GPU with `use_gpu`, and the custom resources that keep it on the GPU node type."""
+    resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
+    if tc.use_gpu:
+        resources["GPU"] = 1
+    return {**resources, **tc.resources_per_worker}
 
 
 def _worker_user_error(exc: BaseException) -> UserError | None:
