@@ -178,11 +178,11 @@ def test_cpr_full_ranks_the_whole_corpus_without_the_base_paper(tmp_path):
     assert list(full.pool_sizes()) == [len(full.doc_ids) - 1] + [len(full.doc_ids)] * 4
 
 
-def test_analobench_t2_on_the_real_files(reference):
-    bench = load_analobench(local(), str(reference / "analobench"), subset="t2")
+def test_analobench_t2_on_the_real_files(analobench):
+    bench = load_analobench(local(), str(analobench), subset="t2")
     assert bench.n_queries == 340 and bench.pools.shape == (340, 200)
     assert (bench.pools != PAD).all()
-    with open(reference / "analobench" / "AnaloBench-T2-Base.csv") as f:
+    with open(analobench / "AnaloBench-T2-Base.csv") as f:
         rows = list(csv.DictReader(f))
     for i, row in enumerate(rows):
         options = [int(x) for x in row["Options"].split(",")]
@@ -200,19 +200,19 @@ def test_analobench_t2_on_the_real_files(reference):
 
 
 @pytest.mark.parametrize("stories", ["stories-10", "stories-30"])
-def test_analobench_story_variants(reference, stories):
-    base = load_analobench(local(), str(reference / "analobench"), subset="t2")
-    bench = load_analobench(local(), str(reference / "analobench"), subset=f"t2-{stories}")
+def test_analobench_story_variants(analobench, stories):
+    base = load_analobench(local(), str(analobench), subset="t2")
+    bench = load_analobench(local(), str(analobench), subset=f"t2-{stories}")
     assert bench.qrels == base.qrels and (bench.pools == base.pools).all()
     assert bench.queries == bench.doc_texts
     lengths = [len(t) for t in bench.doc_texts]
     assert min(lengths) > max(len(t) for t in base.doc_texts)  # stories, not sentences
 
 
-def test_analobench_t1_items_are_deterministic_and_well_formed(reference):
-    a = load_analobench(local(), str(reference / "analobench"), subset="t1", seed=0)
-    b = load_analobench(local(), str(reference / "analobench"), subset="t1", seed=0)
-    c = load_analobench(local(), str(reference / "analobench"), subset="t1", seed=1)
+def test_analobench_t1_items_are_deterministic_and_well_formed(analobench):
+    a = load_analobench(local(), str(analobench), subset="t1", seed=0)
+    b = load_analobench(local(), str(analobench), subset="t1", seed=0)
+    c = load_analobench(local(), str(analobench), subset="t1", seed=1)
     assert (a.pools == b.pools).all() and a.qrels == b.qrels
     assert not (a.pools == c.pools).all()
     cluster = np.array(a.meta["cluster"])
@@ -231,9 +231,9 @@ def test_analobench_t1_items_are_deterministic_and_well_formed(reference):
     assert len(positions) == 4 and min(positions.values()) > 50
 
 
-def test_analobench_unknown_subset(reference):
+def test_analobench_unknown_subset(tmp_path):
     with pytest.raises(ConfigError, match="unknown AnaloBench subset"):
-        load_analobench(local(), str(reference / "analobench"), subset="t3")
+        load_analobench(local(), str(tmp_path), subset="t3")
 
 
 def _write_beir(root: Path) -> None:
