@@ -37,7 +37,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from cpr_ray.errors import UserError
+from cpr_ray.retrieval.model_source import LOAD_ERRORS, ModelError, locate_model, unloadable
 from cpr_ray.retrieval.spec import POOLINGS, EncoderSpec, preset
 from cpr_ray.retrieval.token_pooling import pool, splade_pool
 
@@ -56,10 +56,6 @@ ST_POOLING_FLAGS = {
 # what Encoder reproduces of a sentence-transformers pipeline (normalising is EncoderSpec's)
 ST_MODULES = ("Transformer", "Pooling", "Normalize")
 SORT_CHUNK = 8192  # texts tokenised and length-sorted together
-
-
-class ModelError(UserError, ValueError):
-    """A model that cannot be loaded, or not encoded the way its own config says."""
 
 
 REMOTE_CODE_KEY = "encoder.trust_remote_code"
@@ -186,11 +182,13 @@ class Encoder(nn.Module):
         max_length: int = 512,
         dtype: str = "float32",
         trust_remote_code: bool = False,
+        setting: str = "encoder.model",
     ) -> Encoder:
         """A trainable encoder: train mode, gradients on every parameter. `trust_remote_code`
-        runs the model's own code, for a model whose architecture ships as code."""
+        runs the model's own code, for a model whose architecture ships as code; `setting` is
+        the config key that named the model, for the error a wrong name gives."""
         enc = cls._from_pretrained(
-            model_name_or_path, pooling, normalize, max_length, dtype, trust_remote_code
+            model_name_or_path, pooling, normalize, max_length, dtype, trust_remote_code, setting
         )
         return enc.train()
 
@@ -215,6 +213,7 @@ class Encoder(nn.Module):
         max_length: int,
         dtype: str,
         trust_remote_code: bool = False,
+        setting: str = "encoder.model",
     ) -> Encoder:
         from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
@@ -222,10 +221,10 @@ class Encoder(nn.Module):
             raise ValueError(
                 f"unknown pooling {pooling!r}; known: auto, {', '.join(ENCODER_POOLINGS)}"
             )
+        locate_model(model, setting)
         # always a bool: None would have transformers prompt for it on the terminal
         remote = {"trust_remote_code": bool(trust_remote_code)}
         try:
-            # a bad path fails here, as OSError
             tokenizer = AutoTokenizer.from_pretrained(model, **remote)
             prompts: tuple[str | None, str | None] = (None, None)
             if pooling == "splade":
@@ -242,6 +241,8 @@ class Encoder(nn.Module):
             if not trust_remote_code and refuses_remote_code(exc):
                 raise ModelError(remote_code_message(model)) from None
             raise
+        except LOAD_ERRORS as exc:
+            raise unloadable(model, setting, exc) from None
         return cls(
             backbone,
             tokenizer,
@@ -426,6 +427,7 @@ class DenseEncoder(_TextEncoder):
             dtype=spec.dtype,
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
+            setting=spec.setting,
         )
         spec = with_model_prompts(spec, model.prompts)
         super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
@@ -458,6 +460,7 @@ class SpladeEncoder(_TextEncoder):
             dtype=spec.dtype,
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
+            setting=spec.setting,
         )
         super().__init__(spec, model)
 

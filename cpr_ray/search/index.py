@@ -35,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpr_ray.config import Config, SearchConfig
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.retrieval.index import factory_for, save_vectors
+from cpr_ray.retrieval.model_source import locate_model
 from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, vector_identity
 from cpr_ray.search.documents import Documents, content_hashes, load_documents
@@ -169,6 +170,7 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     out_uri = str(cfg.search.out)
     model = cfg.encoder.model or DEFAULT_MODEL
     spec = RetrieverOptions.from_config(cfg).encoder_spec(model)
+    locate_model(spec.model, spec.setting)  # before Ray starts: a typo is one line at once
     record = encoder_record(spec)
     docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
     if docs_in.table.num_rows == 0:
