@@ -87,6 +87,21 @@ def files(tmp_path: Path, tiny_bert: str, monkeypatch: pytest.MonkeyPatch) -> Pa
         build={},
     )
     shutil.rmtree(gone)
+    manifest = json.loads((tmp_path / "index" / "index.json").read_text())
+    for name, text in (
+        ("not-json", "{oops"),
+        ("newer", json.dumps({**manifest, "encoder": {**manifest["encoder"], "colbert_dim": 8}})),
+    ):
+        shutil.copytree(tmp_path / "index", tmp_path / name)
+        (tmp_path / name / "index.json").write_text(text)
+    for name, line in (
+        ("array", "[1, 2]"),
+        ("no-id", '{"_id": null, "title": "a", "text": "protein folding"}'),
+        ("object-text", '{"_id": "d1", "title": "a", "text": {"en": "protein folding"}}'),
+    ):
+        write_beir(tmp_path / name, ["Protein folding."])
+        with open(tmp_path / name / "corpus.jsonl", "a") as f:
+            f.write(line + "\n")
     return tmp_path
 
 
@@ -136,6 +151,27 @@ CASES = {
         ["train", "--plan", "--model", "{tmp}/bad-config"],
         "encoder.model: model {tmp}/bad-config cannot be loaded (Validation error for field "
         "'num_hidden_layers': TypeError: Field 'num_hidden_layers' expected int, got str",
+    ),
+    "search: an index.json that is not JSON": (
+        ["search", "{tmp}/not-json", "How to fold a protein?"],
+        "{tmp}/not-json: its index.json is not an index manifest; rebuild it with cpr index",
+    ),
+    "search: an index a newer version built": (
+        ["search", "{tmp}/newer", "How to fold a protein?"],
+        "{tmp}/newer: its index.json records an encoder this version cannot read (keys "
+        "colbert_dim)",
+    ),
+    "eval: a BEIR corpus line that is no object": (
+        ["eval", "--benchmark", "beir", "--data", "{tmp}/array", "--retriever", "bm25"],
+        "{tmp}/array/corpus.jsonl: line 2 is not a JSON object",
+    ),
+    "eval: a BEIR document without an id": (
+        ["eval", "--benchmark", "beir", "--data", "{tmp}/no-id", "--retriever", "bm25"],
+        "{tmp}/no-id/corpus.jsonl: 1 line(s) have no _id",
+    ),
+    "eval: a BEIR text that is a JSON object": (
+        ["eval", "--benchmark", "beir", "--data", "{tmp}/object-text", "--retriever", "bm25"],
+        "{tmp}/object-text/corpus.jsonl: line 2: text is a JSON dict, not text",
     ),
     "eval: BM25 over a corpus of stop words": (
         ["eval", "--benchmark", "beir", "--data", "{tmp}/stop", "--retriever", "bm25"]
@@ -251,3 +287,22 @@ def test_the_bm25_pooler_brings_no_candidates_from_papers_without_words(tmp_path
 
     assert pooled(STOP_WORDS) == []
     assert pooled([*STOP_WORDS, "protein folding"]) == [6]
+
+
+def test_a_text_longer_than_the_model_takes_is_cut_to_its_positions(tiny_bert):
+    """encoder.max_length above the model's position table (train.max_length is 1,024, BERT's
+    table 512; this tiny BERT's 64) failed on the first long text with a tensor-size error."""
+    from cpr_ray.retrieval.encoder import Encoder
+
+    assert Encoder.load(tiny_bert, max_length=512).max_length == 64
+    encoder = DenseEncoder(EncoderSpec(tiny_bert, max_length=512))
+    assert encoder.encode_queries(["How to fold " * 30_000]).shape == (1, 32)
+
+
+def test_json_output_leaves_the_console_to_the_next_command(files):
+    """`cpr search --json` sends the console to stderr for its run only: the next command run
+    in the same process (a test runner's) printed into a closed stream."""
+    result = runner.invoke(app, ["search", str(files / "index"), " ", "--json"])
+    error_line(result)  # whatever it is, one line
+    result = runner.invoke(app, ["stats", str(files / "none")])
+    assert "no published stage" in error_line(result)

@@ -76,6 +76,16 @@ def remote_code_message(model: str) -> str:
     )
 
 
+def position_limits(backbone: nn.Module, tokenizer: Any) -> list[int]:
+    """The longest inputs the model takes: its position table and its tokenizer's declared
+    maximum (RoBERTa's table holds two more than it can use), where they are known. A longer
+    `max_length` (train.max_length is 1,024 by default, BERT's table 512) would fail on the
+    first long text."""
+    limits = [getattr(backbone.config, "max_position_embeddings", None)]
+    limits.append(getattr(tokenizer, "model_max_length", None))
+    return [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
+
+
 @dataclass(frozen=True)
 class SentenceTransformersConfig:
     """What a sentence-transformers checkpoint says about its pooling (None: it says nothing)."""
@@ -248,7 +258,7 @@ class Encoder(nn.Module):
             tokenizer,
             pooling,
             normalize=normalize,
-            max_length=max_length,
+            max_length=min([max_length, *position_limits(backbone, tokenizer)]),
             prompts=prompts,
         )
 

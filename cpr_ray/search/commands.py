@@ -84,13 +84,15 @@ def index_command(
 
 @contextmanager
 def _logs_to_stderr() -> Iterator[None]:
-    """With --json, standard output carries the JSON lines only: progress and logs go to stderr."""
-    before = console.file
-    console.file = sys.stderr
+    """With --json, standard output carries the JSON lines only: progress and logs go to stderr.
+    (The console's stream is switched, not replaced: a replaced one would outlive a call made in
+    the same process, a test runner's, and the next print would write to it once closed.)"""
+    before = console.stderr
+    console.stderr = True
     try:
         yield
     finally:
-        console.file = before
+        console.stderr = before
 
 
 def print_result(result: dict[str, Any]) -> None:

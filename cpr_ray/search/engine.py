@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,12 @@ def query_encoder_spec(manifest: dict[str, Any], uri: str, **options: Any) -> En
     whose model folder has gone is one line before anything loads (`cpr search`, and `cpr
     serve` before a replica starts)."""
     enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
+    unknown = sorted(set(enc) - {f.name for f in fields(EncoderSpec)})
+    if unknown or "model" not in enc:
+        raise StorageError(
+            f"{uri}: its index.json records an encoder this version cannot read (keys "
+            f"{', '.join(unknown) or 'without model'}): rebuild the index with this cpr index"
+        )
     spec = EncoderSpec(**enc, **options, setting=f"the model of the index {uri} (index.json)")
     locate_model(spec.model, spec.setting)
     return spec

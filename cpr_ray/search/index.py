@@ -60,6 +60,12 @@ def read_manifest(storage: Storage, uri: str) -> dict[str, Any] | None:
         manifest = storage.read_json(join(uri, MANIFEST))
     except FileNotFoundError:
         return None
+    except ValueError:  # not JSON, or not an object: a file of something else
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise StorageError(
+            f"{uri}: its {MANIFEST} is not an index manifest; rebuild it with cpr index"
+        )
     if manifest.get("format") != FORMAT:
         raise StorageError(
             f"{uri}: index format {manifest.get('format')!r}, this version reads {FORMAT}; "
