@@ -336,7 +336,7 @@ def test_job_entry_point(cpr_export, tmp_path, capsys):
     )
     assert rc == 0
     written = json.loads((tmp_path / "cpr-bm25.json").read_text())
-    assert written["settings"]["resamples"] == 200 and "accuracy" in written
+    assert written["settings"]["resamples"] == 200 and "recall_at_10" in written
     assert "cpr bm25: recall_at_10" in capsys.readouterr().out
     assert job.main(["--benchmark", "analobench", "--data", "x", "--retriever", "bm25"]) == 2
     assert "give --out" in capsys.readouterr().err
