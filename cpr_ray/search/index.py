@@ -176,11 +176,11 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     out_uri = str(cfg.search.out)
     model = cfg.encoder.model or DEFAULT_MODEL
     spec = RetrieverOptions.from_config(cfg).encoder_spec(model)
-    locate_model(spec.model, spec.setting)  # before Ray starts: a typo is one line at once
-    record = encoder_record(spec)
     docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
     if docs_in.table.num_rows == 0:
         raise InputError(f"{docs_in.uri} holds no documents: nothing to index")
+    locate_model(spec.model, spec.setting)  # before Ray starts: a typo is one line at once
+    record = encoder_record(spec)
     previous = read_manifest(storage, out_uri)
     prev_docs = None
     reason = "new index"
