@@ -95,9 +95,7 @@ def test_analobench_t2_end_to_end(analobench, minilm, retriever, tmp_path):
 
 
 def test_analobench_t1_accuracy(analobench):
-    settings = eval_cfg(
-        benchmark="analobench", data=str(analobench), retriever="bm25", subset="t1"
-    )
+    settings = eval_cfg(benchmark="analobench", data=str(analobench), retriever="bm25", subset="t1")
     res = run_eval(settings)
     assert res["accuracy"] == res["recall_at_1"]
     assert res["accuracy"]["random"] == pytest.approx(0.25)
