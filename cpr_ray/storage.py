@@ -521,19 +521,35 @@ def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
     except pa.ArrowInvalid:
         pass
     cols: dict[str, list] = {name: [] for name in schema.names}
-    for n, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{uri}: not UTF-8 text (byte {exc.start}): not a JSON lines file"
+        ) from None
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{uri}: line {n} is not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise InputError(f"{uri}: line {n} is not a JSON object")
         for field in schema:
             value = rec.get(field.name)
             if value is not None and pa.types.is_string(field.type) and not isinstance(value, str):
+                if not isinstance(value, (int, float)):  # an id given as a number is text
+                    raise InputError(
+                        f"{uri}: line {n}: {field.name} is a JSON {type(value).__name__}, not text"
+                    )
                 value = str(value)
             cols[field.name].append(value)
-    return pa.table(cols, schema=schema)
+    try:
+        return pa.table(cols, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        fields = ", ".join(f"{f.name} ({f.type})" for f in schema)
+        raise InputError(f"{uri}: a value has the wrong type; expected {fields} ({exc})") from None
 
 
 def find_table(storage: Storage, root: str, name: str) -> str | None:

@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         record_evaluation(Storage(cfg.storage), cfg.encoder.model, results)  # a cpr train card
         primary = results["primary_metric"]
         block = results[primary]
+        run = (results["benchmark"], results.get("subset"), results["retriever"])
         return [
-            f"{results['benchmark']} {results.get('subset') or ''} {results['retriever']}: "
+            f"{' '.join(part for part in run if part)}: "
             f"{primary} {block['value']:.3f} [{block['ci_low']:.3f}, {block['ci_high']:.3f}] "
             f"(random {block['random']:.3f}), {results['n_queries']} queries → {uri}"
         ]

@@ -60,16 +60,16 @@ def check_shape(res: dict, n_queries: int) -> None:
     assert res["settings"]["resamples"] == 2000 and res["settings"]["seed"] == 0
 
 
-def analobench_run(reference, retriever, model=None):
+def analobench_run(analobench, retriever, model=None):
     settings = eval_cfg(
-        benchmark="analobench", data=str(reference / "analobench"), retriever=retriever, model=model
+        benchmark="analobench", data=str(analobench), retriever=retriever, model=model
     )
     return run_eval(settings)
 
 
 @pytest.mark.parametrize("retriever", ["bm25", "dense"])
-def test_analobench_t2_end_to_end(reference, minilm, retriever, tmp_path):
-    res = analobench_run(reference, retriever, minilm if retriever == "dense" else None)
+def test_analobench_t2_end_to_end(analobench, minilm, retriever, tmp_path):
+    res = analobench_run(analobench, retriever, minilm if retriever == "dense" else None)
     check_shape(res, 340)
     assert res["benchmark"] == "analobench" and res["subset"] == "t2"
     assert res["model"] == (minilm if retriever == "dense" else None)
@@ -94,10 +94,8 @@ def test_analobench_t2_end_to_end(reference, minilm, retriever, tmp_path):
     assert json.loads(open(uri).read())["ndcg_at_10"] == res["ndcg_at_10"]
 
 
-def test_analobench_t1_accuracy(reference):
-    settings = eval_cfg(
-        benchmark="analobench", data=str(reference / "analobench"), retriever="bm25", subset="t1"
-    )
+def test_analobench_t1_accuracy(analobench):
+    settings = eval_cfg(benchmark="analobench", data=str(analobench), retriever="bm25", subset="t1")
     res = run_eval(settings)
     assert res["accuracy"] == res["recall_at_1"]
     assert res["accuracy"]["random"] == pytest.approx(0.25)
@@ -159,7 +157,7 @@ def test_reranker_through_the_runner(cpr_export):
     assert "rerank_s" in res["timing"]
 
 
-def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, reference, monkeypatch):
+def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, monkeypatch):
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started before the missing endpoint was reported")
 
@@ -172,9 +170,9 @@ def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, reference, mon
         [
             "eval",
             "--benchmark",
-            "analobench",
+            "cpr",
             "--data",
-            str(reference / "analobench"),
+            str(cpr_export),
             "--retriever",
             "bm25",
             "--rerank",
@@ -310,7 +308,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_job_entry_point(reference, tmp_path, capsys):
+def test_job_entry_point(cpr_export, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
@@ -321,13 +319,11 @@ def test_job_entry_point(reference, tmp_path, capsys):
     rc = job.main(
         [
             "--benchmark",
-            "analobench",
+            "cpr",
             "--data",
-            str(reference / "analobench"),
+            str(cpr_export),
             "--retriever",
             "bm25",
-            "--subset",
-            "t1",
             "--out",
             str(tmp_path),
             "--set",
@@ -337,9 +333,9 @@ def test_job_entry_point(reference, tmp_path, capsys):
         ]
     )
     assert rc == 0
-    written = json.loads((tmp_path / "analobench-t1-bm25.json").read_text())
-    assert written["settings"]["resamples"] == 200 and "accuracy" in written
-    assert "analobench t1 bm25: accuracy" in capsys.readouterr().out
+    written = json.loads((tmp_path / "cpr-bm25.json").read_text())
+    assert written["settings"]["resamples"] == 200 and "recall_at_10" in written
+    assert "cpr bm25: recall_at_10" in capsys.readouterr().out
     assert job.main(["--benchmark", "analobench", "--data", "x", "--retriever", "bm25"]) == 2
     assert "give --out" in capsys.readouterr().err
 

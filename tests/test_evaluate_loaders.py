@@ -144,6 +144,55 @@ def test_cpr_loader_on_constructed_export(tmp_path):
     assert len(bench.train_pairs) == 3 and "keyword0" in bench.train_pairs[0][1]
 
 
+def test_a_repeated_candidate_is_ranked_once(tmp_path):
+    """A negative listed twice in a pool is ranked once, where it was first listed (MTEB keys a
+    pool by id), and counted; a query whose lists differ in length before others leaves their
+    candidate groups aligned."""
+    made = make_cpr_export(tmp_path / "export", n_queries=3)
+    rows = made["rows"]
+    twice = rows[0]["candidate_ids"][1:3]
+    repeated = {
+        **rows[0],
+        "candidate_ids": [*rows[0]["candidate_ids"], *twice],
+        "candidate_groups": [*rows[0]["candidate_groups"], *rows[0]["candidate_groups"][1:3]],
+    }
+    misaligned = {**rows[2], "query_id": "short", "candidate_groups": ["positive"]}
+    part = tmp_path / "export" / "cpr-eval" / "part-0.parquet"
+    schema = pq.read_schema(part)
+    pq.write_table(pa.Table.from_pylist([misaligned, repeated, *rows[1:]], schema=schema), part)
+    bench = load_cpr(local(), str(tmp_path / "export"))
+    assert bench.query_ids == ["q0", "q1", "q2"]
+    for i, row in enumerate(rows):
+        ids = [bench.doc_ids[p] for p in bench.pools[i] if p != PAD]
+        assert ids == [str(c) for c in row["candidate_ids"]]
+        assert list(bench.pool_groups[i][: len(ids)]) == row["candidate_groups"]
+    assert sorted(r["reason"] for r in bench.rejects) == [
+        "2 repeated candidate(s) in the candidate_ids of 1 queries dropped (each candidate is "
+        "ranked once)",
+        "candidate_ids and candidate_groups differ in length",
+    ]
+
+
+def test_an_id_listed_twice_is_refused_in_every_format(tmp_path):
+    made = make_cpr_export(tmp_path / "export", n_queries=2)
+    pq.write_table(
+        pa.Table.from_pylist([*made["corpus"], made["corpus"][0]]),
+        tmp_path / "export" / "corpus.parquet",
+    )
+    with pytest.raises(InputError, match=r"corpus.parquet: 1 id\(s\) listed more than once"):
+        load_cpr(local(), str(tmp_path / "export"))
+    _write_beir(tmp_path / "beir")
+    corpus = tmp_path / "beir" / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() + '{"_id": "d3", "title": "", "text": "again"}\n')
+    with pytest.raises(InputError, match="corpus.jsonl: 1 id.*the first: 'd3'"):
+        load_beir(local(), str(tmp_path / "beir"))
+    _write_beir(tmp_path / "beir2")
+    queries = tmp_path / "beir2" / "queries.jsonl"
+    queries.write_text(queries.read_text() + '\n{"_id": "q1", "text": "solar again"}\n')
+    with pytest.raises(InputError, match="queries.jsonl: 1 id"):
+        load_beir(local(), str(tmp_path / "beir2"))
+
+
 def test_cpr_loader_names_what_is_missing(tmp_path):
     with pytest.raises(StorageError, match="no cpr-eval or corpus table"):
         load_cpr(local(), str(tmp_path))
@@ -178,11 +227,11 @@ def test_cpr_full_ranks_the_whole_corpus_without_the_base_paper(tmp_path):
     assert list(full.pool_sizes()) == [len(full.doc_ids) - 1] + [len(full.doc_ids)] * 4
 
 
-def test_analobench_t2_on_the_real_files(reference):
-    bench = load_analobench(local(), str(reference / "analobench"), subset="t2")
+def test_analobench_t2_on_the_real_files(analobench):
+    bench = load_analobench(local(), str(analobench), subset="t2")
     assert bench.n_queries == 340 and bench.pools.shape == (340, 200)
     assert (bench.pools != PAD).all()
-    with open(reference / "analobench" / "AnaloBench-T2-Base.csv") as f:
+    with open(analobench / "AnaloBench-T2-Base.csv") as f:
         rows = list(csv.DictReader(f))
     for i, row in enumerate(rows):
         options = [int(x) for x in row["Options"].split(",")]
@@ -200,19 +249,19 @@ def test_analobench_t2_on_the_real_files(reference):
 
 
 @pytest.mark.parametrize("stories", ["stories-10", "stories-30"])
-def test_analobench_story_variants(reference, stories):
-    base = load_analobench(local(), str(reference / "analobench"), subset="t2")
-    bench = load_analobench(local(), str(reference / "analobench"), subset=f"t2-{stories}")
+def test_analobench_story_variants(analobench, stories):
+    base = load_analobench(local(), str(analobench), subset="t2")
+    bench = load_analobench(local(), str(analobench), subset=f"t2-{stories}")
     assert bench.qrels == base.qrels and (bench.pools == base.pools).all()
     assert bench.queries == bench.doc_texts
     lengths = [len(t) for t in bench.doc_texts]
     assert min(lengths) > max(len(t) for t in base.doc_texts)  # stories, not sentences
 
 
-def test_analobench_t1_items_are_deterministic_and_well_formed(reference):
-    a = load_analobench(local(), str(reference / "analobench"), subset="t1", seed=0)
-    b = load_analobench(local(), str(reference / "analobench"), subset="t1", seed=0)
-    c = load_analobench(local(), str(reference / "analobench"), subset="t1", seed=1)
+def test_analobench_t1_items_are_deterministic_and_well_formed(analobench):
+    a = load_analobench(local(), str(analobench), subset="t1", seed=0)
+    b = load_analobench(local(), str(analobench), subset="t1", seed=0)
+    c = load_analobench(local(), str(analobench), subset="t1", seed=1)
     assert (a.pools == b.pools).all() and a.qrels == b.qrels
     assert not (a.pools == c.pools).all()
     cluster = np.array(a.meta["cluster"])
@@ -231,9 +280,9 @@ def test_analobench_t1_items_are_deterministic_and_well_formed(reference):
     assert len(positions) == 4 and min(positions.values()) > 50
 
 
-def test_analobench_unknown_subset(reference):
+def test_analobench_unknown_subset(tmp_path):
     with pytest.raises(ConfigError, match="unknown AnaloBench subset"):
-        load_analobench(local(), str(reference / "analobench"), subset="t3")
+        load_analobench(local(), str(tmp_path), subset="t3")
 
 
 def _write_beir(root: Path) -> None:
@@ -266,17 +315,17 @@ def test_beir_loader_on_constructed_set(tmp_path):
     bench = load_beir(local(), str(tmp_path / "beir"))
     assert bench.pools is None
     assert bench.doc_ids == ["d1", "2", "d3"]  # numeric ids read as text
-    assert bench.doc_texts == [
-        "Solar cells. Perovskite light absorbers.",
+    assert bench.doc_texts == [  # title + " " + text, as MTEB gives a model a BEIR document
+        "Solar cells Perovskite light absorbers.",
         "Wind turbine wakes.",
-        "Bees. Pollination networks.",
+        "Bees Pollination networks.",
     ]
     assert bench.query_ids == ["q1", "q2"]  # only queries with qrels in the split
     assert bench.qrels == [{0: 2, 2: 0}, {1: 1}]
     reasons = [r["reason"] for r in bench.rejects]
     assert "qrels name a query missing from queries.jsonl" in reasons
     assert "1 qrels name unknown documents" in reasons
-    assert bench.train_pairs == [("unjudged", "Bees. Pollination networks.")]
+    assert bench.train_pairs == [("unjudged", "Bees Pollination networks.")]
     assert bench.pool_sizes().tolist() == [3, 3]
 
 

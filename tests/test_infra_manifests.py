@@ -3,10 +3,10 @@ deployment keeps the properties infra/README.md promises.
 
 Built-in kinds go through kubernetes-validate (strict: unknown keys fail) for one Kubernetes
 version. The KubeRay kinds (RayJob, also the one embedded in the ConfigMap, RayCronJob and the
-judge fleet's RayService) go through jsonschema against the openAPIV3Schema of KubeRay's CRDs in
-../shared/reference/kuberay/ and tests/data/kuberay/ (see its PROVENANCE.md), with
-`additionalProperties: false` added to every object schema that lists its properties, as the API
-server's strict field validation would; CEL rules and some enums stay unchecked.
+judge fleet's RayService) go through jsonschema against the openAPIV3Schema of KubeRay's CRDs
+vendored in tests/data/kuberay/ (see its PROVENANCE files), with `additionalProperties: false`
+added to every object schema that lists its properties, as the API server's strict field
+validation would; CEL rules and some enums stay unchecked.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from .test_cluster_config import IMAGE, find_credentials
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
-KUBERAY_CRDS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "kuberay"
-VENDORED_CRDS = Path(__file__).resolve().parent / "data" / "kuberay"  # RayService
+KUBERAY_CRDS = Path(__file__).resolve().parent / "data" / "kuberay"  # see its PROVENANCE files
 KUBERAY_VERSION = "1.7.0"
 K8S_VERSION = "1.33"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
 
@@ -131,13 +130,9 @@ def _close_objects(schema):
 @pytest.fixture(scope="module")
 def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
     """kind -> validator for the ray.io/v1 schema of each KubeRay CRD (loaded once, ~1-3 s)."""
-    if not KUBERAY_CRDS.is_dir():
-        pytest.fail(f"KubeRay CRDs not found at {KUBERAY_CRDS} (the checkout's ../shared)")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     validators = {}
-    paths = [*KUBERAY_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")]
-    paths += VENDORED_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")
-    for path in sorted(paths):
+    for path in sorted(KUBERAY_CRDS.glob(f"ray.io_*.v{KUBERAY_VERSION}.yaml.gz")):
         with gzip.open(path, "rt") as f:
             crd = yaml.load(f, Loader=loader)
         (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]

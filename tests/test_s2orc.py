@@ -7,14 +7,16 @@ import pyarrow as pa
 
 from cpr_ray.corpus.s2orc import citing_sentences, recover_contexts
 
+from .conftest import S2_SAMPLES
 
-def _record(reference, corpus_id):
-    with gzip.open(reference / "s2-samples/s2orc/s2orc-sample.jsonl.gz", "rt") as f:
+
+def _record(corpus_id):
+    with gzip.open(S2_SAMPLES / "s2orc/s2orc-sample.jsonl.gz", "rt") as f:
         return next(r for r in map(json.loads, f) if r["corpusid"] == corpus_id)
 
 
-def test_sentence_around_a_real_citation(reference):
-    rec = _record(reference, 255785057)
+def test_sentence_around_a_real_citation():
+    rec = _record(255785057)
     ann = rec["content"]["annotations"]
     found = citing_sentences(rec["content"]["text"], ann["bibref"], ann["bibentry"])
     assert found == [
@@ -26,8 +28,8 @@ def test_sentence_around_a_real_citation(reference):
     ]
 
 
-def test_every_recovered_sentence_contains_its_citation_span(reference):
-    rec = _record(reference, 255784639)
+def test_every_recovered_sentence_contains_its_citation_span():
+    rec = _record(255784639)
     text, ann = rec["content"]["text"], rec["content"]["annotations"]
     found = citing_sentences(text, ann["bibref"], ann["bibentry"])
     assert len(found) >= 10
@@ -64,8 +66,8 @@ def test_broken_annotations_give_no_sentences_not_a_crash():
     assert out == [(77, "Second claim [1].")]
 
 
-def test_recover_contexts_groups_per_cited_paper(reference):
-    rec = _record(reference, 255783198)
+def test_recover_contexts_groups_per_cited_paper():
+    rec = _record(255783198)
     ann = rec["content"]["annotations"]
     docs = pa.table(
         {

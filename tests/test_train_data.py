@@ -11,7 +11,7 @@ import pytest
 
 from cpr_ray.config import QUESTION_WORDS, load_config
 from cpr_ray.dataset.format import CORPUS, CPR_TRAIN
-from cpr_ray.errors import ConfigError, InputError
+from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
 from cpr_ray.schemas import paper_text
 from cpr_ray.storage import Storage, StorageConfig
@@ -274,7 +274,7 @@ def test_malformed_parquet_and_missing_paths(tmp_path: Path):
         _read("specter", str(tmp_path / "nowhere"))
     with pytest.raises(InputError, match="not a CPR export: no cpr-train or corpus"):
         _read("cpr", str(tmp_path))
-    with pytest.raises(InputError, match=r"model '/no/such/model' not found"):
+    with pytest.raises(UserError, match=r"^encoder.model: /no/such/model \(read as a folder\)"):
         check_model("/no/such/model")
 
 

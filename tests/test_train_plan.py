@@ -129,7 +129,7 @@ def test_plan_cli_with_a_missing_model_is_one_line(tmp_path):
     result = runner.invoke(app, ["train", "--plan", "--model", str(tmp_path / "none")])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: model "), lines
+    assert len(lines) == 1 and lines[0].startswith("error: encoder.model: "), lines
 
 
 def test_sixteen_bytes_a_parameter_and_fsdp_divides_them(tiny_qwen3):

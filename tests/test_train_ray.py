@@ -318,7 +318,7 @@ def test_cli_and_job_report_a_malformed_file_in_one_line(minilm: str, tmp_path: 
     assert "t.jsonl line 2" in capsys.readouterr().err
     missing = [*args[:4], "--out", str(tmp_path / "out3"), "--model", str(tmp_path / "none")]
     result = CliRunner().invoke(app, ["train", *missing])
-    assert "not found" in error_line(result)
+    assert "(read as a folder): no such folder" in error_line(result)
 
 
 def test_an_out_refuses_a_run_on_other_data(minilm: str, tmp_path: Path):

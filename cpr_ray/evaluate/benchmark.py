@@ -9,11 +9,13 @@ Relevance is graded: a grade >= 1 is relevant, 0 is judged non-relevant.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from cpr_ray.errors import InputError
 from cpr_ray.retrieval.base import PAD
 
 
@@ -76,6 +78,18 @@ def pad_pools(pools: Sequence[Sequence[int]]) -> np.ndarray:
     for i, pool in enumerate(pools):
         out[i, : len(pool)] = pool
     return out
+
+
+def require_unique(ids: Sequence[str], where: str) -> None:
+    """Each id once: a document or query listed twice would be ranked or scored twice (MTEB,
+    whose corpora and candidate lists are keyed by id, counts it once), and which of its two
+    texts is meant is the user's to say."""
+    repeated = [i for i, c in Counter(ids).items() if c > 1]
+    if repeated:
+        raise InputError(
+            f"{where}: {len(repeated)} id(s) listed more than once (the first: {repeated[0]!r}); "
+            "list each once"
+        )
 
 
 def positions(doc_ids: Sequence[str]) -> dict[str, int]:

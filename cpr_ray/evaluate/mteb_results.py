@@ -24,6 +24,7 @@ other's file.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import posixpath
 import re
@@ -31,7 +32,7 @@ from typing import Any
 
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.evaluate.results import model_label
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage, find_table, join
 
 # benchmark -> MTEB task name (`mteb_task.CPREval` / `CPREvalFull` carry the same names)
 TASK_NAMES = {"cpr": "CPREval", "cpr-full": "CPREvalFull"}
@@ -45,6 +46,25 @@ FOLDER = "_mteb"  # under the results folder; `_`: skipped by `cpr report`
 # the mteb release whose TaskResult / model_meta.json format this writer follows
 MTEB_FORMAT_VERSION = "2.26.24"
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def export_revision(storage: Storage, root: str, table: str = DEFAULT_TABLE) -> str:
+    """The dataset revision of an export's MTEB task: the format, then a fingerprint of the
+    files of its split table and corpus (path, size, modification time; nothing is read), so a
+    result made on one export of a name never passes for another's."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name in (table, "corpus"):
+        uri = find_table(storage, root, name)
+        if uri is None:
+            continue  # the loader names what is missing
+        loc = storage.resolve(uri)
+        infos = (
+            [loc.fs.get_file_info(loc.path)] if storage.is_file(uri) else storage.list_files(uri)
+        )
+        for info in infos:
+            rel = posixpath.relpath(info.path, loc.path)
+            digest.update(f"{name}/{rel}:{info.size}:{info.mtime_ns}\n".encode())
+    return f"{DATASET_REVISION}+{digest.hexdigest()}"
 
 
 def mteb_task_name(results: dict[str, Any]) -> str | None:
@@ -83,7 +103,7 @@ def task_result(results: dict[str, Any]) -> dict[str, Any]:
     scores["main_score"] = scores[MAIN_SCORE]
     created = results.get("created")
     return {
-        "dataset_revision": DATASET_REVISION,
+        "dataset_revision": results.get("dataset_revision") or DATASET_REVISION,
         "task_name": task,
         "mteb_version": MTEB_FORMAT_VERSION,
         "scores": {

@@ -37,9 +37,13 @@ order differs: pytrec_eval puts the larger document id first; our runner breaks 
 pool by a seeded random key and, over the corpus, puts the lower corpus id first. Dense scores
 only tie on identical texts. The main score is Recall@10, CPR-eval's primary metric.
 
-Beware MTEB's result cache: ``mteb.evaluate`` returns a cached result for the same model name
-and task name without running, whatever export the task now points at; pass ``cache=None`` (or
-a cache folder per export) when evaluating more than one export.
+Revision: each task's dataset revision is its export's (`export_revision`: the format and a
+fingerprint of the split table's and corpus' files), and `cpr eval` writes the same into its
+MTEB file, so a result records which export it was made on. MTEB's result cache still returns
+a complete cached result for the same model and task name without running, whatever its
+revision (mteb 2.26, ``overwrite_strategy="only-missing"``, the default); pass ``cache=None``,
+a cache folder per export, or ``overwrite_strategy="always"`` when evaluating another export of
+the same name.
 
 Needs the ``mteb`` extra (``pip install 'cpr-ray[mteb]'``); `cpr eval` itself does not.
 """
@@ -77,6 +81,7 @@ from cpr_ray.evaluate.mteb_results import (
     SPLIT,
     SUBSET,
     TASK_NAMES,
+    export_revision,
 )
 from cpr_ray.retrieval.base import PAD
 from cpr_ray.storage import Storage, StorageConfig
@@ -123,6 +128,10 @@ class _CPRTask(AbsTaskRetrieval):
         self.source = source
         self.table = table
         self.storage = storage or Storage(StorageConfig())
+        # this export's revision, not the class's: MTEB's cache records it with each result
+        revision = export_revision(self.storage, source, table)
+        dataset = {**self.metadata.dataset, "revision": revision}
+        self.metadata = self.metadata.model_copy(update={"dataset": dataset})
         self.benchmark: Benchmark | None = None  # what load_cpr returned, once loaded
         self._excluded: dict[str, frozenset[str]] = {}
 

@@ -54,16 +54,27 @@ def build_results(
     robustness: dict[str, Any],
     rerank_stats: dict[str, int],
 ) -> dict[str, Any]:
+    from cpr_ray.evaluate.mteb_results import DEFAULT_TABLE, TASK_NAMES, export_revision
     from cpr_ray.stage import code_version
 
     ev = cfg.eval
     rejects = [{"part": p.name, **r} for p in parts for r in p.rejects]
+    revision = (  # the export's, as its MTEB task records it
+        {
+            "dataset_revision": export_revision(
+                Storage(cfg.storage), ev.data, ev.subset or DEFAULT_TABLE
+            )
+        }
+        if ev.benchmark in TASK_NAMES and ev.data
+        else {}
+    )
     return {
         "schema_version": SCHEMA_VERSION,
         "benchmark": ev.benchmark,
         "subset": ev.subset or _default_subset(parts),
         "variant": ev.variant,
         "data": ev.data,
+        **revision,
         "retriever": names.get("retriever", ev.retriever),
         "model": names.get("model", cfg.encoder.model),
         "rerank": names.get("rerank"),

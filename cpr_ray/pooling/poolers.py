@@ -56,7 +56,7 @@ class PoolerPlan:
 def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
     """The configured poolers, in round-robin order."""
     out = []
-    for p in cfg.poolers:
+    for i, p in enumerate(cfg.poolers):
         enc = p.encoder
         spec = None
         if enc is not None and enc.model is not None:
@@ -64,6 +64,7 @@ def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
                 enc,
                 threads=max(1, int(enc.cpus_per_actor)),  # one torch thread per reserved CPU
                 token_budget=cfg.token_budget,
+                setting=f"pooling.poolers[{i}].encoder.model (pooler {p.name})",
             )
         out.append(
             PoolerPlan(
@@ -122,12 +123,15 @@ class PoolerSearch:
             self._check_order(index_uri, table["corpus_id"].to_numpy())
             self._docs_t = sparse_rows(table, self.encoder.dim).T.tocsr()  # (V, N)
         else:
-            from cpr_ray.retrieval.bm25 import BM25Retriever
+            from cpr_ray.retrieval.bm25 import BM25Retriever, EmptyVocabulary
 
             ordered = docs.take(pa.array(self.universe.order))
-            self.bm25 = BM25Retriever()
             texts = doc_text(ordered["title"], ordered["abstract"], plan.template)
-            self.bm25.index(texts.to_pylist())
+            self.bm25: BM25Retriever | None = BM25Retriever()
+            try:
+                self.bm25.index(texts.to_pylist())
+            except EmptyVocabulary:  # every paper scores 0, so this pooler brings none
+                self.bm25 = None
 
     def _check_order(self, uri: str | None, ids: np.ndarray) -> None:
         if not np.array_equal(ids, self.universe.corpus_ids):
@@ -156,6 +160,8 @@ class PoolerSearch:
         if self.plan.kind == "splade":
             product = self.encoder.encode_queries(texts) @ self._docs_t  # (c, N) sparse
             return np.asarray(product.todense(), dtype=np.float32)
+        if self.bm25 is None:
+            return np.zeros((len(texts), len(self.universe)), dtype=np.float32)
         return self.bm25.scores(texts)
 
     def _table(self, batch: pa.Table, hits: Hits) -> pa.Table:

@@ -198,7 +198,9 @@ def qd_metrics(
 
     embed = None
     if cfg.embed_model:
-        spec = EncoderSpec(model=cfg.embed_model, device=cfg.device)
+        spec = EncoderSpec(
+            model=cfg.embed_model, device=cfg.device, setting="synthesis.embed_model"
+        )
         encoder = cache(lambda: DenseEncoder(spec))  # loaded only if a text is new
         embed = query_store.stored(storage, spec, lambda t: encoder().encode_queries(t))
     scorer = cross_encoder_scorer(cfg.cross_encoder, cfg.device) if cfg.cross_encoder else None

@@ -14,8 +14,13 @@ import bm25s
 import numpy as np
 import Stemmer
 
+from cpr_ray.errors import InputError
 from cpr_ray.retrieval.base import PAD, top_k_rows
 from cpr_ray.storage import Storage, join
+
+
+class EmptyVocabulary(InputError):
+    """No document of a collection has a term BM25 can index."""
 
 
 class BM25Retriever:
@@ -39,9 +44,17 @@ class BM25Retriever:
         )
 
     def index(self, texts: Sequence[str]) -> None:
+        """Index `texts`. A document with no indexable term scores 0 for every query; a
+        collection with none at all is refused: every score would be 0 and every ranking a
+        tie, figures that look like results and measure nothing."""
         tokens = bm25s.tokenize(
             list(texts), lower=True, stopwords="en", stemmer=self._stemmer, show_progress=False
         )
+        if not tokens.vocab:  # bm25s itself fails on it with "max() arg is an empty sequence"
+            raise EmptyVocabulary(
+                f"BM25: none of the {len(texts):,} documents has a word to index (each is empty, "
+                "English stop words or one-letter tokens)"
+            )
         self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
         self._bm25.index(tokens, show_progress=False)
         self._n_docs = len(texts)

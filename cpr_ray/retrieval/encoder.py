@@ -37,7 +37,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from cpr_ray.errors import UserError
+from cpr_ray.retrieval.model_source import LOAD_ERRORS, ModelError, locate_model, unloadable
 from cpr_ray.retrieval.spec import POOLINGS, EncoderSpec, preset
 from cpr_ray.retrieval.token_pooling import pool, splade_pool
 
@@ -58,10 +58,6 @@ ST_MODULES = ("Transformer", "Pooling", "Normalize")
 SORT_CHUNK = 8192  # texts tokenised and length-sorted together
 
 
-class ModelError(UserError, ValueError):
-    """A model that cannot be loaded, or not encoded the way its own config says."""
-
-
 REMOTE_CODE_KEY = "encoder.trust_remote_code"
 
 
@@ -78,6 +74,16 @@ def remote_code_message(model: str) -> str:
         f"with {REMOTE_CODE_KEY}=true (a pooler's: trust_remote_code in its encoder); set it "
         "only for a model whose code you trust"
     )
+
+
+def position_limits(backbone: nn.Module, tokenizer: Any) -> list[int]:
+    """The longest inputs the model takes: its position table and its tokenizer's declared
+    maximum (RoBERTa's table holds two more than it can use), where they are known. A longer
+    `max_length` (train.max_length is 1,024 by default, BERT's table 512) would fail on the
+    first long text."""
+    limits = [getattr(backbone.config, "max_position_embeddings", None)]
+    limits.append(getattr(tokenizer, "model_max_length", None))
+    return [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
 
 
 @dataclass(frozen=True)
@@ -186,11 +192,13 @@ class Encoder(nn.Module):
         max_length: int = 512,
         dtype: str = "float32",
         trust_remote_code: bool = False,
+        setting: str = "encoder.model",
     ) -> Encoder:
         """A trainable encoder: train mode, gradients on every parameter. `trust_remote_code`
-        runs the model's own code, for a model whose architecture ships as code."""
+        runs the model's own code, for a model whose architecture ships as code; `setting` is
+        the config key that named the model, for the error a wrong name gives."""
         enc = cls._from_pretrained(
-            model_name_or_path, pooling, normalize, max_length, dtype, trust_remote_code
+            model_name_or_path, pooling, normalize, max_length, dtype, trust_remote_code, setting
         )
         return enc.train()
 
@@ -215,6 +223,7 @@ class Encoder(nn.Module):
         max_length: int,
         dtype: str,
         trust_remote_code: bool = False,
+        setting: str = "encoder.model",
     ) -> Encoder:
         from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
@@ -222,10 +231,10 @@ class Encoder(nn.Module):
             raise ValueError(
                 f"unknown pooling {pooling!r}; known: auto, {', '.join(ENCODER_POOLINGS)}"
             )
+        locate_model(model, setting)
         # always a bool: None would have transformers prompt for it on the terminal
         remote = {"trust_remote_code": bool(trust_remote_code)}
         try:
-            # a bad path fails here, as OSError
             tokenizer = AutoTokenizer.from_pretrained(model, **remote)
             prompts: tuple[str | None, str | None] = (None, None)
             if pooling == "splade":
@@ -242,12 +251,14 @@ class Encoder(nn.Module):
             if not trust_remote_code and refuses_remote_code(exc):
                 raise ModelError(remote_code_message(model)) from None
             raise
+        except LOAD_ERRORS as exc:
+            raise unloadable(model, setting, exc) from None
         return cls(
             backbone,
             tokenizer,
             pooling,
             normalize=normalize,
-            max_length=max_length,
+            max_length=min([max_length, *position_limits(backbone, tokenizer)]),
             prompts=prompts,
         )
 
@@ -426,6 +437,7 @@ class DenseEncoder(_TextEncoder):
             dtype=spec.dtype,
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
+            setting=spec.setting,
         )
         spec = with_model_prompts(spec, model.prompts)
         super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
@@ -458,6 +470,7 @@ class SpladeEncoder(_TextEncoder):
             dtype=spec.dtype,
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
+            setting=spec.setting,
         )
         super().__init__(spec, model)
 

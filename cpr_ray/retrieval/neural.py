@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from cpr_ray.retrieval.base import PAD, top_k_rows
-from cpr_ray.retrieval.encoder import DenseEncoder, ModelError, SpladeEncoder
+from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.index import VectorIndex
 from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions
@@ -44,14 +44,7 @@ class _Neural:
     def encoder(self) -> DenseEncoder | SpladeEncoder:
         if self._encoder is None:
             cls = DenseEncoder if self.kind == "dense" else SpladeEncoder
-            try:
-                self._encoder = cls(self.spec)
-            except OSError as exc:  # a wrong path, or a hub name with no hub in reach
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ModelError(
-                    f"cannot load {self.kind} model {self.spec.model!r} ({first}); give a local "
-                    "model folder with --model, or a hub name where the hub can be reached"
-                ) from None
+            self._encoder = cls(self.spec)
         return self._encoder
 
     def uses_ray(self, n_docs: int) -> bool:

@@ -66,6 +66,9 @@ class EncoderSpec:
     # run the model repository's own code (transformers' trust_remote_code): how the model
     # loads, not what it computes, so not among VECTOR_KEYS
     trust_remote_code: bool = False
+    # the config key that named the model, for the one line a wrong name gives (not part of
+    # what the spec is: two specs differing only in it are equal)
+    setting: str = field(default="encoder.model", compare=False)
 
     def __post_init__(self) -> None:
         if self.pooling not in ("auto", *POOLINGS):

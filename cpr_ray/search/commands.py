@@ -84,13 +84,15 @@ def index_command(
 
 @contextmanager
 def _logs_to_stderr() -> Iterator[None]:
-    """With --json, standard output carries the JSON lines only: progress and logs go to stderr."""
-    before = console.file
-    console.file = sys.stderr
+    """With --json, standard output carries the JSON lines only: progress and logs go to stderr.
+    (The console's stream is switched, not replaced: a replaced one would outlive a call made in
+    the same process, a test runner's, and the next print would write to it once closed.)"""
+    before = console.stderr
+    console.stderr = True
     try:
         yield
     finally:
-        console.file = before
+        console.stderr = before
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -253,6 +255,7 @@ def serve_command(
 ) -> None:
     """Run the search service (Ray Serve): the search page at /, POST /search, POST /explain,
     GET /healthz, OpenAPI at /docs."""
+    from cpr_ray.search.engine import query_encoder_spec
     from cpr_ray.search.index import require_index
     from cpr_ray.search.serve import run_locally
 
@@ -263,8 +266,9 @@ def serve_command(
     }
     try:
         cfg = search_config(profile, config, set_, flags)
-        # here, not in the replicas: a wrong path is one line, not a failed deployment
-        require_index(Storage(cfg.storage), str(cfg.search.index))
+        # here, not in the replicas: a wrong path, or an index whose model has gone, is one
+        # line, not a failed deployment
+        query_encoder_spec(require_index(Storage(cfg.storage), str(cfg.search.index)), index)
         run_locally(cfg)
     except UserError as exc:
         fail(exc)

@@ -10,8 +10,9 @@ Three inputs, told apart by what is at the URI:
   at the version the manifest records):
   the same columns for the whole corpus, before any sampling.
 
-Every document is encoded as the one paper text (``document_texts``), the way
-evaluation encodes them, so search and `cpr eval` see the same vectors.
+Every document is encoded as evaluation encodes it, so search and `cpr eval` see the same
+vectors: our papers as the one paper text (``document_texts``), a BEIR document as BEIR's title
+and text (``beir_texts``, as MTEB joins them).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pyarrow.compute as pc
 
 from cpr_ray.corpus.tables import INGEST, PinnedTable
 from cpr_ray.errors import InputError, StorageError
+from cpr_ray.evaluate.loaders.beir import beir_texts
 from cpr_ray.retrieval.base import document_texts
 from cpr_ray.stage import manifest_uri, require_manifest
 from cpr_ray.storage import Storage, find_table, join, read_jsonl
@@ -94,7 +96,7 @@ def _beir(storage: Storage, uri: str) -> Documents:
         {
             "corpus_id": corpus.column("_id"),
             "title": pc.fill_null(corpus.column("title"), ""),
-            "text": pa.array(document_texts(corpus.column("title"), corpus.column("text"))),
+            "text": pa.array(beir_texts(corpus.column("title"), corpus.column("text"))),
             "year": pa.nulls(n, pa.int32()),
             "field": pa.nulls(n, pa.string()),
             "domain": pa.nulls(n, pa.string()),

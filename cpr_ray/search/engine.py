@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.retrieval.base import top_k_rows
 from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
 from cpr_ray.retrieval.index import VectorIndex
+from cpr_ray.retrieval.model_source import locate_model
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.search.index import require_index
 from cpr_ray.storage import Storage, StorageError, join
@@ -97,6 +98,23 @@ def majority_field(fields: Sequence[str | None], scores: Sequence[float]) -> str
     return max(count, key=lambda f: (count[f], weight[f]))
 
 
+def query_encoder_spec(manifest: dict[str, Any], uri: str, **options: Any) -> EncoderSpec:
+    """How the index at `uri` encodes queries: its manifest's encoder record, with the reader's
+    `options` (device, batch size, trust_remote_code). Its model is located now, so an index
+    whose model folder has gone is one line before anything loads (`cpr search`, and `cpr
+    serve` before a replica starts)."""
+    enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
+    unknown = sorted(set(enc) - {f.name for f in fields(EncoderSpec)})
+    if unknown or "model" not in enc:
+        raise StorageError(
+            f"{uri}: its index.json records an encoder this version cannot read (keys "
+            f"{', '.join(unknown) or 'without model'}): rebuild the index with this cpr index"
+        )
+    spec = EncoderSpec(**enc, **options, setting=f"the model of the index {uri} (index.json)")
+    locate_model(spec.model, spec.setting)
+    return spec
+
+
 @dataclass
 class SearchIndex:
     manifest: dict[str, Any]
@@ -132,12 +150,11 @@ class SearchIndex:
         the model loaded on `device` (`trust_remote_code`: the searcher's own setting, never
         the index's, so reading an index runs no code its reader has not allowed)."""
         manifest = require_index(storage, uri)
+        spec = query_encoder_spec(
+            manifest, uri, device=device, batch_size=batch_size, trust_remote_code=trust_remote_code
+        )
         docs = storage.read_parquet(join(uri, manifest["docs"]))
         shards = [VectorIndex.load(storage, join(uri, s["path"])) for s in manifest["shards"]]
-        enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
-        spec = EncoderSpec(
-            **enc, device=device, batch_size=batch_size, trust_remote_code=trust_remote_code
-        )
         bm25 = None
         if manifest["bm25"]:
             from cpr_ray.retrieval.bm25 import BM25Retriever

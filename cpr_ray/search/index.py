@@ -45,6 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpr_ray.config import Config, EncoderConfig, SearchConfig
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.retrieval.index import VECTORS, factory_for, save_vector_chunks
+from cpr_ray.retrieval.model_source import locate_model
 from cpr_ray.retrieval.ray_encode import PartsTarget, RayEncodeOptions, encode_dataset
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, vector_identity
 from cpr_ray.search.documents import Documents, content_hashes, load_documents
@@ -71,6 +72,12 @@ def read_manifest(storage: Storage, uri: str) -> dict[str, Any] | None:
         manifest = storage.read_json(join(uri, MANIFEST))
     except FileNotFoundError:
         return None
+    except ValueError:  # not JSON, or not an object: a file of something else
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise StorageError(
+            f"{uri}: its {MANIFEST} is not an index manifest; rebuild it with cpr index"
+        )
     if manifest.get("format") != FORMAT:
         raise StorageError(
             f"{uri}: index format {manifest.get('format')!r}, this version reads {FORMAT}; "
@@ -261,10 +268,11 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     out_uri = str(cfg.search.out)
     model = cfg.encoder.model or DEFAULT_MODEL
     spec = RetrieverOptions.from_config(cfg).encoder_spec(model)
-    record = encoder_record(spec)
     docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
     if docs_in.table.num_rows == 0:
         raise InputError(f"{docs_in.uri} holds no documents: nothing to index")
+    locate_model(spec.model, spec.setting)  # before Ray starts: a typo is one line at once
+    record = encoder_record(spec)
     previous = read_manifest(storage, out_uri)
     prev_docs = None
     reason = "new index"

@@ -103,33 +103,25 @@ def model_name(model: str) -> str:
 
 
 def load_model_config(model: str, *, trust_remote_code: bool = False) -> Any:
-    """The model's transformers config (its config.json only); InputError naming the model when
-    it cannot be found or read, ConfigError naming encoder.trust_remote_code when its config
-    is the model's own code and `trust_remote_code` is off (with it on, that code runs)."""
+    """The model's transformers config (its config.json only); ModelError naming the model and
+    encoder.model when it cannot be found or read, ConfigError naming encoder.trust_remote_code
+    when its config is the model's own code and `trust_remote_code` is off (with it on, that
+    code runs)."""
     from transformers import AutoConfig
 
     from cpr_ray.retrieval.encoder import refuses_remote_code, remote_code_message
+    from cpr_ray.retrieval.model_source import LOAD_ERRORS, locate_model, unloadable
 
-    path = Path(model).expanduser()
-    local = path.is_dir() or model.startswith(("/", ".", "~")) or model.count("/") > 1
-    if local and not (path / "config.json").is_file():
-        raise InputError(f"model {model}: no such model folder (no config.json there)")
+    if locate_model(model, "encoder.model") == "folder":
+        model = str(Path(model).expanduser())
     try:
-        return AutoConfig.from_pretrained(
-            str(path) if local else model, trust_remote_code=bool(trust_remote_code)
-        )
-    except (OSError, ValueError) as exc:
+        return AutoConfig.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
+    except ValueError as exc:
         if not trust_remote_code and refuses_remote_code(exc):
             raise ConfigError(remote_code_message(model)) from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if local:
-            raise InputError(
-                f"model {model}: transformers cannot read its config ({first})"
-            ) from None
-        raise InputError(
-            f"model {model!r} not found: no such folder, and no hub model of that name can be "
-            f"reached ({first})"
-        ) from None
+        raise unloadable(model, "encoder.model", exc) from None
+    except LOAD_ERRORS as exc:
+        raise unloadable(model, "encoder.model", exc) from None
 
 
 def architecture(

@@ -68,6 +68,7 @@ from cpr_ray.retrieval.encoder import (
     remote_code_message,
     with_model_prompts,
 )
+from cpr_ray.retrieval.model_source import LOAD_ERRORS, locate_model, unloadable
 from cpr_ray.retrieval.spec import EncoderSpec, preset
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage, StorageConfig, join
@@ -162,28 +163,21 @@ class TrainPlan:
 def check_model(model: str, *, trust_remote_code: bool = False) -> None:
     """A model that cannot be found fails now, naming it, not after the workers started; so
     does one whose own code `trust_remote_code` (encoder.trust_remote_code) does not allow."""
-    folder = Path(model).exists()
-    if folder:
-        if not Path(model).is_dir():
-            raise InputError(f"model {model}: not a model folder")
-        config = Path(model) / "config.json"
+    if locate_model(model, "encoder.model") == "folder":
+        config = Path(model).expanduser() / "config.json"
         # a folder is read now only where it names its own code (auto_map): may that code run?
-        if trust_remote_code or not config.is_file() or "auto_map" not in config.read_text():
+        if trust_remote_code or "auto_map" not in config.read_text():
             return
     from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         if not trust_remote_code and refuses_remote_code(exc):
             raise ConfigError(remote_code_message(model)) from None
-        if folder:  # anything else wrong with a folder's model, its loading names
-            return
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(
-            f"model {model!r} not found: no such folder, and no hub model of that name can be "
-            f"reached ({first})"
-        ) from None
+        raise
+    except LOAD_ERRORS as exc:
+        raise unloadable(model, "encoder.model", exc) from None
 
 
 def instructions(model: str, encoder: EncoderConfig) -> tuple[str, str]:

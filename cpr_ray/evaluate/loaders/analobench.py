@@ -72,6 +72,7 @@ def load_analobench(storage: Storage, root: str, *, subset: str = "t2", seed: in
             raise InputError(f"{stories}.csv has no story for {len(lacking)} sentences of T2")
         texts = [story_of[s] for s in sentences]
 
+    repeated = 0
     if task == "t2":
         pools_list, qrels = [], []
         for r in rows:
@@ -79,8 +80,9 @@ def load_analobench(storage: Storage, root: str, *, subset: str = "t2", seed: in
             answers = _ints(r["Indices"], "Indices", r["Index"])
             if any(not 1 <= a <= len(options) for a in answers):
                 raise InputError(f"AnaloBench row Index={r['Index']}: Indices outside Options")
-            pools_list.append(options)
             qrels.append({options[a - 1]: 1 for a in answers})
+            pools_list.append(list(dict.fromkeys(options)))  # an option listed twice, ranked once
+            repeated += len(options) - len(pools_list[-1])
         primary = "ndcg_at_10"
     else:
         pools_list, qrels = t1_items(clusters, seed)
@@ -95,6 +97,11 @@ def load_analobench(storage: Storage, root: str, *, subset: str = "t2", seed: in
         pools=pad_pools(pools_list),
         meta={"cluster": clusters.tolist()},
         primary_metric=primary,
+        rejects=[
+            {"query_id": "*", "reason": f"{repeated} repeated option(s) dropped (ranked once)"}
+        ]
+        if repeated
+        else [],
     )
 
 

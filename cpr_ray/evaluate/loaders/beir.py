@@ -1,5 +1,7 @@
 """BEIR format: ``corpus.jsonl`` (_id, title, text), ``queries.jsonl`` (_id, text) and
 ``qrels/{split}.tsv`` (query-id, corpus-id, score; a header line). Retrieval over the whole corpus.
+A document's text is its title and text joined by a space, as MTEB joins them (`beir_texts`);
+a document or query id listed twice is refused.
 
 Only queries with qrels in the split are evaluated, and a document whose id is the query's id
 is never returned (both as BEIR's evaluation does), nor one listed in the query's
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cpr_ray.errors import InputError
-from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position
-from cpr_ray.retrieval.base import document_texts
+from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position, require_unique
 from cpr_ray.storage import Storage, StorageError, join, read_jsonl
 
 CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
@@ -24,6 +26,17 @@ QUERIES = pa.schema([("_id", pa.string()), ("text", pa.string())])
 EXCLUDED = pa.schema(
     [("_id", pa.string()), ("metadata", pa.struct([("excluded_ids", pa.list_(pa.string()))]))]
 )
+
+
+def beir_texts(title: pa.ChunkedArray, text: pa.ChunkedArray) -> list[str]:
+    """Each document's text as MTEB gives it to a model, so a score on a BEIR set compares with
+    a published one: ``(title + " " + text).strip()`` where the title is not empty, else
+    ``text.strip()`` (mteb 2.26, ``mteb/_create_dataloaders.py``, ``_corpus_to_dict``). CPR
+    exports keep the method's "title. abstract" (`load_cpr`)."""
+    t = pc.fill_null(title.cast(pa.string()), "")
+    x = pc.fill_null(text.cast(pa.string()), "")
+    joined = pc.utf8_trim_whitespace(pc.binary_join_element_wise(t, x, " "))
+    return pc.if_else(pc.equal(t, ""), pc.utf8_trim_whitespace(x), joined).to_pylist()
 
 
 def _first(storage: Storage, root: str, names: tuple[str, ...]) -> str:
@@ -66,16 +79,21 @@ def _excluded_ids(storage: Storage, uri: str) -> dict[str, list[str]]:
 def load_beir(
     storage: Storage, root: str, *, split: str = "test", max_train_pairs: int = 1000
 ) -> Benchmark:
-    corpus = read_jsonl(storage, _first(storage, root, ("corpus.jsonl", "corpus.jsonl.gz")), CORPUS)
+    corpus_uri = _first(storage, root, ("corpus.jsonl", "corpus.jsonl.gz"))
+    corpus = read_jsonl(storage, corpus_uri, CORPUS)
     queries_uri = _first(storage, root, ("queries.jsonl", "queries.jsonl.gz"))
     queries = read_jsonl(storage, queries_uri, QUERIES)
+    for table, uri in ((corpus, corpus_uri), (queries, queries_uri)):
+        if table.column("_id").null_count:
+            raise InputError(f"{uri}: {table.column('_id').null_count} line(s) have no _id")
+        require_unique(table.column("_id").to_pylist(), uri)
     qrels_uri = join(root, "qrels", f"{split}.tsv")
     if not storage.is_file(qrels_uri):
         raise StorageError(f"{qrels_uri} not found (BEIR qrels for split {split!r})")
     qrels = read_qrels(storage.read_text(qrels_uri), qrels_uri)
 
     doc_ids = corpus.column("_id").to_pylist()
-    texts = document_texts(corpus.column("title"), corpus.column("text"))
+    texts = beir_texts(corpus.column("title"), corpus.column("text"))
     index = positions(doc_ids)
 
     qtext = dict(zip(queries.column("_id").to_pylist(), queries.column("text").to_pylist()))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from cpr_ray.evaluate.benchmark import Benchmark, positions
+from cpr_ray.evaluate.benchmark import Benchmark, positions, require_unique
 from cpr_ray.storage import Storage, StorageError, files_under, join, read_jsonl
 
 STACKEXCHANGE = (
@@ -53,6 +53,8 @@ def _read(storage: Storage, root: str, folder: str, subset: str, schema: pa.Sche
 def load_bright(storage: Storage, root: str, *, subset: str) -> Benchmark:
     docs = _read(storage, root, "documents", subset, DOCUMENTS)
     examples = _read(storage, root, "examples", subset, EXAMPLES)
+    require_unique(docs.column("id").to_pylist(), f"{root}/documents ({subset})")
+    require_unique(examples.column("id").to_pylist(), f"{root}/examples ({subset})")
     doc_ids = docs.column("id").to_pylist()
     index = positions(doc_ids)
     query_ids, queries, qrels, excluded = [], [], [], []

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.columns import ID, INT, INTS, TEXT, TEXTS, Column, check_columns
-from cpr_ray.evaluate.benchmark import Benchmark
+from cpr_ray.evaluate.benchmark import Benchmark, require_unique
 from cpr_ray.retrieval.base import PAD, document_texts
 from cpr_ray.storage import Storage, StorageError, find_table
 
@@ -67,6 +67,8 @@ def load_cpr(
     check_columns(table, eval_uri, None, EVAL_COLUMNS)
     corpus = storage.read_parquet(corpus_uri, ["corpus_id", "title", "abstract"])
     corpus_ids, corpus_texts = doc_texts(corpus)
+    if len(np.unique(corpus_ids)) != len(corpus_ids):
+        require_unique([str(i) for i in corpus_ids], corpus_uri)
 
     n = table.num_rows
     cand = table.column("candidate_ids").combine_chunks()
@@ -91,20 +93,43 @@ def load_cpr(
     pos_count = np.bincount(row_of[is_pos], minlength=n)
     flag(pos_count == 0, "positive_id is not among candidate_ids")
     flag(pos_count > 1, "positive_id appears more than once among candidate_ids")
+    # a negative listed twice is ranked once (as MTEB, whose candidate lists are id -> score
+    # maps, ranks it): its first listing is kept, and the repeats are counted below
+    first = np.zeros(len(flat_ids), dtype=bool)
+    first[np.unique(np.stack([row_of, flat_ids], axis=1), axis=0, return_index=True)[1]] = True
     found = np.searchsorted(corpus_ids, flat_ids).clip(max=max(len(corpus_ids) - 1, 0))
     in_corpus = corpus_ids[found] == flat_ids if len(corpus_ids) else np.zeros_like(flat_ids, bool)
     flag(np.bincount(row_of[~in_corpus], minlength=n) > 0, "candidate missing from the corpus")
+    all_groups = np.array(pc.fill_null(groups.flatten(), "").to_pylist(), dtype=object)
+    known = np.isin(all_groups, GROUPS)
+    flag(
+        np.bincount(np.repeat(np.arange(n), n_grp)[~known], minlength=n) > 0,
+        "unknown candidate group label",
+    )
+    # each candidate's group, where its query's two lists are aligned (the others are rejected)
+    starts = np.concatenate([[0], np.cumsum(n_cand)[:-1]]).astype(np.int64)
+    group_starts = np.concatenate([[0], np.cumsum(n_grp)[:-1]]).astype(np.int64)
     aligned = (n_cand == n_grp)[row_of]
-    flat_groups = np.array(pc.fill_null(groups.flatten(), "").to_pylist(), dtype=object)
-    if aligned.all():
-        known = np.isin(flat_groups, GROUPS)
-        flag(np.bincount(row_of[~known], minlength=n) > 0, "unknown candidate group label")
-        bad_pos_label = is_pos & (flat_groups != "positive")
-        flag(np.bincount(row_of[bad_pos_label], minlength=n) > 0, "positive not labelled positive")
+    at = group_starts[row_of] + np.arange(len(flat_ids)) - starts[row_of]
+    flat_groups = np.where(
+        aligned, all_groups[np.where(aligned, at, 0)] if len(all_groups) else "", ""
+    )
+    bad_pos_label = is_pos & aligned & (flat_groups != "positive")
+    flag(np.bincount(row_of[bad_pos_label], minlength=n) > 0, "positive not labelled positive")
 
     keep = np.array([r is None for r in reasons])
     query_ids = [str(q) for q in table.column("query_id").to_pylist()]
     rejects = [{"query_id": query_ids[i], "reason": reasons[i]} for i in np.flatnonzero(~keep)]
+    repeats = np.bincount(row_of[~first], minlength=n)[keep]
+    if repeats.any():
+        rejects.append(
+            {
+                "query_id": "*",
+                "reason": f"{int(repeats.sum())} repeated candidate(s) in the candidate_ids of "
+                f"{int((repeats > 0).sum())} queries dropped (each candidate is ranked once)",
+            }
+        )
+    n_cand = np.bincount(row_of[first], minlength=n)  # distinct candidates per query
 
     # document table: the union of the kept pools, in corpus-id order
     kept_flat = keep[row_of]
@@ -117,11 +142,12 @@ def load_cpr(
     width = int(n_cand[rows].max()) if len(rows) else 0
     pools = np.full((len(rows), width), PAD, dtype=np.int64)
     pool_groups = np.full((len(rows), width), "", dtype=object)
+    distinct_ids, distinct_groups = flat_ids[first], flat_groups[first]  # still in pool order
     starts = np.concatenate([[0], np.cumsum(n_cand)[:-1]])
     for out_row, i in enumerate(rows):  # one slice per query, not per candidate
         sl = slice(starts[i], starts[i] + n_cand[i])
-        pools[out_row, : n_cand[i]] = np.searchsorted(used, flat_ids[sl])
-        pool_groups[out_row, : n_cand[i]] = flat_groups[sl]
+        pools[out_row, : n_cand[i]] = np.searchsorted(used, distinct_ids[sl])
+        pool_groups[out_row, : n_cand[i]] = distinct_groups[sl]
     pos_doc = np.searchsorted(used, positive[rows])
     col = {c: table.column(c).to_pylist() for c in ("field", "domain", "base_corpus_id")}
 

@@ -1,0 +1,96 @@
+"""Where a model named in a setting is read from, checked before anything loads it.
+
+Every model this package loads (an encoder for evaluation, pooling, search or training, and the
+config a memory plan reads) goes through :func:`locate_model` first, on the driver before an
+actor pool or a training run starts and again where the weights load. A wrong name is then one
+line that names the setting it came from and how it was read, where transformers would print a
+few hundred lines from its hub code after retrying an unreachable hub for half a minute:
+
+- a name that exists on disk, or cannot be a hub repository id (``/models/x``, ``./x``,
+  ``a/b/c``), is read as a folder, which must hold a ``config.json``;
+- anything else is read as a hub name: found in the local hub cache, or (unless
+  ``HF_HUB_OFFLINE`` is set) asked of the hub once, without retries, so an unreachable hub
+  answers in a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from huggingface_hub.errors import StrictDataclassError
+
+from cpr_ray.errors import UserError
+
+HUB_TIMEOUT_S = 10.0
+# what transformers raises for a model found but not loadable: files missing from the folder or
+# repository (OSError), a config.json field of the wrong type (its strict config dataclasses)
+LOAD_ERRORS = (OSError, StrictDataclassError)
+
+
+class ModelError(UserError, ValueError):
+    """A model that cannot be loaded, or not encoded the way its own config says."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (transformers' span several)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text or type(exc).__name__
+
+
+def unloadable(model: str, setting: str, exc: BaseException) -> ModelError:
+    """The one line for a model `locate_model` found that transformers cannot load."""
+    return ModelError(f"{setting}: model {model} cannot be loaded ({one_line(exc)})")
+
+
+def locate_model(model: str, setting: str) -> Literal["folder", "hub"]:
+    """How `model` (the value of `setting`, e.g. ``encoder.model``) will be read; ModelError
+    naming `setting` when it cannot be."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not model or not model.strip():
+        raise ModelError(f"{setting} is empty: name a model folder or a hub model")
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelError(f"{setting}: {model} (read as a folder) is a file, not a model folder")
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{setting}: {model} (read as a folder) holds no config.json: not a model folder"
+            )
+        return "folder"
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        raise ModelError(f"{setting}: {model} (read as a folder): no such folder") from None
+    _require_hub_model(model, setting)
+    return "hub"
+
+
+def _require_hub_model(model: str, setting: str) -> None:
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.constants import is_offline_mode
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    where = f"{setting}: {model!r} is no folder here, and read as a hub name"
+    if is_offline_mode():
+        raise ModelError(
+            f"{where} it is not in the local hub cache, and HF_HUB_OFFLINE is set: give a model "
+            "folder, or fetch the model where the hub can be reached"
+        )
+    try:  # one request, no retries (a download would retry an unreachable hub for ~25 s)
+        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise ModelError(
+            f"{where} the hub has no such model (or it is private or gated: set HF_TOKEN)"
+        ) from None
+    except EntryNotFoundError:
+        raise ModelError(f"{where} its hub repository has no config.json") from None
+    except Exception as exc:  # the hub client's network errors have no common base of its own
+        raise ModelError(
+            f"{where} the hub cannot be reached ({one_line(exc)}): give a model folder, or set "
+            "HF_HUB_OFFLINE=1 to load from the local hub cache"
+        ) from None
