@@ -301,11 +301,14 @@ def readers(storage: Storage, folder: str | None = None) -> list[Lease]:
 
 def pins(storage: Storage) -> set[str] | None:
     """The folders live readers pin; None while another process owns the root (any run folder
-    may then be one it is writing, so nothing may be removed)."""
+    may then be one it is writing, so nothing may be removed). A killed reader's lease, which
+    nothing else would ever remove, goes."""
     held = _held().get(storage.root)
     out: set[str] = set()
     for lease in _leases(storage):
         if not lease.alive():
+            if lease.purpose == READ:
+                storage.delete_file(join(storage.root, FOLDER, f"{lease.id}.json"))
             continue
         if lease.purpose == READ:
             out.update(lease.reads)

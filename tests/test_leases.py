@@ -170,11 +170,15 @@ def test_an_export_being_read_survives_a_newer_export_and_goes_once_its_reader_i
         read = _publish(storage, "first")["output"]
     crashed = join(storage.root, "export", "runs", "20260101T000000Z-0c0ffe")  # no manifest
     storage.write_text(join(crashed, "part.txt"), "left by a killed run")
+    killed = dataclasses.replace(_stale(leases.READ), reads=(crashed,))  # pins nothing
+    killed_uri = join(storage.root, leases.FOLDER, f"{killed.id}.json")
+    storage.write_text(killed_uri, killed.to_bytes().decode())
     with leases.reading(storage, join(read, "cpr-train.parquet")) as reader:
         assert reader is not None and reader.reads == (read,)
         with leases.owner(storage, "refresh"):
             newer = _publish(storage, "second")["output"]
         assert storage.exists(read) and not storage.exists(crashed)
+        assert not storage.exists(killed_uri)  # nothing else would remove a killed reader's
         assert storage.read_json(join(storage.root, "export", "_MANIFEST.json"))["output"] == newer
     assert leases.readers(storage) == []
     with leases.owner(storage, "refresh"):
