@@ -260,7 +260,10 @@ def owner(
     finally:
         _held().pop(storage.root, None)
         if held.lost is None:
-            storage.delete_if(held.uri, held.tag)
+            try:
+                storage.delete_if(held.uri, held.tag)
+            except StorageError:
+                pass  # the store is out of reach: the lease goes stale instead
 
 
 def check_owner(storage: Storage) -> None:

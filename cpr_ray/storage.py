@@ -325,8 +325,13 @@ class Storage:
         which is what S3 gives a single PUT), for `write_if` / `delete_if`."""
         loc = self.resolve(uri)
         if not loc.is_s3:
-            with open(loc.path, "rb") as f:  # FileNotFoundError passes through
-                data = f.read()
+            try:
+                with open(loc.path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise StorageError(_explain(loc, exc)) from None
             return data, _md5(data)
         bucket, key = _bucket_key(loc)
         try:
@@ -345,7 +350,10 @@ class Storage:
         someone else wrote first."""
         loc = self.resolve(uri)
         if not loc.is_s3:
-            return _local_write_if(loc.path, data, tag)
+            try:
+                return _local_write_if(loc.path, data, tag)
+            except OSError as exc:
+                raise StorageError(_explain(loc, exc)) from None
         bucket, key = _bucket_key(loc)
         condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": f'"{tag}"'}
         try:
@@ -360,7 +368,10 @@ class Storage:
         """Remove the file only if it is still the version `tag` names; whether it did."""
         loc = self.resolve(uri)
         if not loc.is_s3:
-            return _local_delete_if(loc.path, tag)
+            try:
+                return _local_delete_if(loc.path, tag)
+            except OSError as exc:
+                raise StorageError(_explain(loc, exc)) from None
         bucket, key = _bucket_key(loc)
         try:
             self._boto().delete_object(Bucket=bucket, Key=key, IfMatch=f'"{tag}"')
