@@ -195,7 +195,8 @@ def published_runs(storage: Storage) -> set[str]:
             manifest = storage.read_json(join(stage_dir, MANIFEST))
         except FileNotFoundError:
             continue
-        uris = [manifest.get("output"), *(t.get("uri") for t in manifest["tables"].values())]
+        tables = manifest.get("tables", {}).values()
+        uris = [manifest.get("output"), *(t.get("uri") for t in tables)]
         out.update(storage.resolve(u).uri for u in uris if u)
     return out
 
