@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cpr_ray import __version__
+from cpr_ray import __version__, leases
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.storage import Storage, StorageError, join
 
@@ -181,13 +181,35 @@ def run_stage(
         "started": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
         "seconds": seconds,
     }
+    leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
     storage.write_json(manifest_uri(storage, name), manifest)
     _remove_old_runs(storage, name, keep=run_id)
     return manifest
 
 
+def published_runs(storage: Storage) -> set[str]:
+    """Every folder a stage's manifest on the root points at (its run, its tables' URIs)."""
+    out: set[str] = set()
+    for stage_dir in storage.list_dirs(storage.root):
+        try:
+            manifest = storage.read_json(join(stage_dir, MANIFEST))
+        except FileNotFoundError:
+            continue
+        tables = manifest.get("tables", {}).values()
+        uris = [manifest.get("output"), *(t.get("uri") for t in tables)]
+        out.update(storage.resolve(u).uri for u in uris if u)
+    return out
+
+
 def _remove_old_runs(storage: Storage, stage: str, keep: str) -> None:
-    """Runs superseded by the published one (or orphaned by a crash) are garbage."""
+    """Runs superseded by the published one (or orphaned by a crash) are garbage, unless
+    something still points at them: a manifest of any stage, or a live reader's lease (a
+    training run reading the export it replaced). Nothing goes while another process owns the
+    root: any run folder may be one it is writing."""
+    pinned = leases.pins(storage)
+    if pinned is None:
+        return
+    pinned |= published_runs(storage)
     for run in storage.list_dirs(join(storage.root, stage, "runs")):
-        if not run.rstrip("/").endswith(keep):
+        if not run.rstrip("/").endswith(keep) and not leases.covers(pinned, run):
             storage.delete_dir(run)

@@ -7,15 +7,19 @@ loopback exercises exactly what runs against AWS. Credentials come from the stan
 
 from __future__ import annotations
 
+import fcntl
 import gzip
+import hashlib
 import io
 import json
 import os
 import posixpath
 import re
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlparse
 
@@ -455,6 +459,187 @@ class Storage:
             and (not suffixes or i.path.endswith(suffixes))
         ]
         return sorted(files, key=lambda i: i.path)
+
+    # -- conditional writes: what makes a lease exclusive -----------------------------------
+    # The store itself checks the condition, so of two writers racing for one name exactly one
+    # wins. pyarrow's filesystems have no conditional write; on S3 these go through boto3 (same
+    # endpoint, region and credentials chain), locally through a hard link and a file lock.
+
+    def read_tagged(self, uri: str) -> tuple[bytes, str]:
+        """A small file's bytes and the tag of this version of it (S3's ETag; locally the MD5,
+        which is what S3 gives a single PUT), for `write_if` / `delete_if`."""
+        loc = self.resolve(uri)
+        if not loc.is_s3:
+            try:
+                with open(loc.path, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise StorageError(_explain(loc, exc)) from None
+            return data, _md5(data)
+        bucket, key = _bucket_key(loc)
+        try:
+            got = self._boto().get_object(Bucket=bucket, Key=key)
+            return got["Body"].read(), got["ETag"].strip('"')
+        except _boto_errors() as exc:
+            if _conditional(exc) == "missing":
+                raise FileNotFoundError(loc.uri) from None
+            raise StorageError(_explain_boto(loc, exc)) from None
+
+    def write_if(self, uri: str, data: bytes, *, tag: str | None = None) -> str | None:
+        """Write `data` at `uri` only if nothing is there (`tag` None: S3 ``If-None-Match: *``,
+        locally a hard link, which fails when the name exists), or only if the file is still
+        the version `tag` names (S3 ``If-Match``; locally a compare-and-replace under an
+        exclusive lock). Returns the new version's tag, or None when the condition failed:
+        someone else wrote first."""
+        loc = self.resolve(uri)
+        if not loc.is_s3:
+            try:
+                return _local_write_if(loc.path, data, tag)
+            except OSError as exc:
+                raise StorageError(_explain(loc, exc)) from None
+        bucket, key = _bucket_key(loc)
+        condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": f'"{tag}"'}
+        try:
+            put = self._boto().put_object(Bucket=bucket, Key=key, Body=data, **condition)
+            return put["ETag"].strip('"')
+        except _boto_errors() as exc:
+            if _conditional(exc) in ("failed", "missing"):
+                return None
+            raise StorageError(_explain_boto(loc, exc)) from None
+
+    def delete_if(self, uri: str, tag: str) -> bool:
+        """Remove the file only if it is still the version `tag` names; whether it did."""
+        loc = self.resolve(uri)
+        if not loc.is_s3:
+            try:
+                return _local_delete_if(loc.path, tag)
+            except OSError as exc:
+                raise StorageError(_explain(loc, exc)) from None
+        bucket, key = _bucket_key(loc)
+        try:
+            self._boto().delete_object(Bucket=bucket, Key=key, IfMatch=f'"{tag}"')
+            return True
+        except _boto_errors() as exc:
+            if _conditional(exc) in ("failed", "missing"):
+                return False
+            raise StorageError(_explain_boto(loc, exc)) from None
+
+    def _boto(self) -> Any:
+        return _boto_client(
+            self.cfg.s3_endpoint,
+            self.cfg.s3_region,
+            self.cfg.s3_virtual_addressing,
+            self.cfg.s3_anonymous,
+        )
+
+
+@cache
+def _boto_client(endpoint: str | None, region: str | None, virtual: bool, anonymous: bool) -> Any:
+    """One boto3 client per S3 setting, made from its own session (boto3's default session is
+    not thread-safe; a client is); the same timeouts as the pyarrow filesystem."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config as BotoConfig
+
+    config = BotoConfig(
+        connect_timeout=5,
+        read_timeout=60,
+        retries={"max_attempts": 3, "mode": "standard"},
+        s3={"addressing_style": "virtual" if virtual else "path"},
+        **({"signature_version": UNSIGNED} if anonymous else {}),
+    )
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name=region, config=config
+    )
+
+
+def _boto_errors() -> tuple[type[Exception], ...]:
+    """botocore's errors (imported when an S3 call has failed, not with this module)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return ClientError, BotoCoreError
+
+
+def _bucket_key(loc: Location) -> tuple[str, str]:
+    bucket, _, key = loc.path.partition("/")
+    return bucket, key
+
+
+def _conditional(exc: Exception) -> str | None:
+    """'failed' for a condition S3 refused (412, or 409: a conflicting conditional write in
+    flight, which the caller re-reads and judges again), 'missing' for no such key, else None."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    code = response.get("Error", {}).get("Code")
+    if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+        return "failed"
+    if status == 404 or code in ("NoSuchKey", "404"):
+        return "missing"
+    return None
+
+
+def _explain_boto(loc: Location, exc: Exception) -> str:
+    return _explain(loc, OSError(str(exc)))
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+@contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    """An exclusive lock on `path` for a compare-and-replace, held on a hidden sidecar (listings
+    skip dot files) so the file itself can be replaced or removed under it."""
+    folder, name = os.path.split(path)
+    with open(os.path.join(folder, f".{name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _local_write_if(path: str, data: bytes, tag: str | None) -> str | None:
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    try:
+        if tag is None:
+            try:
+                os.link(tmp, path)  # atomic, and only where the name is free
+            except FileExistsError:
+                return None
+            return _md5(data)
+        with _file_lock(path):
+            try:
+                with open(path, "rb") as f:
+                    if _md5(f.read()) != tag:
+                        return None
+            except FileNotFoundError:
+                return None
+            os.replace(tmp, path)
+            return _md5(data)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _local_delete_if(path: str, tag: str) -> bool:
+    with _file_lock(path):
+        try:
+            with open(path, "rb") as f:
+                if _md5(f.read()) != tag:
+                    return False
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+    return True
 
 
 def _rel_parts(root: str, path: str) -> list[str]:

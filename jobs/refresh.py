@@ -4,7 +4,9 @@ The nightly refresh: applies Semantic Scholar's diffs since the release the corp
 key in $S2_API_KEY, never logged), then reruns the later build stages, which pay only for new
 and changed pairs. Config as for `cpr refresh` (profile < `--config` < `CPR_*` variables <
 `--set`); on a user error it prints the same one line as the CLI and exits 2. Submit it with one
-`--submission-id` per night: a killed or repeated run picks up where the last one stopped.
+`--submission-id` per night: a killed or repeated run picks up where the last one stopped. A
+root that a build or another refresh owns is one line saying who, and exit 0: nothing failed,
+and the next night applies every release since the one the corpus holds.
 """
 
 from __future__ import annotations

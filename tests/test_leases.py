@@ -1,40 +1,233 @@
-"""Leases on a build root: live while their process runs, stale once it is killed (no Ray)."""
+"""One owner of a build root at a time, and readers' pins, on a local root and on the loopback S3:
+the conditional writes they rest on, two takers racing for a stale lease, a holder whose lease
+was taken over, a build refused by a refresh's lease, and an export read by a training,
+evaluation or index run surviving the cleanup of a newer export's publication (no Ray)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
 
 from cpr_ray import leases
+from cpr_ray.cli import app
+from cpr_ray.config import load_config
+from cpr_ray.dataset.format import CORPUS
+from cpr_ray.stage import StageOutput, StageRun, run_stage
 from cpr_ray.storage import Storage, StorageConfig, join
 
-
-def test_a_held_lease_is_live_and_gone_after_the_block(tmp_path):
-    storage = Storage(StorageConfig(root=str(tmp_path)))
-    assert leases.active(storage) == []
-    with leases.held(storage, "build") as lease:
-        assert leases.active(storage) == [lease]
-        assert leases.active(storage, purpose="refresh") == []
-    assert leases.active(storage) == []
+from .test_cli import error_line
+from .test_evaluate_loaders import make_cpr_export
 
 
-def test_a_killed_holders_lease_is_stale_on_its_host_and_an_old_heartbeat_anywhere(tmp_path):
-    storage = Storage(StorageConfig(root=str(tmp_path)))
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    """A build root on each backend."""
+    if request.param == "local":
+        return Storage(StorageConfig(root=str(tmp_path / "root")))
+    endpoint, bucket = (request.getfixturevalue(f) for f in ("s3_endpoint", "s3_bucket"))
+    return Storage(StorageConfig(root=f"s3://{bucket}/root", s3_endpoint=endpoint))
+
+
+def poll(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_conditional_writes_let_exactly_one_writer_win(storage):
+    uri = join(storage.root, "_leases", "x.json")
+    with pytest.raises(FileNotFoundError):
+        storage.read_tagged(uri)
+    first = storage.write_if(uri, b"one")
+    assert first is not None and storage.write_if(uri, b"two") is None  # exists already
+    assert storage.read_tagged(uri) == (b"one", first)
+    second = storage.write_if(uri, b"two", tag=first)
+    assert second not in (None, first)
+    assert storage.write_if(uri, b"three", tag=first) is None  # a stale version
+    assert storage.read_tagged(uri) == (b"two", second)
+    assert not storage.delete_if(uri, first) and storage.delete_if(uri, second)
+    assert storage.write_if(uri, b"four", tag=second) is None  # nothing there to replace
+    assert storage.write_if(uri, b"one") == first  # the same tag on both backends: the MD5
+
+
+def _stale(purpose: str) -> leases.Lease:
+    """A lease whose holder stopped renewing it (on another host) long ago."""
+    long_ago = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat()
+    lease = leases.Lease.new(purpose, stale_after_s=60)
+    return dataclasses.replace(lease, host="elsewhere", heartbeat=long_ago)
+
+
+def _race(storage: Storage, takers: int) -> tuple[list[str], list[leases.RootBusy]]:
+    """`takers` threads released at once, each trying to own the root; the winners hold on
+    until every one has an answer."""
+    start, done = threading.Barrier(takers), threading.Event()
+    won: list[str] = []
+    refused: list[leases.RootBusy] = []
+
+    def take(purpose: str) -> None:
+        start.wait()
+        try:
+            with leases.owner(storage, purpose) as held:
+                won.append(held.lease.id)
+                done.wait(10)
+        except leases.RootBusy as busy:
+            refused.append(busy)
+
+    threads = [threading.Thread(target=take, args=(f"t{i}",)) for i in range(takers)]
+    for t in threads:
+        t.start()
+    poll(lambda: len(won) + len(refused) == takers)
+    done.set()
+    for t in threads:
+        t.join()
+    return won, refused
+
+
+def test_two_takers_racing_for_a_stale_lease_exactly_one_wins(storage):
+    for _ in range(3):
+        storage.write_text(leases.owner_uri(storage), _stale("build").to_bytes().decode())
+        won, refused = _race(storage, 4)
+        assert len(won) == 1 and len(refused) == 3
+        assert all(busy.holder.id == won[0] for busy in refused)  # each names the winner
+        assert not storage.exists(leases.owner_uri(storage))  # the winner released it
+
+
+def test_a_holder_whose_lease_was_taken_over_publishes_nothing(storage):
+    with leases.owner(storage, "build", heartbeat_s=3600, stale_after_s=0.3) as first:
+        poll(lambda: not leases.Lease.parse(storage.read_tagged(first.uri)[0]).alive())
+        taken, release = threading.Event(), threading.Event()
+
+        def take_over() -> None:
+            with leases.owner(storage, "refresh"):
+                taken.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=take_over)
+        thread.start()
+        assert taken.wait(10)
+        first.beat()  # its next heartbeat, conditional on the version it wrote, fails
+        with pytest.raises(leases.LeaseLost, match="taken over .*a refresh on"):
+            leases.check_owner(storage)  # what run_stage calls before it publishes
+    # leaving the block does not remove the new owner's lease
+    assert leases.Lease.parse(storage.read_tagged(first.uri)[0]).purpose == "refresh"
+    release.set()
+    thread.join()
+
+
+def test_a_lease_is_stale_once_its_holder_is_killed_on_this_host_or_silent_anywhere():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    now = dt.datetime.now(dt.timezone.utc)
-    with leases.held(storage, "refresh") as live:
-        record = storage.read_json(join(storage.root, leases.FOLDER, f"{live}.json"))
-        for name, changes in {
-            "refresh-killed": {"pid": dead.pid},  # this host, no such process
-            "refresh-silent": {
-                "host": "elsewhere",
-                "heartbeat": (now - dt.timedelta(seconds=leases.STALE_AFTER_S + 1)).isoformat(),
-            },
-            "refresh-remote": {"host": "elsewhere", "heartbeat": now.isoformat()},
-        }.items():
-            storage.write_json(
-                join(storage.root, leases.FOLDER, f"{name}.json"), {**record, **changes}
-            )
-        assert sorted(leases.active(storage, purpose="refresh")) == sorted([live, "refresh-remote"])
+    lease = leases.Lease.new("build", stale_after_s=60)
+    assert lease.alive()
+    assert not dataclasses.replace(lease, pid=dead.pid).alive()  # this host, no such process
+    assert not _stale("build").alive()
+    assert dataclasses.replace(_stale("build"), heartbeat=lease.heartbeat).alive()  # elsewhere
+
+
+def test_a_build_finding_a_refresh_stops_in_one_line_and_does_nothing(tmp_path):
+    root = Storage(StorageConfig(root=str(tmp_path)))
+    args = ["build", "--profile", "dry-run", "--stages", "venues"]
+    with leases.owner(root, "refresh"):
+        result = CliRunner().invoke(app, [*args, "--set", f"storage.root={tmp_path}"])
+    line = error_line(result)
+    assert line.startswith(f"{tmp_path} is in use by a refresh on ") and "last heartbeat" in line
+    assert "this build did nothing" in line
+    assert not (tmp_path / "venues").exists()
+
+
+def _publish(storage: Storage, rows: str, *, export: bool = False) -> dict:
+    """A run of the export stage, published as every stage publishes: a file, or (`export`, on
+    a local root) a small export in the DESIGN.md format that training can read too."""
+
+    def write(run: StageRun) -> StageOutput:
+        if not export:
+            storage.write_text(join(run.out, "corpus.parquet"), rows)
+            return StageOutput(tables={"corpus": {"uri": join(run.out, "corpus.parquet")}})
+        made = make_cpr_export(Path(run.out))
+        train = [{**r, "negative_ids": r["candidate_ids"][1:4]} for r in made["rows"]]
+        pq.write_table(pa.Table.from_pylist(train), Path(run.out) / "cpr-train.parquet")
+        corpus = pa.Table.from_pylist(made["corpus"], schema=CORPUS)  # topics too, for search
+        pq.write_table(corpus, Path(run.out) / "corpus.parquet")
+        return StageOutput(tables={"corpus": {"uri": join(run.out, "corpus.parquet")}})
+
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={storage.root}"])
+    return run_stage("export", cfg, storage, {"rows": rows}, (), write)
+
+
+def test_an_export_being_read_survives_a_newer_export_and_goes_once_its_reader_is_done(storage):
+    with leases.owner(storage, "build"):
+        read = _publish(storage, "first")["output"]
+    crashed = join(storage.root, "export", "runs", "20260101T000000Z-0c0ffe")  # no manifest
+    storage.write_text(join(crashed, "part.txt"), "left by a killed run")
+    killed = dataclasses.replace(_stale(leases.READ), reads=(crashed,))  # pins nothing
+    killed_uri = join(storage.root, leases.FOLDER, f"{killed.id}.json")
+    storage.write_text(killed_uri, killed.to_bytes().decode())
+    with leases.reading(storage, join(read, "cpr-train.parquet")) as reader:
+        assert reader is not None and reader.reads == (read,)
+        with leases.owner(storage, "refresh"):
+            newer = _publish(storage, "second")["output"]
+        assert storage.exists(read) and not storage.exists(crashed)
+        assert not storage.exists(killed_uri)  # nothing else would remove a killed reader's
+        assert storage.read_json(join(storage.root, "export", "_MANIFEST.json"))["output"] == newer
+    assert leases.readers(storage) == []
+    with leases.owner(storage, "refresh"):
+        newest = _publish(storage, "third")["output"]
+    assert not storage.exists(read) and not storage.exists(newer) and storage.exists(newest)
+
+
+def _spy(monkeypatch, module, name: str, storage: Storage, seen: list) -> None:
+    """`module.name` as it is, noting the live readers of `storage`'s root when it is called,
+    then stopping the run: what a reader holds while it reads is what is checked."""
+    real = getattr(module, name)
+
+    def spied(*args, **kwargs):
+        seen.append([r.reads for r in leases.readers(storage)])
+        real(*args, **kwargs)
+        raise _Stop
+
+    monkeypatch.setattr(module, name, spied)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("reader", ["train", "eval", "index"])
+def test_training_evaluation_and_index_pin_the_export_run_they_read(
+    reader, tmp_path, monkeypatch, minilm
+):
+    storage = Storage(StorageConfig(root=str(tmp_path / "root")))
+    with leases.owner(storage, "build"):
+        export = _publish(storage, "one", export=True)["output"]
+    seen: list = []
+    if reader == "train":
+        from cpr_ray.train import trainer as module
+
+        run, name = module.run_train, "read_examples"
+        flags = {"train.data": export, "train.out": str(tmp_path / "out")}
+    elif reader == "eval":
+        from cpr_ray.evaluate import runner as module
+
+        run, name = module.run_eval, "load_benchmark"
+        flags = {"eval.benchmark": "cpr", "eval.data": export, "eval.retriever": "dense"}
+    else:
+        from cpr_ray.search import index as module
+
+        run, name = module.build_index, "load_documents"
+        flags = {"search.corpus": export, "search.out": str(tmp_path / "idx")}
+    _spy(monkeypatch, module, name, storage, seen)
+    with pytest.raises(_Stop):
+        run(load_config(flags={"encoder.model": minilm, **flags}, env={}))
+    assert seen == [[(export,)]]  # pinned while it read
+    assert leases.readers(storage) == []  # and released, even by a run that stopped

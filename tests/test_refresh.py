@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,12 +27,17 @@ from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.pipeline.build import run_build
-from cpr_ray.pipeline.refresh import refresh
+from cpr_ray.pipeline.refresh import refresh, summary_lines
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
 
-from .conftest import S2StandIn, assert_equals_whole_table_mining, start_s2_standin
+from .conftest import (
+    S2StandIn,
+    assert_equals_whole_table_mining,
+    copy_build,
+    start_s2_standin,
+)
 from .test_cli import error_line
 
 OLD, NEW = "2026-11-25", "2026-12-02"
@@ -133,13 +139,70 @@ def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2
         ).releases()
 
 
-def test_refresh_of_an_unbuilt_root_says_what_to_do_and_two_never_run_at_once(tmp_path, s2_api):
-    cfg = config(tmp_path / "empty", copy_openalex(tmp_path / "oa"), s2_api)
+def test_refresh_of_an_unbuilt_root_says_what_to_do_and_one_finding_an_owner_does_nothing(
+    tmp_path, s2_api
+):
+    root = tmp_path / "empty"
+    cfg = config(root, copy_openalex(tmp_path / "oa"), s2_api)
     with pytest.raises(StorageError, match="no corpus under .*cpr build --stages ingest"):
         refresh(cfg)
-    with leases.held(Storage(cfg.storage), "refresh") as other:
-        with pytest.raises(StorageError, match=f"another refresh .* is running \\({other}\\)"):
-            refresh(cfg)
+    asked = s2_api.stats().get("api", 0)
+    sets = [a for x in settings(root, tmp_path / "oa", s2_api) for a in ("--set", x)]
+    with leases.owner(Storage(cfg.storage), "build"):
+        [line] = summary_lines(refresh(cfg))
+        result = CliRunner().invoke(app, ["refresh", "--profile", "dry-run", *sets])
+    assert line.startswith(f"refresh: {root} is in use by a build on ")
+    assert "last heartbeat" in line and "this refresh did nothing" in line
+    # the nightly job's exit is 0: an overlapping night is not a failure to retry or alert on
+    assert result.exit_code == 0 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"refresh: {root} is in use by a build on ")
+    assert s2_api.stats().get("api", 0) == asked  # neither asked S2 anything
+
+
+def test_a_build_and_a_refresh_started_together_one_works_the_other_says_who(
+    tmp_path, sample_mined, s2_api, monkeypatch
+):
+    """Both take the root's lease with a conditional write: whichever the store lets in first
+    works, and the other does nothing but say who holds the root."""
+    monkeypatch.setenv("S2_API_KEY", S2StandIn.API_KEY)
+    root = copy_build(sample_mined, tmp_path / "root")
+    cfg = config(root, copy_openalex(tmp_path / "oa"), s2_api)
+    cfg = cfg.model_copy(update={"refresh": cfg.refresh.model_copy(update={"downstream": False})})
+    storage = Storage(cfg.storage)
+    venues = read_manifest(storage, "venues")["run_id"]
+    start = threading.Barrier(2)
+    outcome: dict = {}
+
+    def run(name: str, work) -> None:
+        start.wait()
+        try:
+            outcome[name] = work()
+        except Exception as exc:  # noqa: BLE001 - the test looks at what each ended with
+            outcome[name] = exc
+
+    work = {
+        "build": lambda: run_build(cfg, ["venues"], force=True),
+        "refresh": lambda: refresh(cfg),
+    }
+    threads = [threading.Thread(target=run, args=item) for item in work.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not isinstance(outcome["refresh"], Exception), outcome["refresh"]
+    built = not isinstance(outcome["build"], leases.RootBusy)
+    assert not isinstance(outcome["build"], Exception) or not built, outcome["build"]
+    assert built == ("busy" in outcome["refresh"])  # exactly one of them worked
+    if built:
+        [line] = summary_lines(outcome["refresh"])
+        assert f"{root} is in use by a build on " in line
+        assert s2_api.stats().get("api", 0) == 0  # the refresh asked S2 nothing
+        assert read_manifest(storage, "venues")["run_id"] != venues
+    else:
+        assert str(outcome["build"]).startswith(f"{root} is in use by a refresh on ")
+        assert read_manifest(storage, "venues")["run_id"] == venues
+        assert outcome["refresh"]["to_release"] == OLD  # it looked at S2: nothing newer
+    assert not storage.exists(leases.owner_uri(storage))  # the one that worked let go
 
 
 def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) -> None:
@@ -227,7 +290,8 @@ def scenario(tmp_path_factory, scripted_llm):
         out["refused"] = str(refused.value)
         out["summary"] = refresh(cfg["full"])
         out["api_calls"] = s2.stats()["api"]
-        with leases.held(storage["full"], "build"):  # a build reading the root meanwhile
+        papers = require_manifest(storage["full"], "ingest")["tables"]["papers"]["uri"]
+        with leases.reading(storage["full"], papers):  # an index reading the corpus meanwhile
             out["again"] = refresh(cfg["full"])
         out["api_after_again"] = s2.stats()
         corpus_only = cfg["killed"].refresh.model_copy(update={"downstream": False})
@@ -288,9 +352,9 @@ def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_delet
 
     again = scenario["again"]  # nothing new at S2: nothing applied, asked or rerun
     assert again["steps"] == [] and not any(again["llm_rows"].values())
-    # old versions went after the refresh (retention 0 days here), not while a build held a lease
+    # old versions went after the refresh (retention 0 days here), not while a reader read them
     assert summary["versions_removed"]["papers"] > 0
-    assert again["versions_removed"].startswith("skipped: 1 build(s) hold a lease")
+    assert again["versions_removed"].startswith("skipped: 1 reader(s) hold a lease")
     assert scenario["api_after_again"]["api"] == scenario["api_calls"] + 1  # one look at latest
 
 

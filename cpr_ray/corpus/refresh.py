@@ -643,7 +643,7 @@ class Refresher:
 
     def remove_old_versions(self, corpus: Corpus) -> dict[str, int]:
         """Table versions older than `refresh.retain_versions_days` (the caller checks that no
-        build is reading them)."""
+        reader is reading them)."""
         older_than = dt.timedelta(days=self.cfg.refresh.retain_versions_days)
         return {
             name: corpus.table(name).cleanup_old_versions(older_than=older_than).old_versions

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from cpr_ray import leases
 from cpr_ray.config import Config
 from cpr_ray.evaluate import settings
 from cpr_ray.evaluate.benchmark import Benchmark, positions
@@ -203,7 +204,8 @@ def run_eval(
     timer = Timer()
     started = time.perf_counter()
     storage = storage or Storage(cfg.storage)
-    parts = load_benchmark(ev.benchmark, storage, ev.data, subset=ev.subset, seed=ev.seed)
+    with leases.reading(storage, ev.data):
+        parts = load_benchmark(ev.benchmark, storage, ev.data, subset=ev.subset, seed=ev.seed)
     timer.add("load_s", started)
     rankings: list[list[np.ndarray]] = []
     rerankers: dict[int, Reranker] = {}

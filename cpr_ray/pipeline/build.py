@@ -4,6 +4,7 @@ the dry run run the same thing."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from rich.table import Table
@@ -85,21 +86,28 @@ def _error_log_dir(storage: Storage) -> str | None:
 
 
 def run_build(
-    cfg: Config, stages: Sequence[str] | None = None, *, force: bool = False
+    cfg: Config,
+    stages: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    owner: leases.Owner | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run the selected stages in pipeline order; returns each stage's manifest.
 
-    A mistake a user made that surfaces inside Ray (a corrupt shard, a refusing endpoint) leaves
-    each stage as its one-line `UserError`, with the Ray traceback in a log file it names.
+    The build owns the root while it runs (`owner`: the lease its caller, a refresh, holds
+    already): a root another build or refresh owns stops it before Ray starts, in one line
+    (`leases.RootBusy`). A mistake a user made that surfaces inside Ray (a corrupt shard, a
+    refusing endpoint) leaves each stage as its one-line `UserError`, with the Ray traceback in
+    a log file it names.
     """
     cfg.require("storage.root", "input")  # evaluation-only configs carry neither
     storage = Storage(cfg.storage)
     selected = resolve_stages(stages)
     stage_args = preflight(cfg, storage, selected)
-    ensure_ray(cfg.ray)
-    log_dir = _error_log_dir(storage)
     manifests: dict[str, dict[str, Any]] = {}
-    with leases.held(storage, "build"):  # the refresh's version cleanup waits for it
+    with leases.owner(storage, "build") if owner is None else nullcontext(owner):
+        ensure_ray(cfg.ray)
+        log_dir = _error_log_dir(storage)
         for name in selected:
             with user_errors_from_ray(log_dir):
                 manifests[name] = STAGES[name](

@@ -7,50 +7,52 @@ work, no LLM), and the LLM stages find the answers for every pair judged before 
 changed texts; pairs of deleted or no longer eligible papers are simply not mined again, so the
 next export retracts them. The dataset card lists the releases it covers.
 
-**One at a time.** A refresh holds a lease on the root; a second one (an overlapping nightly
-run) stops with one line. Old table versions are removed after a refresh once older than
-``refresh.retain_versions_days`` — never while another build holds a lease on the root.
+**One owner at a time.** A refresh owns the root while it runs (`leases.owner`, taken with a
+conditional write, so a build and a refresh started together cannot both get it). A refresh that
+finds a build or another refresh owning the root returns at once with one line saying who, and
+does no work: the nightly schedule fires whether or not the first full build has finished, and
+such a night is not a failure (exit 0, no retry, no alert), since the next refresh applies every
+release since the one the corpus holds. Old table versions are removed after a refresh once
+older than ``refresh.retain_versions_days``, never while a reader (an index of the root) is
+reading the corpus.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 from cpr_ray import leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.refresh import INGEST, Refresher
 from cpr_ray.corpus.s2_api import S2DatasetsClient
-from cpr_ray.errors import StorageError
 from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.llm.spend import counted_from_here
 from cpr_ray.pipeline.build import STAGES, run_build
 from cpr_ray.stage import console, read_manifest
-from cpr_ray.storage import Storage
+from cpr_ray.storage import Storage, join
 
 
 def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:
     """Apply S2's diffs since the last refresh and rerun what depends on the corpus."""
     updater = Refresher(cfg, client)
     storage = updater.storage
-    running = leases.active(storage, purpose="refresh")
-    if running:
-        raise StorageError(
-            f"another refresh of {storage.root} is running ({', '.join(running)}); "
-            f"a killed one's lease goes stale {leases.STALE_AFTER_S:.0f} s after its last "
-            f"heartbeat (or remove it from {storage.root}/{leases.FOLDER}/)"
-        )
-    with leases.held(storage, "refresh") as lease:
+    with ExitStack() as stack:
+        try:
+            owner = stack.enter_context(leases.owner(storage, "refresh"))
+        except leases.RootBusy as busy:
+            return {"root": storage.root, "busy": str(busy)}
         ledger_before = _ledger_rows(storage)
         applied = updater.apply()
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
             with counted_from_here(storage, cfg.llm):  # the caps count this night's spend
-                manifests = run_build(cfg, [s for s in STAGES if s != INGEST])
+                manifests = run_build(cfg, [s for s in STAGES if s != INGEST], owner=owner)
             downstream = {name: m["run_id"] for name, m in manifests.items()}
-        holders = [h for h in leases.active(storage) if h != lease]
+        readers = leases.readers(storage, join(storage.root, INGEST))
         cleaned: dict[str, int] | str = (
-            f"skipped: {len(holders)} build(s) hold a lease ({', '.join(holders)})"
-            if holders
+            f"skipped: {len(readers)} reader(s) hold a lease ({', '.join(r.id for r in readers)})"
+            if readers
             else updater.remove_old_versions(applied.corpus)
         )
         ledger_after = _ledger_rows(storage)
@@ -86,7 +88,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """What the CLI and the job print last: where things went, what it cost."""
+    """What the CLI and the job print last: where things went, what it cost (or, where
+    another build or refresh owned the root, the one line saying who)."""
+    if "busy" in summary:
+        return [f"refresh: {summary['busy']}"]
     s2_steps = [s for s in summary["steps"] if s["source"] == "s2"]
     lines = [
         f"corpus: S2 {summary['from_release']} → {summary['to_release']}, "

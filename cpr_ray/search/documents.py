@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cpr_ray import leases
 from cpr_ray.corpus.tables import INGEST, PinnedTable
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.evaluate.loaders.beir import beir_texts
@@ -137,7 +138,8 @@ def load_documents(storage: Storage, uri: str) -> Documents:
     if (table_uri := find_table(storage, uri, "corpus")) is not None:
         return _ours(storage.read_parquet(table_uri), "export", table_uri)
     if (papers := _lance_table(storage, uri)) is not None:
-        return _ours(papers.read(storage, OUR_COLUMNS), "papers", papers.uri)
+        with leases.reading(storage, papers.uri):  # a build root's: no refresh cleans it meanwhile
+            return _ours(papers.read(storage, OUR_COLUMNS), "papers", papers.uri)
     raise StorageError(
         f"{uri} holds no corpus to index: expected a BEIR corpus.jsonl, an export folder with a "
         "corpus table, a Lance papers table, or a build root (ingest/_MANIFEST.json)"

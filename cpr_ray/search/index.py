@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from cpr_ray import leases
 from cpr_ray.config import Config, EncoderConfig, SearchConfig
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.retrieval.index import VECTORS, factory_for, save_vector_chunks
@@ -268,7 +269,8 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     out_uri = str(cfg.search.out)
     model = cfg.encoder.model or DEFAULT_MODEL
     spec = RetrieverOptions.from_config(cfg).encoder_spec(model)
-    docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
+    with leases.reading(storage, str(cfg.search.corpus)):
+        docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
     if docs_in.table.num_rows == 0:
         raise InputError(f"{docs_in.uri} holds no documents: nothing to index")
     locate_model(spec.model, spec.setting)  # before Ray starts: a typo is one line at once

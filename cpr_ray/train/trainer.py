@@ -59,6 +59,7 @@ import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 
+from cpr_ray import leases
 from cpr_ray.config import Config, EncoderConfig, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.retrieval.encoder import (
@@ -690,14 +691,22 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
     `on_step(step, rank)` runs on every worker after each step (a test uses it to make a worker
     fail once). A run whose summary exists returns it without training.
     """
-    from cpr_ray.ray_runtime import ensure_ray
-
     storage = Storage(cfg.storage)
     cfg.require("train.out")
     assert cfg.train.out is not None
     summary_uri = join(storage.resolve(cfg.train.out).uri, SUMMARY_FILE)
     if storage.exists(summary_uri):
         return {**storage.read_json(summary_uri), "skipped": True}
+    # the export stays until the card (which reads its stats and card) is written
+    with leases.reading(storage, cfg.train.data):
+        return _train(cfg, storage, summary_uri, on_step)
+
+
+def _train(
+    cfg: Config, storage: Storage, summary_uri: str, on_step: StepHook | None
+) -> dict[str, Any]:
+    from cpr_ray.ray_runtime import ensure_ray
+
     started = time.time()
     plan, stats = prepare_run(cfg, storage)
     ensure_ray(cfg.ray)
