@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpr_ray import leases
+from cpr_ray import failures, leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.refresh import INGEST, Refresher
 from cpr_ray.corpus.s2_api import S2DatasetsClient
@@ -40,7 +40,8 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         )
     with leases.held(storage, "refresh") as lease:
         ledger_before = _ledger_rows(storage)
-        applied = updater.apply()
+        with failures.recorded(storage, "refresh", failures.secret_names(cfg)):
+            applied = updater.apply()
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
             manifests = run_build(cfg, [s for s in STAGES if s != INGEST])
