@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Submits tonight's refresh to the launcher cluster (`ray up cluster.yaml`). Run it from cron or
-# the systemd timer next to it (cpr-refresh.timer, crontab.example).
+# Submits tonight's refresh to the launcher cluster (`ray up cluster.yaml`) and waits for its
+# end. Run it from cron or the systemd timer next to it (cpr-refresh.timer, crontab.example).
 #
 # Idempotent per day: the submission ID is refresh-YYYY-MM-DD (UTC) and Ray refuses a second job
-# with the same ID, so a rerun on the same day does nothing. It also skips the night when
-# yesterday's refresh is still pending or running, so two refreshes never write at once.
+# with the same ID, so a rerun on the same day follows that job instead of submitting one. It
+# skips the night when yesterday's refresh is still pending or running, so two refreshes never
+# write at once.
+#
+# Exit status: 0 when the job succeeded (or the night was skipped), 1 when it failed or was
+# stopped, after printing the job log's last line (the one-line cause; the traceback is in
+# ROOT/_logs/ on the bucket). That is what systemd's OnFailure= (cpr-refresh-alert.service) and
+# cron's MAILTO (crontab.example) alert on: a night never fails unseen.
 #
 # The job runs the code of the checkout in CPR_RAY_CHECKOUT: `--working-dir .` uploads it, and it
 # comes first on sys.path of the driver and every worker. The cluster's nodes hold the
@@ -22,18 +28,44 @@ config="${CPR_REFRESH_CONFIG:-s3://my-cpr-bucket/configs/refresh.yaml}"
 today="refresh-$(date -u +%F)"
 yesterday="refresh-$(date -u -d yesterday +%F)"
 
+cd "$checkout"
 if ray job status "$today" >/dev/null 2>&1; then
-  echo "$today was already submitted; nothing to do"
-  exit 0
-fi
-if ray job status "$yesterday" 2>/dev/null | grep -qE 'PENDING|RUNNING'; then
+  echo "$today was already submitted; following it"
+elif ray job status "$yesterday" 2>/dev/null | grep -qE 'PENDING|RUNNING'; then
   echo "$yesterday is still running; skipping $today"
   exit 0
+else
+  commit="$(git rev-parse HEAD)"
+  echo "submitting $today at commit $commit"
+  ray job submit --submission-id "$today" --no-wait --working-dir . \
+    --metadata-json "{\"commit\": \"$commit\"}" \
+    -- python jobs/refresh.py --config "$config"
 fi
 
-cd "$checkout"
-commit="$(git rev-parse HEAD)"
-echo "submitting $today at commit $commit"
-exec ray job submit --submission-id "$today" --no-wait --working-dir . \
-  --metadata-json "{\"commit\": \"$commit\"}" \
-  -- python jobs/refresh.py --config "$config"
+# The driver's output into this log (the unit's journal) until the job ends. The stream may
+# also end early (the head restarted, the connection dropped): the status then decides.
+ray job logs --follow "$today" || echo "the log stream of $today ended early"
+job() {  # `job status ID`: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED (the Jobs API's own);
+  # `job cause ID`: Ray's status message (a driver killed, out of memory), then the log's last line
+  python -c 'import sys
+from ray.job_submission import JobSubmissionClient
+client, (what, job) = JobSubmissionClient(), sys.argv[1:]
+info = client.get_job_info(job)
+if what == "status":
+    print(info.status.value)
+else:
+    lines = [ln for ln in client.get_job_logs(job).splitlines() if ln.strip()] or ["no log"]
+    print(f"Ray: {info.message}\n{job} {info.status.value}: {lines[-1]}")
+' "$@"
+}
+pause=2
+while status="$(job status "$today")" && [[ "$status" =~ ^(PENDING|RUNNING)$ ]]; do
+  sleep "$pause"
+  pause=$((pause < 60 ? pause * 2 : 60))
+done
+if [[ "$status" == SUCCEEDED ]]; then
+  echo "$today succeeded"
+  exit 0
+fi
+job cause "$today" >&2 || echo "$today ${status:-status unknown}" >&2
+exit 1
