@@ -207,7 +207,7 @@ def _log_traceback(exc: BaseException, log_dir: str) -> str:
 
 
 # Who writes the Ray traceback of an error mapped by `user_errors_from_ray` and says where: the
-# stage running now (`failures.recorded`: its record under ROOT/_logs/), else nobody
+# stage running now (`failures.recorded`: its record under ROOT/_logs/); None outside a stage
 traceback_writer: ContextVar[Callable[[BaseException], str] | None] = ContextVar(
     "traceback_writer", default=None
 )

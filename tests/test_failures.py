@@ -149,3 +149,49 @@ def test_a_bug_outside_any_stage_still_ends_with_its_one_line(tmp_path, monkeypa
     assert last_line(err) == (
         "error: ValueError: an internal bug (a bug, not your input; traceback above)"
     )
+
+
+def test_a_refresh_whose_diff_file_is_cut_short_is_recorded_and_shown_by_stats(
+    sample_mined, tmp_path, monkeypatch
+):
+    """The nightly refresh's corpus step as a stage: a diff file that breaks off fails it in a
+    Ray task, in one line naming the file and its record, which `cpr stats` then shows."""
+    import gzip
+    import json
+
+    from cpr_ray.config import sample_dir
+
+    from .conftest import S2StandIn, copy_build, start_s2_standin
+
+    root = copy_build(sample_mined, tmp_path / "build")
+    proc, s2 = start_s2_standin(tmp_path / "s2", tmp_path / "s2.log")
+    try:
+        old, new = "2026-11-25", "2026-12-02"
+        (s2.root / "releases.json").write_text(json.dumps([old, new]))
+        step = s2.root / "diffs" / old / new / "papers"
+        step.mkdir(parents=True)
+        shard = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"
+        line = gzip.open(shard, "rt").readline()
+        (step / "update-00000.jsonl.gz").write_bytes(gzip.compress((line * 50).encode())[:-40])
+        monkeypatch.setenv("S2_API_KEY", S2StandIn.API_KEY)
+        sets = [
+            f"storage.root={root}",
+            f"refresh.base_release={old}",
+            f"refresh.api_url={s2.api_url}",
+            "refresh.requests_per_second=50",
+        ]
+        args = ["refresh", "--profile", "dry-run", "--corpus-only"]
+        done = runner.invoke(app, [*args, *[a for s in sets for a in ("--set", s)]])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert done.exit_code == 2, done.output
+    line = last_line(done.output)
+    assert line.startswith("error: shard ") and "update-00000.jsonl.gz is corrupt" in line
+    [record] = (root / "_logs").glob("refresh-*.log")
+    assert line.endswith(f"(Ray traceback in {record})") and "\n" not in line
+    text = record.read_text()
+    assert "stage: refresh\n" in text and "kind: user error\n" in text and "InputError" in text
+    shown = stats_output(str(root))
+    assert "last failure of refresh at " in shown and "(user error): shard " in shown, shown
+    assert "last failure of mine" not in shown  # its stages all succeeded

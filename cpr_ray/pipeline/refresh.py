@@ -23,6 +23,7 @@ from cpr_ray.corpus.s2_api import S2DatasetsClient
 from cpr_ray.errors import StorageError
 from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.pipeline.build import STAGES, run_build
+from cpr_ray.ray_runtime import user_errors_from_ray
 from cpr_ray.stage import console, read_manifest
 from cpr_ray.storage import Storage
 
@@ -40,7 +41,8 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         )
     with leases.held(storage, "refresh") as lease:
         ledger_before = _ledger_rows(storage)
-        with failures.recorded(storage, "refresh", failures.secret_names(cfg)):
+        secrets = failures.secret_names(cfg)
+        with failures.recorded(storage, "refresh", secrets), user_errors_from_ray():
             applied = updater.apply()
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
