@@ -43,29 +43,25 @@ else
 fi
 
 # The driver's output into this log (the unit's journal) until the job ends. The stream may
-# also end early (the head restarted, the connection dropped): the status then decides.
+# also end early (the head restarted, the connection dropped): the job's status then decides,
+# polled until it ends; a failure prints Ray's status message and the log's last line (the
+# cause), and is this script's exit status 1.
 ray job logs --follow "$today" || echo "the log stream of $today ended early"
-job() {  # `job status ID`: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED (the Jobs API's own);
-  # `job cause ID`: Ray's status message (a driver killed, out of memory), then the log's last line
-  python -c 'import sys
-from ray.job_submission import JobSubmissionClient
-client, (what, job) = JobSubmissionClient(), sys.argv[1:]
-info = client.get_job_info(job)
-if what == "status":
-    print(info.status.value)
-else:
-    lines = [ln for ln in client.get_job_logs(job).splitlines() if ln.strip()] or ["no log"]
-    print(f"Ray: {info.message}\n{job} {info.status.value}: {lines[-1]}")
-' "$@"
-}
-pause=2
-while status="$(job status "$today")" && [[ "$status" =~ ^(PENDING|RUNNING)$ ]]; do
-  sleep "$pause"
-  pause=$((pause < 60 ? pause * 2 : 60))
-done
-if [[ "$status" == SUCCEEDED ]]; then
-  echo "$today succeeded"
-  exit 0
-fi
-job cause "$today" >&2 || echo "$today ${status:-status unknown}" >&2
-exit 1
+exec python - "$today" <<'EOF'
+import sys
+import time
+
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+job, client, pause = sys.argv[1], JobSubmissionClient(), 2
+while (info := client.get_job_info(job)).status in (JobStatus.PENDING, JobStatus.RUNNING):
+    time.sleep(pause)
+    pause = min(pause * 2, 60)
+if info.status == JobStatus.SUCCEEDED:
+    print(f"{job} succeeded")
+    sys.exit(0)
+lines = [ln for ln in client.get_job_logs(job).splitlines() if ln.strip()] or ["no log"]
+print(f"Ray: {(info.message or '-').splitlines()[0]}", file=sys.stderr)
+print(f"{job} {info.status.value}: {lines[-1]}", file=sys.stderr)
+sys.exit(1)
+EOF
