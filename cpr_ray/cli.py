@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from cpr_ray.command_line import (
@@ -18,6 +20,7 @@ from cpr_ray.command_line import (
     SetOpt,
     console,
     fail,
+    report_crash,
 )
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, StorageError, UserError
@@ -33,7 +36,19 @@ from cpr_ray.stage import read_manifest
 from cpr_ray.storage import Storage
 from cpr_ray.train.commands import train_command
 
-app = typer.Typer(
+
+class _Cpr(typer.Typer):
+    """The `cpr` app, whose bugs end like a job's: the traceback, then one line with the cause
+    and where the failure record went (exit 1)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            sys.exit(report_crash(exc))
+
+
+app = _Cpr(
     help="Cross-Pollination Retrieval on Ray: build the dataset, train and evaluate retrievers, "
     "search a corpus for ideas from other fields.",
     no_args_is_help=True,
@@ -134,7 +149,9 @@ def stats(
         Path | None, typer.Option("--config", help="Config whose llm.prices give the cost.")
     ] = None,
 ) -> None:
-    """Row counts, timings and statistics of a build's published stages, and LLM spend."""
+    """Row counts, timings and statistics of a build's published stages, LLM spend, and each
+    stage's last failure that no success followed."""
+    from cpr_ray import failures
     from cpr_ray.storage import StorageConfig
 
     storage = Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint))
@@ -142,11 +159,13 @@ def stats(
         llm_cfg = load_config(file=config).llm if config else None
         manifests = {n: m for n in STAGES if (m := read_manifest(storage, n)) is not None}
         ledger = ledger_summary(storage, llm_cfg)
+        failed = failures.last_failures(storage, manifests)
     except UserError as exc:
         fail(exc)
-    if not manifests:
+    if not manifests and not failed:
         fail(StorageError(f"no published stage under {root}"))
-    console.print(manifests_table(manifests))
+    if manifests:
+        console.print(manifests_table(manifests))
     for name, m in manifests.items():
         console.print(f"[bold]{name}[/] stats:", m.get("stats", {}))
     if ledger:
@@ -174,6 +193,13 @@ def stats(
                 ]
             )
         console.print(table)
+    for f in failed:
+        console.print(
+            f"[bold red]last failure[/] of {f.stage} at {f.time} ({f.kind}): "
+            + escape(f"{f.cause}; traceback in {f.log}"),
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 @app.command()

@@ -1,10 +1,12 @@
 """What every command shares: the options that reach the one config tree, and the one-line error.
 
 `cpr` subcommands (typer) and the `jobs/*.py` entry points (argparse, for `ray job submit`) take
-the same `--config`, `--profile` and `--set` and end a user's mistake the same way: one line,
-exit code 2, no traceback. A command's own flags are one table of `Flag`s (the config key each
-sets); the typer options and the job's argparse options are both made from it, typed and
-described by the config field behind the key, so a flag is declared once.
+the same `--config`, `--profile` and `--set` and end a user's mistake the same way: one line on
+stderr, exit code 2, no traceback. A bug ends both the same way too: its traceback (secrets
+redacted), then one last line with its cause and where the stage's failure record went (exit
+1), so the job log's last line says why. A command's own flags are one table of `Flag`s (the
+config key each sets); the typer options and the job's argparse options are both made from it,
+typed and described by the config field behind the key, so a flag is declared once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.markup import escape
 from cpr_ray.errors import UserError
 
 console = Console()
+errors = Console(stderr=True)
 
 ConfigOpt = Annotated[
     str | None,
@@ -50,9 +53,32 @@ LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name
 
 
 def fail(exc: Exception) -> NoReturn:
-    """A user's mistake: its one line (however long), exit code 2."""
-    console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+    """A user's mistake: its one line (however long) on stderr, exit code 2."""
+    errors.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
     raise typer.Exit(2)
+
+
+def crash_line(exc: BaseException) -> str:
+    """The last line a bug leaves: its cause, and the failure record with the traceback."""
+    from cpr_ray import failures  # imports Ray: not for --help
+
+    record = failures.of(exc)
+    if record is not None:
+        return (
+            f"error: {record.stage} failed: {record.cause} (a bug, not your input; traceback in "
+            f"{record.log})"
+        )
+    cause = failures.redact(failures.cause_of(exc)[1], failures.secret_names())
+    return f"error: {cause} (a bug, not your input; traceback above)"
+
+
+def report_crash(exc: BaseException) -> int:
+    """A bug's traceback (secrets redacted), then its one line on stderr; the exit code, 1."""
+    from cpr_ray import failures
+
+    sys.stderr.write(failures.traceback_text(exc, failures.secret_names()))
+    print(crash_line(exc), file=sys.stderr, flush=True)
+    return 1
 
 
 @dataclass(frozen=True)
@@ -173,11 +199,14 @@ def job_parser(doc: str, table: Sequence[Flag], example: str) -> argparse.Argume
 
 def run_job(work: Callable[[], Iterable[str]]) -> int:
     """A job's body: its summary lines on success (exit 0), or a user's mistake as the CLI's one
-    `error:` line on stderr (exit 2) so `ray job logs` shows it without a traceback."""
+    `error:` line on stderr (exit 2) so `ray job logs` shows it without a traceback; a bug as
+    `report_crash` tells it (exit 1), its cause the log's last line."""
     try:
         lines = list(work())
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        return report_crash(exc)
     print("\n".join(lines))
     return 0

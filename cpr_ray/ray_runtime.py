@@ -8,8 +8,9 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import ray
@@ -70,8 +71,10 @@ def ensure_ray(cfg: RayConfig, *, log_to_driver: bool = False) -> None:
     What tasks and actors print (Ray Train's controller and placement-group cleaner, C++
     warnings of the core workers, Lance's and transformers' notices, a service's access lines)
     stays in Ray's log files: every stage reports from the driver, and an error raised in a
-    worker reaches the driver as the exception. `log_to_driver=True` forwards it all, for
-    debugging."""
+    worker reaches the driver as the exception, whose remote traceback the stage's failure
+    record keeps (`failures`, under ROOT/_logs/ beside the build, not in the head's session
+    logs). Ray's own reports of a worker that died or was killed (out of memory) reach the
+    driver whatever this flag says. `log_to_driver=True` forwards it all, for debugging."""
     if ray.is_initialized():
         return
     quiet_ray_console()
@@ -170,7 +173,7 @@ class _NoTaskErrorEcho(logging.Filter):
         return record.levelno < logging.ERROR
 
 
-def _user_message(error: UserError) -> str:
+def user_message(error: UserError) -> str:
     """The error's own message, without what Ray Data appended to it."""
     return _RAY_SUFFIX.split(str(error), maxsplit=1)[0].rstrip()
 
@@ -203,13 +206,21 @@ def _log_traceback(exc: BaseException, log_dir: str) -> str:
     return handler.baseFilename
 
 
+# Who writes the Ray traceback of an error mapped by `user_errors_from_ray` and says where: the
+# stage running now (`failures.recorded`: its record under ROOT/_logs/); None outside a stage
+traceback_writer: ContextVar[Callable[[BaseException], str] | None] = ContextVar(
+    "traceback_writer", default=None
+)
+
+
 @contextmanager
 def user_errors_from_ray(log_dir: str | None = None) -> Iterator[None]:
     """At a stage boundary: a user's mistake raised inside Ray reaches them as its one line.
 
     A `UserError` raised in a Ray task or actor (a corrupt shard, a refusing endpoint) is
-    re-raised here as itself, its message ending with where the full Ray traceback was written
-    (`log_dir`, by default the Ray session's log folder). An internal bug keeps its traceback.
+    re-raised here as itself, its message ending with where the full Ray traceback was written:
+    `log_dir` when given, else the record of the stage that runs (`traceback_writer`), else the
+    Ray session's log folder. An internal bug keeps its traceback.
     Datasets created inside the block raise UDF errors as themselves, so that their cause can
     be found (Ray Data's wrapper loses it on the way to the driver), and Ray Data's console echo
     of a failed task is held back (it stays in this exception); both are restored after.
@@ -226,8 +237,12 @@ def user_errors_from_ray(log_dir: str | None = None) -> Iterator[None]:
         user = user_error_in(exc)
         if user is None or user is exc:  # a bug, or a UserError raised on the driver
             raise
-        path = _log_traceback(exc, log_dir or error_log_dir())
-        user.args = (f"{_user_message(user)} (Ray traceback in {path})",)
+        write = traceback_writer.get()
+        if log_dir is None and write is not None:
+            path = write(exc)
+        else:
+            path = _log_traceback(exc, log_dir or error_log_dir())
+        user.args = (f"{user_message(user)} (Ray traceback in {path})",)
         raise user.with_traceback(None) from None
     finally:
         ctx.raise_original_map_exception = previous

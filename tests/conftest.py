@@ -372,8 +372,13 @@ class S2StandIn:
             return json.loads(resp.read())
 
 
+# where the stand-in's pre-signed file URLs point: another host than the API's, as S3 is S2's
+S2_FILES_HOST = "127.0.0.2"
+
+
 def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn]:
-    """A Datasets API stand-in serving `root` (one release until a diff is added)."""
+    """A Datasets API stand-in serving `root` (one release until a diff is added), its files
+    from `S2_FILES_HOST`."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "releases.json").write_text(json.dumps(["2026-11-25"]))
     script = str(Path(__file__).parent / "s2_standin.py")
@@ -387,6 +392,8 @@ def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn
             "{port}",
             "--api-key",
             S2StandIn.API_KEY,
+            "--files-host",
+            S2_FILES_HOST,
         ],
         "/_stats",
         log,

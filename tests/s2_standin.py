@@ -13,15 +13,23 @@ are real. It serves, in the API's documented JSON shapes, what a fixture folder 
   (``X-Amz-Signature=`` the ``--signature`` text, default ``secret``, and a request count).
 - ``GET /files/...`` → a file's bytes.
 
-With ``--api-key K`` every API request must carry ``x-api-key: K`` (else 403). Test controls:
-``POST /_faults`` queues faults for the next API requests (``{"kind": "429", "retry_after":
-1}``, ``{"kind": "500"}``), or with ``"on": "files"`` for the next downloads (``{"kind": "403",
-"on": "files"}``: a pre-signed URL that expired); ``POST /_stall {"match": "citations"}`` makes
+With ``--api-key K`` every API request must carry ``x-api-key: K`` (else 403). With
+``--files-host H`` (e.g. ``127.0.0.2``) the server also listens on H, on the same port, and the
+file URLs name H, as S2's name S3: another host, which must never see the key. Any request to
+a host other than the API's (``--host``) is answered without a key check and counted
+(``elsewhere``), and so is each one that carried ``x-api-key`` all the same
+(``key_elsewhere``).
+
+Test controls: ``POST /_faults`` queues faults for the next API requests (``{"kind": "429",
+"retry_after": 1}``, ``{"kind": "500"}``, ``{"kind": "307"}``: a redirect to the same path on
+the files host), or with ``"on": "files"`` for the next downloads (``{"kind": "403", "on":
+"files"}``: a pre-signed URL that expired); ``POST /_stall {"match": "citations"}`` makes
 downloads whose path contains the text hang until the process is killed; ``GET /_stats``
 counts requests by kind and reports whether a key was ever missing; ``POST /_reset`` clears
 them.
 
 Run: python tests/s2_standin.py --root DIR --port PORT [--api-key K] [--signature S]
+[--files-host H]
 """
 
 from __future__ import annotations
@@ -35,11 +43,30 @@ from pathlib import Path
 from aiohttp import web
 
 
-def make_app(root: Path, api_key: str | None, signature: str = "secret") -> web.Application:
+def make_app(
+    root: Path,
+    api_key: str | None,
+    signature: str = "secret",
+    *,
+    api_host: str = "127.0.0.1",
+    files_host: str | None = None,
+) -> web.Application:
     state: dict = {"faults": [], "file_faults": [], "stall": [], "stats": Counter(), "bad_key": 0}
 
-    def fault_response(fault: dict) -> web.Response:
+    def elsewhere(request: web.Request) -> bool:
+        """A request to a host other than the API's, counted with whether it bore the key."""
+        if request.url.host == api_host:
+            return False
+        state["stats"]["elsewhere"] += 1
+        if "x-api-key" in request.headers:
+            state["stats"]["key_elsewhere"] += 1
+        return True
+
+    def fault_response(fault: dict, request: web.Request) -> web.Response:
         state["stats"][f"fault_{fault['kind']}"] += 1
+        if fault["kind"] == "307":
+            there = request.url.with_host(files_host or api_host)
+            return web.Response(status=307, headers={"Location": str(there)})
         headers = {"Retry-After": str(fault["retry_after"])} if "retry_after" in fault else {}
         return web.json_response({"message": "fault"}, status=int(fault["kind"]), headers=headers)
 
@@ -47,12 +74,14 @@ def make_app(root: Path, api_key: str | None, signature: str = "secret") -> web.
         return json.loads((root / "releases.json").read_text())
 
     def check(request: web.Request) -> web.Response | None:
+        if elsewhere(request):
+            return None
         state["stats"]["api"] += 1
         if api_key is not None and request.headers.get("x-api-key") != api_key:
             state["bad_key"] += 1
             return web.json_response({"message": "Forbidden"}, status=403)
         if state["faults"]:
-            return fault_response(state["faults"].pop(0))
+            return fault_response(state["faults"].pop(0), request)
         return None
 
     async def release_list(request: web.Request) -> web.Response:
@@ -74,7 +103,8 @@ def make_app(root: Path, api_key: str | None, signature: str = "secret") -> web.
         if start not in ids or end not in ids:
             return web.json_response({"message": "unknown release"}, status=404)
         chain = ids[ids.index(start) : ids.index(end) + 1]
-        base = f"http://{request.host}/files"
+        host = f"{files_host}:{request.url.port}" if files_host else request.host
+        base = f"http://{host}/files"
         out = []
         for a, b in zip(chain, chain[1:]):
             folder = root / "diffs" / a / b / dataset
@@ -101,8 +131,9 @@ def make_app(root: Path, api_key: str | None, signature: str = "secret") -> web.
     async def files(request: web.Request) -> web.StreamResponse:
         rel = request.match_info["path"]
         state["stats"]["file"] += 1
+        elsewhere(request)
         if state["file_faults"]:
-            return fault_response(state["file_faults"].pop(0))
+            return fault_response(state["file_faults"].pop(0), request)
         if any(m in rel for m in state["stall"]):
             state["stats"]["stalled"] += 1
             await asyncio.sleep(3600)
@@ -145,11 +176,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--api-key")
     parser.add_argument("--signature", default="secret", help="the fake URL signature's text")
+    parser.add_argument("--host", default="127.0.0.1", help="the API's host")
+    parser.add_argument("--files-host", help="another loopback address the file URLs name")
     args = parser.parse_args()
+    app = make_app(
+        args.root, args.api_key, args.signature, api_host=args.host, files_host=args.files_host
+    )
     # a stalled download must not hold the shutdown for aiohttp's default minute
     web.run_app(
-        make_app(args.root, args.api_key, args.signature),
-        host="127.0.0.1",
+        app,
+        host=[args.host, *([args.files_host] if args.files_host else [])],
         port=args.port,
         print=None,
         shutdown_timeout=1,

@@ -130,7 +130,7 @@ def test_an_unknown_key_is_one_line_and_exit_2_for_the_job_and_for_eval(tmp_path
         "--retriever", "bm25", "--set", "eval.nope=1",
     )  # fmt: skip
     assert evaluation.returncode == 2
-    lines = evaluation.stdout.strip().splitlines()
+    lines = evaluation.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: invalid config: eval.nope: unknown key")
     assert "Traceback" not in evaluation.stdout + evaluation.stderr
 

@@ -384,3 +384,37 @@ def test_the_head_refuses_a_job_without_its_token(ray_head, tmp_path):
         "error: no Ray token: set RAY_AUTH_TOKEN_PATH to the file holding the cluster's "
         "(SSM /cpr-ray/RAY_AUTH_TOKEN; infra/README.md)"
     ]
+
+
+def test_the_nightly_script_waits_for_the_refresh_and_fails_with_its_cause(ray_head, tmp_path):
+    """infra/launcher/submit-refresh.sh against the head, as systemd runs it: it submits the
+    night's refresh, follows it to its end and, the job failing, exits 1 with the job log's last
+    line (the cause) as its own, for OnFailure= and cron to alert on; run again the same day it
+    follows that job instead of submitting another."""
+    config = tmp_path / "refresh.yaml"
+    config.write_text("mining:\n  top_shar: 0.2\n")  # a typo: the job fails as it starts
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray_head,
+        **WITH_TOKEN,
+        "CPR_RAY_CHECKOUT": str(ROOT),
+        "CPR_REFRESH_CONFIG": str(config),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    script = str(ROOT / "infra" / "launcher" / "submit-refresh.sh")
+    today = "refresh-" + time.strftime("%Y-%m-%d", time.gmtime())
+    runs = []
+    deadline = time.time() + 180
+    while len(runs) < 2:
+        run = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=300)
+        starting = "No available agent" in run.stderr or "status code 503" in run.stderr
+        if starting and not runs and time.time() < deadline:  # the head's job agent is not up
+            time.sleep(2)
+            continue
+        runs.append(run)
+    for run in runs:
+        assert run.returncode == 1, run.stdout + run.stderr
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"{today} FAILED: error: invalid config: mining.top_shar: "), last
+    assert f"submitting {today} at commit " in runs[0].stdout
+    assert f"{today} was already submitted; following it" in runs[1].stdout

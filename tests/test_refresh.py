@@ -33,6 +33,7 @@ from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
 
 from .conftest import (
+    S2_FILES_HOST,
     S2StandIn,
     assert_equals_whole_table_mining,
     copy_build,
@@ -137,6 +138,31 @@ def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2
         S2DatasetsClient(
             s2_api.api_url, S2StandIn.API_KEY, max_retries=2, sleep=sleeps.append
         ).releases()
+
+
+def test_the_s2_key_goes_to_the_api_host_only_never_to_download_or_redirect_hosts(s2_api):
+    """The pre-signed file URLs name another host (as S3 is S2's): the downloads and an API
+    redirect to that host go without the key, which every API request carries."""
+    import io
+
+    client = S2DatasetsClient(s2_api.api_url, S2StandIn.API_KEY, requests_per_second=1e9)
+    (s2_api.root / "releases.json").write_text(json.dumps([OLD, NEW]))
+    step = s2_api.root / "diffs" / OLD / NEW / "papers"
+    step.mkdir(parents=True)
+    for i in range(2):
+        (step / f"update-{i:05d}.jsonl.gz").write_bytes(b"\x1f\x8b fake")
+    [diff] = client.diffs(OLD, NEW, "papers")
+    assert all(url.startswith(f"http://{S2_FILES_HOST}:") for url in diff.update_files)
+    for url in diff.update_files:
+        assert client.download(url, io.BytesIO()) == len(b"\x1f\x8b fake")
+    stats = s2_api.stats()
+    assert (stats["api"], stats["bad_key"], stats["file"]) == (1, 0, 2)  # the API had the key
+    assert (stats["elsewhere"], stats.get("key_elsewhere", 0)) == (2, 0)
+
+    s2_api.faults({"kind": "307"})  # the API sends the client on to the other host
+    assert client.latest() == NEW  # followed, answered there
+    stats = s2_api.stats()
+    assert (stats["fault_307"], stats["elsewhere"], stats.get("key_elsewhere", 0)) == (1, 3, 0)
 
 
 def test_refresh_of_an_unbuilt_root_says_what_to_do_and_one_finding_an_owner_does_nothing(
@@ -326,6 +352,7 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     [step] = [s for s in summary["steps"] if s["source"] == "s2"]
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
     assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
+    assert scenario["api_after_again"].get("key_elsewhere", 0) == 0  # ... to the API host only
     # the bulk inputs differ now (the new OpenAlex partition): a build must not silently go
     # back to the bulk release
     with pytest.raises(InputError, match=f"refreshed to S2 release {NEW}.*cpr refresh"):

@@ -40,7 +40,7 @@ from typer.testing import CliRunner
 from cpr_ray.cli import app
 from cpr_ray.config import sample_dir
 from cpr_ray.sample.diffs import make_diff
-from tests.conftest import S2StandIn, copy_build, start_local_server
+from tests.conftest import S2_FILES_HOST, S2StandIn, copy_build, start_local_server
 from tests.test_llm_reliability import cpr_build, published
 
 OPENAI_KEY = "sk-SENTINEL-openai-4c1d9e7a2b"
@@ -318,7 +318,9 @@ def s2(sample_mined, tmp_path_factory) -> Iterator[S2StandIn]:
     script = str(Path(__file__).parent / "s2_standin.py")
     args = [sys.executable, script, "--root", str(root), "--port", "{port}"]
     proc, url = start_local_server(
-        [*args, "--api-key", S2_KEY, "--signature", SIGNATURE], "/_stats", tmp / "standin.log"
+        [*args, "--api-key", S2_KEY, "--signature", SIGNATURE, "--files-host", S2_FILES_HOST],
+        "/_stats",
+        tmp / "standin.log",
     )
     yield S2StandIn(url, root)
     proc.terminate()
@@ -367,7 +369,8 @@ def test_a_refresh_shows_neither_the_s2_key_nor_a_url_signature(
     code, out = cpr_refresh(root, s2)
     outputs.append(out)
     line = error_line(out)
-    assert code == 2 and f"refused {s2.url}/files/{OLD}/{NEW}/papers/update-" in line, out
+    files_url = s2.url.replace("127.0.0.1", S2_FILES_HOST)
+    assert code == 2 and f"refused {files_url}/files/{OLD}/{NEW}/papers/update-" in line, out
     assert "?" not in line.split("refused ", 1)[1].split(" ")[0]  # the URL, no query string
 
     code, out = cpr_refresh(root, s2)  # the endpoint is fine again
@@ -375,6 +378,8 @@ def test_a_refresh_shows_neither_the_s2_key_nor_a_url_signature(
     assert code == 0 and f"corpus: S2 {OLD} → {NEW}, 1 release step(s) applied" in out, out
     stats = s2.stats()
     assert stats["file"] >= 4 and stats["bad_key"] == 0, stats  # signed URLs fetched, key sent
+    # ... to the API only: the files' host (another one, as S3 is S2's) never saw it
+    assert stats["elsewhere"] >= stats["file"] and stats.get("key_elsewhere", 0) == 0, stats
 
     captured = capfd.readouterr()
     assert searched([root / "_refresh", root / "ingest"]) > 5

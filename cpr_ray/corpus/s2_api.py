@@ -5,10 +5,13 @@ a dataset the diffs between two releases (``/diffs/{start}/to/{end}/{dataset}``)
 consecutive pair of releases, each with ``update_files`` and ``delete_files`` — pre-signed URLs
 of gzipped JSONL that expire, so a rerun asks for them again rather than keeping them.
 
-The key goes in the ``x-api-key`` header and nowhere else: it is never logged, and error
-messages name a URL without its query string (a pre-signed URL's signature is a credential
-too). S2 allows one request a second per key; requests are spaced to that, and a 429 or a 5xx
-backs off (its ``Retry-After`` when it gives one) before a bounded number of retries.
+The key goes in the ``x-api-key`` header of requests to the API's own host and nowhere else:
+not to the hosts of the pre-signed download URLs, not along a redirect to another host
+(requests drops ``Authorization`` there, but keeps a custom header). It is never logged, and
+error messages name a URL without its query string (a pre-signed URL's signature is a
+credential too). S2 allows one request a second per key; requests are spaced to that, and a
+429 or a 5xx backs off (its ``Retry-After`` when it gives one) before a bounded number of
+retries.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import requests
 from cpr_ray.errors import InputError, StorageError
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+KEY_HEADER = "x-api-key"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,39 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the scheme's default when none is given) of a URL."""
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+class KeyedSession(requests.Session):
+    """A session that sets the API key on exactly the requests to one origin, the API's: on the
+    first request and again on every hop of a redirect, where it is removed when the hop
+    leaves that origin."""
+
+    def __init__(self, api_origin: tuple[str, str, int | None], api_key: str | None) -> None:
+        super().__init__()
+        self.api_origin = api_origin
+        self.api_key = api_key
+
+    def _scope(self, prepared: requests.PreparedRequest) -> None:
+        if self.api_key and origin(prepared.url or "") == self.api_origin:
+            prepared.headers[KEY_HEADER] = self.api_key
+        else:
+            prepared.headers.pop(KEY_HEADER, None)
+
+    def prepare_request(self, request: requests.Request) -> requests.PreparedRequest:
+        prepared = super().prepare_request(request)
+        self._scope(prepared)
+        return prepared
+
+    def rebuild_auth(self, prepared: requests.PreparedRequest, response: requests.Response) -> None:
+        super().rebuild_auth(prepared, response)
+        self._scope(prepared)
+
+
 class S2DatasetsClient:
     """Spaced, retried GETs against the Datasets API; thread-safe spacing."""
 
@@ -63,9 +100,7 @@ class S2DatasetsClient:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.session = requests.Session()
-        if api_key:
-            self.session.headers["x-api-key"] = api_key
+        self.session = KeyedSession(origin(self.base_url), api_key)
         self.interval = 1.0 / requests_per_second if requests_per_second > 0 else 0.0
         self.max_retries = max_retries
         self.timeout_s = timeout_s

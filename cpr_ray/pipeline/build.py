@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from cpr_ray import leases
+from cpr_ray import failures, leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import discover_inputs, ingest
 from cpr_ray.dataset.export import export
@@ -21,7 +21,7 @@ from cpr_ray.pooling.stage import pool
 from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
 from cpr_ray.queries.synthesis import synthesize_queries
 from cpr_ray.ray_runtime import ensure_ray, user_errors_from_ray
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage import Storage
 
 StageFn = Callable[..., dict[str, Any]]
 
@@ -78,13 +78,6 @@ def preflight(cfg: Config, storage: Storage, selected: Sequence[str]) -> dict[st
     return {"ingest": {"inputs": discover_inputs(cfg, storage)}}
 
 
-def _error_log_dir(storage: Storage) -> str | None:
-    """Tracebacks of errors mapped at a stage boundary: `_logs/` of a local build root; for an
-    object store, the Ray session's log folder (the default)."""
-    root = storage.resolve(storage.root)
-    return None if root.is_s3 else join(root.path, "_logs")
-
-
 def run_build(
     cfg: Config,
     stages: Sequence[str] | None = None,
@@ -98,18 +91,18 @@ def run_build(
     already): a root another build or refresh owns stops it before Ray starts, in one line
     (`leases.RootBusy`). A mistake a user made that surfaces inside Ray (a corrupt shard, a
     refusing endpoint) leaves each stage as its one-line `UserError`, with the Ray traceback in
-    a log file it names.
+    a log file it names; any failure of a stage is recorded under ``ROOT/_logs/`` (`failures`).
     """
     cfg.require("storage.root", "input")  # evaluation-only configs carry neither
     storage = Storage(cfg.storage)
     selected = resolve_stages(stages)
     stage_args = preflight(cfg, storage, selected)
+    secrets = failures.secret_names(cfg)
     manifests: dict[str, dict[str, Any]] = {}
     with leases.owner(storage, "build") if owner is None else nullcontext(owner):
         ensure_ray(cfg.ray)
-        log_dir = _error_log_dir(storage)
         for name in selected:
-            with user_errors_from_ray(log_dir):
+            with failures.recorded(storage, name, secrets), user_errors_from_ray():
                 manifests[name] = STAGES[name](
                     cfg, storage, force=force, **stage_args.get(name, {})
                 )

@@ -22,13 +22,14 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
-from cpr_ray import leases
+from cpr_ray import failures, leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.refresh import INGEST, Refresher
 from cpr_ray.corpus.s2_api import S2DatasetsClient
 from cpr_ray.llm.runner import ledger_summary
 from cpr_ray.llm.spend import counted_from_here
 from cpr_ray.pipeline.build import STAGES, run_build
+from cpr_ray.ray_runtime import user_errors_from_ray
 from cpr_ray.stage import console, read_manifest
 from cpr_ray.storage import Storage, join
 
@@ -43,7 +44,9 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         except leases.RootBusy as busy:
             return {"root": storage.root, "busy": str(busy)}
         ledger_before = _ledger_rows(storage)
-        applied = updater.apply()
+        secrets = failures.secret_names(cfg)
+        with failures.recorded(storage, "refresh", secrets), user_errors_from_ray():
+            applied = updater.apply()
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
             with counted_from_here(storage, cfg.llm):  # the caps count this night's spend

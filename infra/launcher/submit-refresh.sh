@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Submits tonight's refresh to the launcher cluster (`ray up cluster.yaml`). Run it from cron or
-# the systemd timer next to it (cpr-refresh.timer, crontab.example).
+# Submits tonight's refresh to the launcher cluster (`ray up cluster.yaml`) and waits for its
+# end. Run it from cron or the systemd timer next to it (cpr-refresh.timer, crontab.example).
 #
 # Idempotent per day: the submission ID is refresh-YYYY-MM-DD (UTC) and Ray refuses a second job
-# with the same ID, so a rerun on the same day does nothing. It also skips the night when
-# yesterday's refresh is still pending or running, so two refreshes never write at once.
+# with the same ID, so a rerun on the same day follows that job instead of submitting one. It
+# skips the night when yesterday's refresh is still pending or running, so two refreshes never
+# write at once.
+#
+# Exit status: 0 when the job succeeded (or the night was skipped), 1 when it failed or was
+# stopped, after printing the job log's last line (the one-line cause; the traceback is in
+# ROOT/_logs/ on the bucket). That is what systemd's OnFailure= (cpr-refresh-alert.service) and
+# cron's MAILTO (crontab.example) alert on: a night never fails unseen.
 #
 # The job runs the code of the checkout in CPR_RAY_CHECKOUT: `--working-dir .` uploads it, and it
 # comes first on sys.path of the driver and every worker. The cluster's nodes hold the
@@ -31,18 +37,40 @@ config="${CPR_REFRESH_CONFIG:-s3://my-cpr-bucket/configs/refresh.yaml}"
 today="refresh-$(date -u +%F)"
 yesterday="refresh-$(date -u -d yesterday +%F)"
 
+cd "$checkout"
 if ray job status "$today" >/dev/null 2>&1; then
-  echo "$today was already submitted; nothing to do"
-  exit 0
-fi
-if ray job status "$yesterday" 2>/dev/null | grep -qE 'PENDING|RUNNING'; then
+  echo "$today was already submitted; following it"
+elif ray job status "$yesterday" 2>/dev/null | grep -qE 'PENDING|RUNNING'; then
   echo "$yesterday is still running; skipping $today"
   exit 0
+else
+  commit="$(git rev-parse HEAD)"
+  echo "submitting $today at commit $commit"
+  ray job submit --submission-id "$today" --no-wait --working-dir . \
+    --metadata-json "{\"commit\": \"$commit\"}" \
+    -- python jobs/refresh.py --config "$config"
 fi
 
-cd "$checkout"
-commit="$(git rev-parse HEAD)"
-echo "submitting $today at commit $commit"
-exec ray job submit --submission-id "$today" --no-wait --working-dir . \
-  --metadata-json "{\"commit\": \"$commit\"}" \
-  -- python jobs/refresh.py --config "$config"
+# The driver's output into this log (the unit's journal) until the job ends. The stream may
+# also end early (the head restarted, the connection dropped): the job's status then decides,
+# polled until it ends; a failure prints Ray's status message and the log's last line (the
+# cause), and is this script's exit status 1.
+ray job logs --follow "$today" || echo "the log stream of $today ended early"
+exec python - "$today" <<'EOF'
+import sys
+import time
+
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+job, client, pause = sys.argv[1], JobSubmissionClient(), 2
+while (info := client.get_job_info(job)).status in (JobStatus.PENDING, JobStatus.RUNNING):
+    time.sleep(pause)
+    pause = min(pause * 2, 60)
+if info.status == JobStatus.SUCCEEDED:
+    print(f"{job} succeeded")
+    sys.exit(0)
+lines = [ln for ln in client.get_job_logs(job).splitlines() if ln.strip()] or ["no log"]
+print(f"Ray: {(info.message or '-').splitlines()[0]}", file=sys.stderr)
+print(f"{job} {info.status.value}: {lines[-1]}", file=sys.stderr)
+sys.exit(1)
+EOF
