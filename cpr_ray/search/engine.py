@@ -374,6 +374,19 @@ class SearchIndex:
     def text_of(self, corpus_id: Any) -> str:
         return self.docs["text"][self.row_of(corpus_id)].as_py()
 
+    def abstract_of(self, corpus_id: Any) -> str | None:
+        """A document's abstract, cut from the one paper text the index holds ("title.
+        abstract", `schemas.paper_text`); None where it has none (the export withholds it by
+        licence)."""
+        text = self.text_of(corpus_id)
+        title = (self.columns["title"][self.row_of(corpus_id)] or "").strip()
+        if not title:
+            return text or None
+        for sep in (". ", " "):  # paper_text's: " " after a title ending in . ? or !
+            if text.startswith(title + sep):
+                return text[len(title) + len(sep) :] or None
+        return None  # the title alone: no abstract
+
     def row_of(self, corpus_id: Any) -> int:
         if not hasattr(self, "_row_by_id"):
             self._row_by_id = {d: i for i, d in enumerate(self.columns["corpus_id"])}

@@ -69,7 +69,6 @@ def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) 
     from cpr_ray.llm.runner import endpoint_url, run_llm_task
     from cpr_ray.ray_runtime import ensure_ray
     from cpr_ray.retrieval.llm_judge import EVAL_STEPS, eval_context
-    from cpr_ray.search.run import abstract_of
 
     base_url = endpoint_url(cfg.llm, EVAL_STEPS)
     rows, where = [], []
@@ -83,7 +82,7 @@ def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) 
                     "q_abstract": "",
                     "q_topic": r.get("query_field") or "",
                     "d_title": h["title"] or "",
-                    "d_abstract": abstract_of(index, h["corpus_id"]) or "",
+                    "d_abstract": index.abstract_of(h["corpus_id"]) or "",
                     "d_topic": h.get("field") or "",
                     "contexts": None,
                 }

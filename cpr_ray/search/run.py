@@ -69,21 +69,8 @@ def run_search(
         llm_steps.explain(results, index, cfg)
     if abstracts:
         for hit in (h for r in results for h in r["hits"]):
-            hit["abstract"] = abstract_of(index, hit["corpus_id"])
+            hit["abstract"] = index.abstract_of(hit["corpus_id"])
     return results
-
-
-def abstract_of(index: SearchIndex, corpus_id: Any) -> str | None:
-    """A document's abstract, cut from the one paper text the index holds ("title. abstract",
-    `schemas.paper_text`); None where it has none (the export withholds it by licence)."""
-    text = index.text_of(corpus_id)
-    title = (index.columns["title"][index.row_of(corpus_id)] or "").strip()
-    if not title:
-        return text or None
-    for sep in (". ", " "):  # paper_text's: " " after a title ending in . ? or !
-        if text.startswith(title + sep):
-            return text[len(title) + len(sep) :] or None
-    return None  # the title alone: no abstract
 
 
 def search_options(cfg: Config, **given: Any) -> SearchOptions:
