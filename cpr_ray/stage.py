@@ -182,6 +182,7 @@ def run_stage(
         "seconds": seconds,
     }
     leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
+    # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
     storage.write_json(manifest_uri(storage, name), manifest)
     _remove_old_runs(storage, name, keep=run_id)
     return manifest

@@ -14,9 +14,11 @@ import io
 import json
 import os
 import posixpath
+import random
 import re
+import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
@@ -34,6 +36,11 @@ from cpr_ray.sections import Section
 
 if TYPE_CHECKING:
     import lance
+
+# `Storage.update_text`: lost races before giving up, and the first pause after one (doubling,
+# jittered, at most a second): enough for dozens of runs appending to one file at once
+UPDATE_TRIES = 30
+UPDATE_BACKOFF_S = 0.05
 
 
 class BucketSettings(Section):
@@ -525,6 +532,37 @@ class Storage:
             if _conditional(exc) in ("failed", "missing"):
                 return False
             raise StorageError(_explain_boto(loc, exc)) from None
+
+    def update_text(
+        self,
+        uri: str,
+        change: Callable[[str | None], str | None],
+        *,
+        tries: int = UPDATE_TRIES,
+    ) -> str | None:
+        """Read-modify-write of a small text file that several runs update at once (a model
+        card that parallel evaluations append to). `change` gets the newest text (None: no file)
+        and returns what to write: None to leave it as it is, the same text when there is
+        nothing to add. The write is conditional on the version read; a writer that lost the
+        race waits a moment (jittered, doubling) and applies `change` to the newer text, so
+        `change` must be idempotent for what it adds. The text now stored, or None when `change`
+        declined; a StorageError naming the file after `tries` lost races."""
+        for attempt in range(tries):
+            try:
+                data, tag = self.read_tagged(uri)
+                text: str | None = data.decode()
+            except FileNotFoundError:
+                text, tag = None, None
+            new = change(text)
+            if new is None or new == text:
+                return new
+            if self.write_if(uri, new.encode(), tag=tag) is not None:
+                return new
+            time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 1.0)))
+        raise StorageError(
+            f"{uri}: changed by other writers {tries} times while this run tried to update it; "
+            "run it again"
+        )
 
     def _boto(self) -> Any:
         return _boto_client(

@@ -19,6 +19,7 @@ import json
 import re
 import threading
 import xml.etree.ElementTree as ET
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -53,6 +54,7 @@ class Standin:
         self.app = app
         self.log = log
         self.lock = threading.Lock()
+        self.conditional = threading.Lock()
         self.rules: dict[str, Any] | None = None
 
     # -- controls --------------------------------------------------------------------------
@@ -115,7 +117,12 @@ class Standin:
         if decision.startswith(("unmapped", "explicit", "implicit", "anonymous")) and self.rules:
             status, headers, body = _denied(req.method, req.path)
         else:
-            status, headers, body = self._forward(environ)
+            # S3 checks a write's condition and writes in one step; moto checks, then writes, so
+            # two racing writers could both pass: conditional writes go one at a time here
+            condition = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
+            one_at_a_time = condition and req.method in ("PUT", "DELETE")
+            with self.conditional if one_at_a_time else nullcontext():
+                status, headers, body = self._forward(environ)
             missing = not_found_need(req)
             if status.startswith("404") and missing and decision == ALLOW:
                 check = self._decide(key_id, req, [missing])

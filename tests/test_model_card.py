@@ -2,23 +2,28 @@
 appending evaluations (history kept, hand edits kept, foreign cards untouched), what an export's
 card and stats give it, and end to end: `cpr train` on a tiny CPR export writes the card,
 `cpr eval --model` appends to it, and sentence-transformers loads the folder and applies the
-saved prompts in `encode_query` / `encode_document`."""
+saved prompts in `encode_query` / `encode_document`; evaluations racing to append to one card,
+locally and on the loopback S3, keep every row."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
+from cpr_ray import storage as storage_module
 from cpr_ray.dataset.card import dataset_card
 from cpr_ray.dataset.format import CPR_TRAIN
-from cpr_ray.storage import Storage, StorageConfig
+from cpr_ray.errors import StorageError
+from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.model_card import (
     END,
     CardFacts,
@@ -407,3 +412,84 @@ def test_a_card_on_s3_gets_the_evaluation(s3_endpoint: str, s3_bucket: str):
     assert len(rows) == 1 and results[0]["dataset"]["type"] == "cpr"
     assert 'SentenceTransformer("PATH/TO/A/LOCAL/COPY")' in storage.read_text(f"{model}/README.md")
     assert record_evaluation(storage, f"s3://{s3_bucket}/none", _results("cpr", 0.5)) is None
+
+
+@pytest.fixture(params=["local", "s3"])
+def card_storage(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, str]:
+    """A storage and a model folder holding a fresh cpr-ray card, on each backend."""
+    if request.param == "local":
+        storage, model = STORAGE, str(tmp_path / "model")
+    else:
+        endpoint, bucket = (request.getfixturevalue(f) for f in ("s3_endpoint", "s3_bucket"))
+        storage, model = Storage(StorageConfig(s3_endpoint=endpoint)), f"s3://{bucket}/r1/model"
+    storage.write_text(join(model, "README.md"), render_card(_facts(model_uri=model)))
+    return storage, model
+
+
+def test_eight_evaluations_of_one_model_at_once_leave_eight_rows(card_storage):
+    """A job array of 8 benchmarks: each run's `record_evaluation` starts at the same moment."""
+    storage, model = card_storage
+    start, written = threading.Barrier(8), []
+
+    def evaluate(i: int) -> None:
+        results = _results("beir", 0.1 + i / 100, data=f"/data/set{i}")  # subset set{i}
+        start.wait()
+        written.append(record_evaluation(storage, model, results))
+
+    threads = [threading.Thread(target=evaluate, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert written == [join(model, "README.md")] * 8
+    rows, results = recorded(storage.read_text(join(model, "README.md")))
+    assert sorted(r.split(" | ")[2] for r in rows) == [f"set{i}" for i in range(8)]
+    assert sorted(r["dataset"]["config"] for r in results) == [f"set{i}" for i in range(8)]
+
+
+class LostReplies(Storage):
+    """S3 when a conditional write lands but its reply is lost: the client's retry of the same
+    request is refused, so the writer sees a conflict for a write of its own."""
+
+    def __init__(self, storage: Storage, lose: int) -> None:
+        super().__init__(storage.cfg)
+        self.lose = lose
+
+    def write_if(self, uri: str, data: bytes, *, tag: str | None = None) -> str | None:
+        landed = super().write_if(uri, data, tag=tag)
+        if self.lose:
+            self.lose -= 1
+            return None
+        return landed
+
+
+def test_a_write_that_landed_unseen_is_not_recorded_twice(card_storage):
+    storage, model = card_storage
+    assert record_evaluation(LostReplies(storage, 1), model, _results("cpr", 0.5))
+    rows, results = recorded(storage.read_text(join(model, "README.md")))
+    assert len(rows) == 1 and len(results) == 1
+
+
+class Overtaken(Storage):
+    """Another writer that changes the file just before each of our conditional writes."""
+
+    def __init__(self, storage: Storage) -> None:
+        super().__init__(storage.cfg)
+
+    def write_if(self, uri: str, data: bytes, *, tag: str | None = None) -> str | None:
+        self.write_text(uri, self.read_text(uri) + "\nanother writer's change\n")
+        return super().write_if(uri, data, tag=tag)
+
+
+def test_a_writer_that_keeps_losing_gives_up_naming_the_file(tmp_path, capsys, monkeypatch):
+    storage, model = STORAGE, str(tmp_path / "model")  # the loop is the same on either backend
+    uri = join(model, "README.md")
+    storage.write_text(uri, render_card(_facts(model_uri=model)))
+    with pytest.raises(StorageError, match=f"{uri}: changed by other writers 3 times"):
+        Overtaken(storage).update_text(uri, lambda text: f"{text}ours\n", tries=3)
+    assert not storage.read_text(uri).endswith("ours\n")
+    # an evaluation that keeps losing says so; its results stand (written before the card)
+    monkeypatch.setattr(storage_module, "UPDATE_BACKOFF_S", 0.0)
+    assert record_evaluation(Overtaken(storage), model, _results("cpr", 0.5)) is None
+    assert f"model card not updated: {uri}: changed by other writers" in capsys.readouterr().err
+    assert recorded(storage.read_text(uri))[0] == []

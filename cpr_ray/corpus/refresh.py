@@ -406,6 +406,7 @@ class Refresher:
             "run_id": stamp,
             "refreshed": dt.datetime.now(dt.timezone.utc).isoformat(),
         }
+        # one writer: the refresh holds the root's lease (`pipeline.refresh`) while it commits
         self.storage.write_json(manifest_uri(self.storage, INGEST), new)
         corpus.manifest = new
         return new

@@ -162,5 +162,6 @@ def write_mteb_results(storage: Storage, results_uri: str, results: dict[str, An
     if uri is None:
         return None
     storage.write_json(uri, task_result(results))
+    # shared by every run of this model; each writes it whole with the same name and revision
     storage.write_json(join(posixpath.dirname(uri), "model_meta.json"), model_meta(results))
     return uri

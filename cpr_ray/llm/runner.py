@@ -325,6 +325,9 @@ def cache_uri(storage: Storage, stage: str) -> str:
 
 
 def ledger_uri(storage: Storage, stage: str) -> str:
+    """A stage's ledger (and, beside it, its cache): parts named by run, call and actor, each
+    written once and never rewritten, so any number of runs append at once and a read merges
+    the parts; no file here has two writers."""
     return join(storage.root, "_llm", "ledger", stage)
 
 

@@ -781,8 +781,8 @@ def write_training_card(
     already there from an earlier finish of this run keeps its evaluations."""
     facts = training_facts(storage, cfg, summary, examples=examples, device=device)
     uri = join(facts.model_uri, CARD)
-    rows, results = recorded(_read_text(storage, uri) or "")
-    storage.write_text(uri, render_card(facts, rows, results))
+    # conditional, as an evaluation's append is: one landing meanwhile is kept, not overwritten
+    storage.update_text(uri, lambda text: render_card(facts, *recorded(text or "")))
     return uri
 
 
@@ -800,17 +800,33 @@ def record_evaluation(
     """Append a `cpr eval` run's results to the card of the model folder `model` (local or
     s3://) when cpr-ray wrote that card; the card's URI, or None where nothing was written (no
     folder, no card, another library's card). Storage that fails is a warning: the results
-    themselves are already out."""
+    themselves are already out.
+
+    Evaluations of one model run at once (a job array of benchmarks), so the append is a
+    conditional write (`Storage.update_text`): a run that lost the race adds its row to the card
+    the winner wrote, and every row stays."""
     if not _model_folder(model):
         return None
     assert model is not None
     uri = join(model, CARD)
-    try:
-        text = _read_text(storage, uri)
+    evaluation = Evaluation.from_results(results)
+    retry = False
+
+    def append(text: str | None) -> str | None:
+        nonlocal retry
         if text is None or not is_cpr_card(text):
             return None
-        storage.write_text(uri, add_evaluation(text, Evaluation.from_results(results)))
-    except StorageError as exc:
+        # our lost write may have landed after all (S3 refusing the repeat of a request whose
+        # reply was lost): its row is there, and a second would record this run twice
+        if retry and evaluation.row() in recorded(text)[0]:
+            return text
+        retry = True
+        return add_evaluation(text, evaluation)
+
+    try:
+        if storage.update_text(uri, append) is None:
+            return None
+    except (StorageError, UnicodeDecodeError) as exc:
         console.print(f"[yellow]model card not updated[/]: {exc}", soft_wrap=True)
         return None
     return uri
