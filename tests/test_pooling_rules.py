@@ -299,6 +299,9 @@ def test_retraining_into_the_same_folder_gives_the_pooling_store_and_the_index_n
     key, record = plan.store_key, encoder_record(spec)
     assert record["fingerprint"] == vector_identity(spec)["fingerprint"]
     assert PoolerPlan("m", "dense", "{title}", spec, 2, 2.0, 0.0).store_key == key  # same vectors
+    (model / "README.md").write_text("| an evaluation's new row |")  # the card, appended to
+    (model / ".README.md.lock").write_text("")  # the card writer's lock
+    assert plan.store_key == key and encoder_record(spec) == record  # no vector changed
 
     (model / "model.safetensors").write_bytes(b"b" * 4096)  # the retrained weights
     assert plan.store_key != key

@@ -126,12 +126,16 @@ class EncoderSpec:
 def model_fingerprint(model: str) -> str:
     """Which weights a vector came from: a local folder's file names, sizes, and the first and
     last MiB of each file (a fine-tuned copy of a model has the same names and sizes, not the
-    same bytes); a hub name stands for itself."""
+    same bytes); a hub name stands for itself. The model card (README.md, which every
+    evaluation of the model appends a row to) and hidden files (a writer's lock) change no
+    vector, so they are left out: else each evaluation would make every cached vector stale."""
     if not os.path.isdir(model):
         return f"name:{model}"
     digest = hashlib.blake2b(digest_size=16)
     for root, _, files in sorted(os.walk(model)):
         for name in sorted(files):
+            if name == "README.md" or name.startswith("."):
+                continue
             path = os.path.join(root, name)
             size = os.path.getsize(path)
             digest.update(f"{os.path.relpath(path, model)}:{size}".encode())
