@@ -30,7 +30,7 @@ from cpr_ray.llm.runner import LLMContext, TaskRun, ledger_uri, run_llm_task
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.storage import Storage
 
-from .conftest import ScriptedLLM
+from .conftest import ScriptedLLM, flushed_answers
 
 # one driver: asks `n` grader rows of the scripted endpoint, prints its stats and whether Ray ran
 DRIVER = textwrap.dedent(
@@ -76,13 +76,16 @@ def result(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def wait_for(what: str, ready, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_for(
+    what: str, ready, proc: subprocess.Popen, timeout: float = 60, seen=lambda: None
+) -> None:
+    """Poll `ready` while the driver runs; a timeout fails saying what `seen` returns then."""
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
             pytest.fail(f"the driver ended before {what}: {proc.stderr.read()[-3000:]}")
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} in {timeout:.0f} s")
+            pytest.fail(f"no {what} in {timeout:.0f} s (seen: {seen()})")
         time.sleep(0.1)
 
 
@@ -115,7 +118,11 @@ def test_a_driver_killed_mid_ask_keeps_what_was_answered(tmp_path, llm):
     try:
         wait_for("four answers", lambda: llm.stats().get("answered", 0) >= 4, proc)
         assert llm.stats()["total"] == 8
-        time.sleep(1.5)  # every answer received reaches the cache (FLUSH_S = 0.5)
+        # the four answers reach the cache, then the ledger, at most one flush (FLUSH_S) behind
+        stored = lambda: flushed_answers(tmp_path, "score-positives")  # noqa: E731
+        wait_for(
+            "four answers in the cache and ledger", lambda: stored() == (4, 4), proc, seen=stored
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
