@@ -90,23 +90,27 @@ def wait_for(
 
 
 def test_a_small_ask_goes_out_at_once_from_the_driver_without_ray(tmp_path, llm):
-    """Six rows, two actors of three in flight: the driver sends all six at once (the pool's
-    limit, not one actor's), starts no Ray, and a second run is served from the cache."""
+    """Seven rows, two actors of three in flight: the driver sends six at once (the pool's
+    limit, not one actor's) and the seventh only once an answer frees a place; it starts no
+    Ray, and a second run is served from the cache."""
     llm.pause()
     settings = ("llm.actors=2", "llm.max_in_flight=3")
-    proc = driver(tmp_path, llm.base_url, 6, *settings)
+    proc = driver(tmp_path, llm.base_url, 7, *settings)
+    total = lambda: llm.stats().get("total", 0)  # noqa: E731
     try:
-        wait_for("six requests in flight", lambda: llm.stats().get("total", 0) >= 6, proc)
-        time.sleep(0.5)
-        assert llm.stats()["total"] == 6  # and no more than the pool would send
+        wait_for("six requests in flight", lambda: total() >= 6, proc, seen=total)
     finally:
+        resumed = time.time()  # the server's arrival times are this machine's wall clock too
         llm.resume()
     first = result(proc)
     assert first["ray"] is False
-    assert (first["stats"]["asked"], first["stats"]["new_ok"]) == (6, 6)
-    again = result(driver(tmp_path, llm.base_url, 6, *settings))
-    assert (again["stats"]["cached"], again["stats"]["asked"]) == (6, 0)
-    assert llm.stats()["total"] == 6
+    assert (first["stats"]["asked"], first["stats"]["new_ok"]) == (7, 7)
+    # no answer came before the resume, so a seventh request sent before it broke the limit
+    arrivals = sorted(llm.stats()["arrivals"])
+    assert len(arrivals) == 7 and arrivals[5] < resumed <= arrivals[6], (resumed, arrivals)
+    again = result(driver(tmp_path, llm.base_url, 7, *settings))
+    assert (again["stats"]["cached"], again["stats"]["asked"]) == (7, 0)
+    assert llm.stats()["total"] == 7
 
 
 def test_a_driver_killed_mid_ask_keeps_what_was_answered(tmp_path, llm):
