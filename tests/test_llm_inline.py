@@ -26,6 +26,7 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMConfigError, LLMStageError
+from cpr_ray.llm.ratelimit import ClusterRateLimiter
 from cpr_ray.llm.runner import LLMContext, TaskRun, ledger_uri, run_llm_task
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.storage import Storage
@@ -230,10 +231,18 @@ def test_a_failing_endpoint_stops_a_many_wave_ask_early_with_progress_on_the_way
 @pytest.mark.usefixtures("ray_session")
 def test_the_shared_rate_limit_paces_the_driver_too(tmp_path, llm):
     """The driver's ask waits for the same shared limiter (a Ray actor) as a pool's actors:
-    four requests at two a second arrive about half a second apart."""
+    four requests at two a second get starts half a second apart, and none is sent before its
+    start (a busy machine only sends them later)."""
+    import ray
+
+    # the test holds the limiter the ask finds by name, so it outlives the ask to be read
+    limiter = ClusterRateLimiter(2.0, None).start()
     settings = ("llm.requests_per_second=2", "llm.max_in_flight=4")
     out = _ask(tmp_path, llm, 4, *settings)
     assert out.stats["new_ok"] == 4
+    starts = sorted(ray.get(ray.get_actor(limiter.name).starts.remote()))
+    assert len(starts) == 4
+    assert all(b - a >= 0.5 - 1e-6 for a, b in zip(starts, starts[1:])), starts
     arrivals = sorted(llm.stats()["arrivals"])
     assert len(arrivals) == 4
-    assert all(b - a >= 0.5 - 0.05 for a, b in zip(arrivals, arrivals[1:])), arrivals
+    assert all(arrived >= start - 0.05 for arrived, start in zip(arrivals, starts)), arrivals
