@@ -340,6 +340,23 @@ def llm(scripted_llm: ScriptedLLM) -> ScriptedLLM:
     return scripted_llm
 
 
+def flushed_answers(root: Path, stage: str) -> tuple[int, int]:
+    """(valid answers in the stage's cache, rows in its ledger) under a local build `root`: what
+    an asker's flushes have stored so far. A flush writes the cache part, then the ledger part,
+    each atomically, so a test that will kill the asker waits for both to hold what it expects
+    rather than sleeping past the flush interval."""
+    import pyarrow.dataset as pds
+
+    def rows(kind: str, only_ok: bool) -> int:
+        folder = root / "_llm" / kind / stage
+        if not folder.is_dir():
+            return 0
+        ds = pds.dataset(str(folder), format="parquet")  # skips `_tmp-` parts being written
+        return ds.count_rows(filter=pds.field("status") == "ok") if only_ok else ds.count_rows()
+
+    return rows("cache", True), rows("ledger", False)
+
+
 class S2StandIn:
     """Handle on `tests/s2_standin.py`: the fixture folder it serves, and its controls."""
 

@@ -173,6 +173,12 @@ CASES = {
         ["eval", "--benchmark", "beir", "--data", "{tmp}/object-text", "--retriever", "bm25"],
         "{tmp}/object-text/corpus.jsonl: line 2: text is a JSON dict, not text",
     ),
+    "build: the transfer verifier is the analogy judge's own model": (
+        ["build", "--profile", "dry-run", "--stages", "judge-transfer"]
+        + ["--set", "llm.allow_same_verifier=false", "--set", "storage.root={tmp}/build"],
+        "invalid config: llm.stages.judge-transfer.model: judge-transfer would ask gemma-3-270m, "
+        "the analogy judge's own model; the method verifies with a second, different model",
+    ),
     "eval: BM25 over a corpus of stop words": (
         ["eval", "--benchmark", "beir", "--data", "{tmp}/stop", "--retriever", "bm25"]
         + ["--out", "{tmp}/eval"],

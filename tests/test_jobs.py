@@ -25,7 +25,7 @@ from cpr_ray.config import load_config, sample_dir
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.storage import Storage
 
-from .conftest import S2StandIn, _free_port, copy_build
+from .conftest import S2StandIn, _free_port, copy_build, flushed_answers
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 
@@ -324,8 +324,16 @@ def test_a_build_job_whose_driver_is_killed_mid_llm_stage_resumes_paying_only_fo
         assert time.time() < deadline and running, client.get_job_logs("judge-1")[-3000:]
         time.sleep(0.05)
     scripted_llm.pause()
-    time.sleep(1.5)  # the answers received reach the cache (at most half a second behind)
-    answered_before = scripted_llm.stats()["answered"]
+    answered_before = scripted_llm.stats()["answered"]  # no more while paused
+    # the answers received reach the cache, then the ledger, at most a flush (FLUSH_S) behind
+    deadline = time.time() + 60
+    while (stored := flushed_answers(root, "judge-analogy")) != (answered_before,) * 2:
+        running = client.get_job_status("judge-1").value in ("PENDING", "RUNNING")
+        assert running and time.time() < deadline, (
+            f"{answered_before} answered, (cache, ledger) {stored} stored: "
+            + client.get_job_logs("judge-1")[-3000:]
+        )
+        time.sleep(0.05)
     os.kill(int(client.get_job_info("judge-1").driver_info.pid), signal.SIGKILL)
     status, first_logs = wait(ray_head, "judge-1")
     assert status == "FAILED"

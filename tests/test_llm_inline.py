@@ -26,11 +26,12 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMConfigError, LLMStageError
+from cpr_ray.llm.ratelimit import ClusterRateLimiter
 from cpr_ray.llm.runner import LLMContext, TaskRun, ledger_uri, run_llm_task
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.storage import Storage
 
-from .conftest import ScriptedLLM
+from .conftest import ScriptedLLM, flushed_answers
 
 # one driver: asks `n` grader rows of the scripted endpoint, prints its stats and whether Ray ran
 DRIVER = textwrap.dedent(
@@ -76,34 +77,41 @@ def result(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def wait_for(what: str, ready, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_for(
+    what: str, ready, proc: subprocess.Popen, timeout: float = 60, seen=lambda: None
+) -> None:
+    """Poll `ready` while the driver runs; a timeout fails saying what `seen` returns then."""
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
             pytest.fail(f"the driver ended before {what}: {proc.stderr.read()[-3000:]}")
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} in {timeout:.0f} s")
+            pytest.fail(f"no {what} in {timeout:.0f} s (seen: {seen()})")
         time.sleep(0.1)
 
 
 def test_a_small_ask_goes_out_at_once_from_the_driver_without_ray(tmp_path, llm):
-    """Six rows, two actors of three in flight: the driver sends all six at once (the pool's
-    limit, not one actor's), starts no Ray, and a second run is served from the cache."""
+    """Seven rows, two actors of three in flight: the driver sends six at once (the pool's
+    limit, not one actor's) and the seventh only once an answer frees a place; it starts no
+    Ray, and a second run is served from the cache."""
     llm.pause()
     settings = ("llm.actors=2", "llm.max_in_flight=3")
-    proc = driver(tmp_path, llm.base_url, 6, *settings)
+    proc = driver(tmp_path, llm.base_url, 7, *settings)
+    total = lambda: llm.stats().get("total", 0)  # noqa: E731
     try:
-        wait_for("six requests in flight", lambda: llm.stats().get("total", 0) >= 6, proc)
-        time.sleep(0.5)
-        assert llm.stats()["total"] == 6  # and no more than the pool would send
+        wait_for("six requests in flight", lambda: total() >= 6, proc, seen=total)
     finally:
+        resumed = time.time()  # the server's arrival times are this machine's wall clock too
         llm.resume()
     first = result(proc)
     assert first["ray"] is False
-    assert (first["stats"]["asked"], first["stats"]["new_ok"]) == (6, 6)
-    again = result(driver(tmp_path, llm.base_url, 6, *settings))
-    assert (again["stats"]["cached"], again["stats"]["asked"]) == (6, 0)
-    assert llm.stats()["total"] == 6
+    assert (first["stats"]["asked"], first["stats"]["new_ok"]) == (7, 7)
+    # no answer came before the resume, so a seventh request sent before it broke the limit
+    arrivals = sorted(llm.stats()["arrivals"])
+    assert len(arrivals) == 7 and arrivals[5] < resumed <= arrivals[6], (resumed, arrivals)
+    again = result(driver(tmp_path, llm.base_url, 7, *settings))
+    assert (again["stats"]["cached"], again["stats"]["asked"]) == (7, 0)
+    assert llm.stats()["total"] == 7
 
 
 def test_a_driver_killed_mid_ask_keeps_what_was_answered(tmp_path, llm):
@@ -115,7 +123,11 @@ def test_a_driver_killed_mid_ask_keeps_what_was_answered(tmp_path, llm):
     try:
         wait_for("four answers", lambda: llm.stats().get("answered", 0) >= 4, proc)
         assert llm.stats()["total"] == 8
-        time.sleep(1.5)  # every answer received reaches the cache (FLUSH_S = 0.5)
+        # the four answers reach the cache, then the ledger, at most one flush (FLUSH_S) behind
+        stored = lambda: flushed_answers(tmp_path, "score-positives")  # noqa: E731
+        wait_for(
+            "four answers in the cache and ledger", lambda: stored() == (4, 4), proc, seen=stored
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -219,10 +231,18 @@ def test_a_failing_endpoint_stops_a_many_wave_ask_early_with_progress_on_the_way
 @pytest.mark.usefixtures("ray_session")
 def test_the_shared_rate_limit_paces_the_driver_too(tmp_path, llm):
     """The driver's ask waits for the same shared limiter (a Ray actor) as a pool's actors:
-    four requests at two a second arrive about half a second apart."""
+    four requests at two a second get starts half a second apart, and none is sent before its
+    start (a busy machine only sends them later)."""
+    import ray
+
+    # the test holds the limiter the ask finds by name, so it outlives the ask to be read
+    limiter = ClusterRateLimiter(2.0, None).start()
     settings = ("llm.requests_per_second=2", "llm.max_in_flight=4")
     out = _ask(tmp_path, llm, 4, *settings)
     assert out.stats["new_ok"] == 4
+    starts = sorted(ray.get(ray.get_actor(limiter.name).starts.remote()))
+    assert len(starts) == 4
+    assert all(b - a >= 0.5 - 1e-6 for a, b in zip(starts, starts[1:])), starts
     arrivals = sorted(llm.stats()["arrivals"])
     assert len(arrivals) == 4
-    assert all(b - a >= 0.5 - 0.05 for a, b in zip(arrivals, arrivals[1:])), arrivals
+    assert all(arrived >= start - 0.05 for arrived, start in zip(arrivals, starts)), arrivals

@@ -8,13 +8,16 @@ grammar, keep even its answers inside the decision rules.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.llm.local_server import MODEL_ALIAS, local_server
+from cpr_ray.llm.local_server import BUILD_FLAVOUR, MODEL_ALIAS, local_server
 from cpr_ray.llm.runner import run_llm_task, without_answer_columns
 from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.usefulness import UsefulnessGrader
@@ -165,30 +168,50 @@ def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
     ] == []
 
 
-def test_two_processes_needing_the_server_build_it_once(tmp_path, monkeypatch):
-    """`server_binary` builds under a file lock: a second caller waits, then finds the binary
-    the first built (the ~6 minute compile itself is replaced by a file write here)."""
-    import threading
+def _need_the_server(cache: str, builds: str, at_lock, found) -> None:
+    """One process needing llama-server, in a cache with none: `server_binary`'s own lookup and
+    lock, with the ~6 minute compile replaced by a file write that leaves a line in `builds`.
+    Both callers meet at `at_lock` just before taking the lock, so neither can find the other's
+    binary before it: the lock alone must keep the second from building."""
+    import fcntl
 
     from cpr_ray.llm import local_server as ls
 
-    monkeypatch.setattr(ls, "CACHE", tmp_path)
-    monkeypatch.delenv("CPR_LLAMA_SERVER", raising=False)
-    monkeypatch.setattr(ls.shutil, "which", lambda name: None)  # none on PATH
-    builds = []
+    os.environ.pop("CPR_LLAMA_SERVER", None)
+    ls.CACHE = Path(cache)
+    ls.shutil.which = lambda name: None  # none on PATH
+    take_lock = fcntl.flock
 
-    def build(target):
-        builds.append(target)
-        time.sleep(0.5)  # long enough for the other caller to reach the lock
+    def flock(fd, op) -> None:
+        at_lock.wait(timeout=60)
+        take_lock(fd, op)
+
+    def build(target: Path) -> Path:
+        with open(builds, "a") as log:
+            log.write(f"{target}\n")
         target.write_bytes(b"binary")
         return target
 
-    monkeypatch.setattr(ls, "_build", build)
-    found = []
-    callers = [threading.Thread(target=lambda: found.append(ls.server_binary())) for _ in range(2)]
-    for t in callers:
-        t.start()
-    for t in callers:
-        t.join(timeout=30)
-    assert len(builds) == 1 and len(found) == 2 and found[0] == found[1] == builds[0]
-    assert found[0].parent.name.endswith(ls.BUILD_FLAVOUR)  # never a native build's cache
+    ls.fcntl.flock, ls._build = flock, build
+    found.put(str(ls.server_binary()))
+
+
+def test_two_processes_needing_the_server_build_it_once(tmp_path):
+    """`server_binary` builds under a file lock: of two processes that both found no binary,
+    one builds and the other waits, then finds the binary the first built."""
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process running Ray
+    at_lock, found = ctx.Barrier(2), ctx.Queue()
+    builds = tmp_path / "builds"
+    callers = [
+        ctx.Process(target=_need_the_server, args=(str(tmp_path), str(builds), at_lock, found))
+        for _ in range(2)
+    ]
+    for p in callers:
+        p.start()
+    for p in callers:
+        p.join(timeout=120)
+    assert [p.exitcode for p in callers] == [0, 0]
+    paths = {Path(found.get(timeout=5)) for _ in callers}
+    built = builds.read_text().splitlines()
+    assert len(built) == 1 and paths == {Path(built[0])}, (built, paths)
+    assert Path(built[0]).parent.name.endswith(BUILD_FLAVOUR)  # never a native build's cache

@@ -348,3 +348,21 @@ def test_model_path_is_checked(tmp_path: Path):
         r.index(DOCS)
     with pytest.raises(UserError):  # the CLI and jobs print it in one line and exit 2
         r.index(DOCS)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_an_encoder_in_half_precision_encodes_as_float32_does(tiny_models, dtype):
+    """`encoder.dtype`: the weights load in that dtype, and the vectors (float32, as every
+    store keeps them) point where float32's do, within half precision's rounding."""
+    from dataclasses import replace
+
+    spec = EncoderSpec(tiny_models["qwen"])
+    full = DenseEncoder(spec).encode_docs(DOCS)
+    encoder = DenseEncoder(replace(spec, dtype=dtype))
+    assert {p.dtype for p in encoder.model.parameters()} == {getattr(torch, dtype)}
+    half = encoder.encode_docs(DOCS)
+    assert half.dtype == np.float32 and half.shape == full.shape
+    assert not np.array_equal(half, full)  # computed in half precision, not float32
+    # both L2-normalised; measured 1 - 1e-5 (bfloat16) and 1 - 1e-7 (float16)
+    cosine = (half * full).sum(axis=1)
+    assert cosine.min() > 0.999, cosine

@@ -112,14 +112,18 @@ def get(url: str, path: str) -> tuple[int, dict[str, str], bytes]:
         return exc.code, dict(exc.headers), exc.read()
 
 
-def post(url: str, path: str, body: dict, key: str | None = KEY) -> tuple[int, dict]:
+def post(
+    url: str, path: str, body: dict, key: str | None = KEY, with_headers: bool = False
+) -> tuple:
+    """(status, JSON body), or (status, headers, JSON body) `with_headers`."""
     headers = {"content-type": "application/json", **({"x-api-key": key} if key else {})}
     req = urllib.request.Request(url + path, json.dumps(body).encode(), headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=WAIT_S) as resp:
-            return resp.status, json.loads(resp.read())
+            status, seen, answer = resp.status, resp.headers, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        status, seen, answer = exc.code, exc.headers, json.loads(exc.read())
+    return (status, seen, answer) if with_headers else (status, answer)
 
 
 def judged(llm) -> int:
@@ -381,9 +385,13 @@ def test_page_is_served_from_the_package_and_explain_checks_like_search(page_ser
     status, body = post(url, "/explain", {"query": PROBLEM, "corpus_id": some_id, "k": 3})
     assert status == 422 and "k" in body["error"]
     llm.faults({"kind": "401", "always": True})
-    status, body = post(
-        url, "/explain", {"query": "a question not asked before", "corpus_id": some_id}
+    status, headers, body = post(
+        url,
+        "/explain",
+        {"query": "a question not asked before", "corpus_id": some_id},
+        with_headers=True,
     )
     assert status == 503 and body["error"].startswith("the LLM endpoint is unavailable: ")
+    assert headers.get("retry-after") == "5"  # a client's back-off: the endpoint may come back
     assert "refused the API key (HTTP 401)" in body["error"]
     llm.reset()  # the service's other tests find the endpoint answering

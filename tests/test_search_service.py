@@ -25,19 +25,27 @@ ROOT = Path(__file__).resolve().parents[1]
 KEY = "svc-SENTINEL-key-2d8c4f11"  # tests/test_secrets.py's SERVICE_KEY: no file may hold it
 
 
-def post(url: str, body: bytes | dict, key: str | None = KEY, timeout: float = 60):
+def post(
+    url: str,
+    body: bytes | dict,
+    key: str | None = KEY,
+    timeout: float = 60,
+    with_headers: bool = False,
+) -> tuple:
+    """(status, JSON body) of a POST /search, or (status, headers, JSON body) `with_headers`."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"content-type": "application/json", **({"x-api-key": key} if key else {})}
     req = urllib.request.Request(url + "/search", data=data, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
+            status, seen, text = resp.status, resp.headers, resp.read().decode()
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode()
-        try:
-            return exc.code, json.loads(text)
-        except json.JSONDecodeError:
-            return exc.code, {"raw": text}
+        status, seen, text = exc.code, exc.headers, exc.read().decode()
+    try:
+        answer = json.loads(text)
+    except json.JSONDecodeError:
+        answer = {"raw": text}
+    return (status, seen, answer) if with_headers else (status, answer)
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +167,19 @@ def test_service_answers_validates_and_sheds_load(service):
         "k": 50,
     }
     assert [post(url, batch)[0] for _ in range(3)] == [200, 200, 200]
-    # over it (1 running + 1 queued): the rest are refused at once with 503, none fails
+    # over it (1 running + 1 queued): the rest are refused at once with 503 and a Retry-After
+    # (a client's back-off), none fails
     with ThreadPoolExecutor(12) as pool:
-        statuses = list(pool.map(lambda _: post(url, batch)[0], range(12)))
+        shed = list(pool.map(lambda _: post(url, batch, with_headers=True), range(12)))
+    statuses = [status for status, _, _ in shed]
     assert set(statuses) <= {200, 503}, statuses
     assert statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
+    refusals = [
+        (headers.get("retry-after"), body) for status, headers, body in shed if status == 503
+    ]
+    assert all(
+        r == ("1", {"error": "every search replica is busy: retry shortly"}) for r in refusals
+    ), refusals
 
     # SIGTERM (to the command, as a process manager sends it) stops the service and its Ray
     proc.send_signal(signal.SIGTERM)

@@ -37,6 +37,13 @@ WORLD, B, K, D = 2, 6, 2, 8  # global batch of 6 queries, 3 per worker
 # two; with chunks of 4 texts worker 1 alone would not use the cache (4 texts), and it has one
 # chunk of documents fewer: sharded, it must run the cache and a padding chunk all the same
 NEGATIVES = (2, 2, 0, 0, 1, 1, 1, 1)
+ADAMW_LR = 1e-3
+# AdamW moves nearly every weight by about its rate each step whatever the gradient's size, and
+# its normalisation magnifies a gradient's rounding where the gradient is near `eps`: the reduce
+# order's float32 rounding moved one weight by 0.43% of a step on an AMD EPYC (0.09% here). A
+# worker that drops half its batch (its first row twice) turns whole steps around: weights
+# 1.4 to 3.6 steps off, in 74 of fsdp adamw's 82 tensors
+ADAMW_ATOL = 0.05 * ADAMW_LR
 # name: (texts per chunk, optimiser, LoRA); each trains two steps
 VARIANTS = {
     "plain": (None, "sgd", False),
@@ -91,7 +98,7 @@ def _trained(
     if kind == "sgd":  # lr 1: the weights move by the gradient itself
         opt = torch.optim.SGD([p for p in enc.parameters() if p.requires_grad], lr=1.0)
     else:  # the trainer's
-        opt = optimizer_for(enc, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        opt = optimizer_for(enc, lr=ADAMW_LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     step = ContrastiveStep(
         model,
         enc,
@@ -161,10 +168,15 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path: Path, tin
     for strategy, variants in STRATEGIES.items():
         for variant in variants:
             name = f"{strategy} {variant}"
+            # SGD at rate 1 moves each weight by its gradient: equal up to the reduce order's
+            # rounding; AdamW's weights within a small share of its step (ADAMW_ATOL)
+            adamw = VARIANTS[variant][1] == "adamw"
             for r in ranks:
                 for k, v in single[variant].items():
+                    weight = k not in ("loss", "norm")
+                    tol = (ADAMW_ATOL, 0) if adamw and weight else (1e-6, 1e-5)
                     torch.testing.assert_close(
-                        r[name][k], v, atol=1e-6, rtol=1e-5, msg=f"{name} {k}"
+                        r[name][k], v, atol=tol[0], rtol=tol[1], msg=f"{name} {k}"
                     )
     initial = Encoder.build(tiny_bert, "mean").state_dict()
     moved = "backbone.encoder.layer.0.attention.self.query.weight"

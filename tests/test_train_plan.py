@@ -280,9 +280,12 @@ def measured_step(encoder: Encoder, train: TrainConfig) -> tuple[int, int]:
         ("qwen3", TrainConfig(batch_size=4, negatives=3, chunk_size=16, max_length=128)),
     ],
 )
-def test_plan_within_a_quarter_of_a_measured_cpu_step(
+def test_plan_within_a_tenth_of_a_measured_cpu_step(
     which, train, minilm, minilm_encoder, tiny_qwen3
 ):
+    """The README's claim: the plan lands within 10% of a CPU step's measured peak (measured:
+    MiniLM +0.8%, the tiny Qwen3 +5.8%). What the step adds on its own (gradients and
+    activations, the part the plan models) is the less exact: +1.4% and +9.3%."""
     if which == "minilm":
         encoder, model = minilm_encoder, minilm
         encoder.max_length = train.max_length
@@ -296,8 +299,8 @@ def test_plan_within_a_quarter_of_a_measured_cpu_step(
         f"{plan.model}: predicted {predicted / MiB:.1f} MiB, measured {(held + added) / MiB:.1f}"
         f" MiB (step adds {predicted_added / MiB:.1f} predicted, {added / MiB:.1f} measured)"
     )
-    assert abs(predicted / (held + added) - 1) < 0.25
-    assert abs(predicted_added / added - 1) < 0.25  # gradients and activations on their own
+    assert abs(predicted / (held + added) - 1) < 0.10
+    assert abs(predicted_added / added - 1) < 0.15  # gradients and activations on their own
 
 
 def test_a_gpu_run_that_does_not_fit_stops_before_ray_train_and_writes_nothing(minilm, tmp_path):
