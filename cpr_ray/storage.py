@@ -708,7 +708,8 @@ def _explain(loc: Location, exc: OSError) -> str:
     if ACCESS_DENIED.search(text):
         return access_denied(loc.uri)
     if re.search(r"NoSuchBucket|specified bucket does not exist", text, re.I):
-        return f"bucket {loc.path.split('/')[0]!r} does not exist: {loc.uri} (check the bucket name)"
+        bucket = loc.path.split("/")[0]
+        return f"bucket {bucket!r} does not exist: {loc.uri} (check the bucket name)"
     hints = []
     low = text.lower()
     if "access" in low or "forbidden" in low or "credential" in low or "signature" in low:
