@@ -233,7 +233,7 @@ def to_beir(
 ) -> None:
     """Write an export as BEIR files (corpus.jsonl, queries.jsonl, qrels/test.tsv and train.tsv)
     for Pyserini, BEIR and MTEB; `cpr eval --benchmark beir` on them equals `cpr-full`."""
-    from cpr_ray.dataset.beir import write_beir
+    from cpr_ray.evaluate.beir_export import write_beir
     from cpr_ray.storage import StorageConfig
 
     try:

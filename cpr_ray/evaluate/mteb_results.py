@@ -31,7 +31,7 @@ import re
 from typing import Any
 
 from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.evaluate.results import model_label
+from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, find_table, join
 
 # benchmark -> MTEB task name (`mteb_task.CPREval` / `CPREvalFull` carry the same names)

@@ -19,6 +19,7 @@ from cpr_ray.config import Config
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.evaluate.metrics import METRICS
+from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, join
 
 SCHEMA_VERSION = 1
@@ -94,16 +95,6 @@ def build_results(
 def _default_subset(parts: Sequence[Benchmark]) -> str | None:
     names = [p.name.split(":", 1)[1] for p in parts if ":" in p.name]
     return ",".join(names) if names else None
-
-
-def model_label(model: str | None) -> str | None:
-    """A short name for a model path or hub name: its last part, or last two when generic."""
-    if not model:
-        return None
-    parts = [p for p in str(model).rstrip("/").split("/") if p]
-    if len(parts) > 1 and (parts[-1] in ("model", "models") or parts[-1].startswith("checkpoint")):
-        return f"{parts[-2]}-{parts[-1]}"
-    return parts[-1] if parts else None
 
 
 def results_name(results: dict[str, Any]) -> str:

@@ -94,3 +94,13 @@ def _require_hub_model(model: str, setting: str) -> None:
             f"{where} the hub cannot be reached ({one_line(exc)}): give a model folder, or set "
             "HF_HUB_OFFLINE=1 to load from the local hub cache"
         ) from None
+
+
+def model_label(model: str | None) -> str | None:
+    """A short name for a model path or hub name: its last part, or last two when generic."""
+    if not model:
+        return None
+    parts = [p for p in str(model).rstrip("/").split("/") if p]
+    if len(parts) > 1 and (parts[-1] in ("model", "models") or parts[-1].startswith("checkpoint")):
+        return f"{parts[-2]}-{parts[-1]}"
+    return parts[-1] if parts else None
