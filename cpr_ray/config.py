@@ -166,7 +166,8 @@ class Price(_Section):
     output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
 
 
-LLMStage = Literal[
+# the LLM stages of a build, which the spend caps cover, and evaluation's and search's (not capped)
+BuildLLMStage = Literal[
     "judge-analogy",
     "judge-transfer",
     "write-queries",
@@ -174,21 +175,10 @@ LLMStage = Literal[
     "score-positives",
     "judge-negatives",
     "synthesize-queries",
-    "rerank-choose",
-    "rerank-score",
-    "rewrite",
 ]
+LLMStage = Literal[BuildLLMStage, "rerank-choose", "rerank-score", "rewrite"]
 LLM_STAGES: tuple[str, ...] = get_args(LLMStage)
-# the LLM stages of a build, which the spend caps cover (evaluation's and search's are not capped)
-BUILD_LLM_STAGES: tuple[str, ...] = (
-    "judge-analogy",
-    "judge-transfer",
-    "write-queries",
-    "dedup",
-    "score-positives",
-    "judge-negatives",
-    "synthesize-queries",
-)
+BUILD_LLM_STAGES: tuple[str, ...] = get_args(BuildLLMStage)
 
 
 def stage_name(name: str) -> str:

@@ -171,6 +171,14 @@ def remote_code_model(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> 
     return str(folder)
 
 
+def post_json(url: str, payload: object) -> None:
+    """POST a JSON body to a stand-in's control endpoint (faults, enforcement, marks)."""
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    urllib.request.urlopen(req, timeout=10).read()
+
+
 class S3Standin:
     """Handle on tests/s3_standin.py: moto's server, every request recorded, and an IAM policy
     enforced on one access key while `enforce` is open."""
@@ -180,12 +188,7 @@ class S3Standin:
         self.log = log
 
     def _post(self, path: str, payload: object) -> None:
-        req = urllib.request.Request(
-            f"{self.url}{path}",
-            data=json.dumps(payload).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        urllib.request.urlopen(req, timeout=10).read()
+        post_json(f"{self.url}{path}", payload)
 
     def mark(self) -> int:
         """A position in the log: `requests(mark)` is what came after it."""
@@ -368,12 +371,7 @@ class S2StandIn:
         self.root = root
 
     def _post(self, path: str, payload: object) -> None:
-        req = urllib.request.Request(
-            f"{self.url}{path}",
-            data=json.dumps(payload).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        urllib.request.urlopen(req, timeout=10).read()
+        post_json(f"{self.url}{path}", payload)
 
     def faults(self, *faults: dict) -> None:
         self._post("/_faults", list(faults))
