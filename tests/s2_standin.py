@@ -41,6 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 from aiohttp import web
+from standin_controls import add_controls
 
 
 def make_app(
@@ -142,31 +143,28 @@ def make_app(
             return web.Response(status=404)
         return web.Response(body=path.read_bytes(), content_type="application/gzip")
 
-    async def faults(request: web.Request) -> web.Response:
-        for fault in await request.json():
+    def queue_faults(body: list[dict]) -> dict:
+        for fault in body:
             state["file_faults" if fault.get("on") == "files" else "faults"].append(fault)
-        return web.json_response({"queued": len(state["faults"]) + len(state["file_faults"])})
+        return {"queued": len(state["faults"]) + len(state["file_faults"])}
 
-    async def stall(request: web.Request) -> web.Response:
-        state["stall"].append((await request.json())["match"])
-        return web.json_response({"stall": state["stall"]})
+    def stall(body: dict) -> dict:
+        state["stall"].append(body["match"])
+        return {"stall": state["stall"]}
 
-    async def stats(request: web.Request) -> web.Response:
-        return web.json_response({**state["stats"], "bad_key": state["bad_key"]})
-
-    async def reset(request: web.Request) -> web.Response:
+    def reset(body: None) -> None:
         state.update(faults=[], file_faults=[], stall=[], stats=Counter(), bad_key=0)
-        return web.json_response({})
 
     app = web.Application()
     app.router.add_get("/datasets/v1/release/", release_list)
     app.router.add_get("/datasets/v1/release/latest", release_latest)
     app.router.add_get("/datasets/v1/diffs/{start}/to/{end}/{dataset}", diffs)
     app.router.add_get("/files/{path:.*}", files)
-    app.router.add_post("/_faults", faults)
-    app.router.add_post("/_stall", stall)
-    app.router.add_get("/_stats", stats)
-    app.router.add_post("/_reset", reset)
+    add_controls(
+        app,
+        {"faults": queue_faults, "stall": stall, "reset": reset},
+        lambda: {**state["stats"], "bad_key": state["bad_key"]},
+    )
     return app
 
 

@@ -41,6 +41,7 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
+from standin_controls import add_controls
 
 from cpr_ray.queries.analogy import EXCLUSIONS
 
@@ -340,64 +341,47 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
 
-async def faults(request: web.Request) -> web.Response:
-    request.app["script"].faults.extend(await request.json())
-    return web.json_response({"queued": len(request.app["script"].faults)})
-
-
-async def stats(request: web.Request) -> web.Response:
-    script = request.app["script"]
-    return web.json_response({**script.counts, "arrivals": script.arrivals})
-
-
-async def reset(request: web.Request) -> web.Response:
-    request.app["script"].open.set()  # requests held by a pause go on
-    request.app["script"] = Script()
-    return web.json_response({"ok": True})
-
-
-async def latency(request: web.Request) -> web.Response:
-    request.app["script"].latency_s = (await request.json())["ms"] / 1000
-    return web.json_response({"ok": True})
-
-
-async def fault_rates(request: web.Request) -> web.Response:
-    body = await request.json()
-    script = request.app["script"]
-    script.rng = random.Random(body.pop("seed", 0))
-    script.fault_rates = {kind: float(rate) for kind, rate in body.items()}
-    return web.json_response({"ok": True})
-
-
-async def pause(request: web.Request) -> web.Response:
-    request.app["script"].open.clear()
-    return web.json_response({"ok": True})
-
-
-async def resume(request: web.Request) -> web.Response:
-    request.app["script"].open.set()
-    return web.json_response({"ok": True})
-
-
-async def negatives(request: web.Request) -> web.Response:
-    request.app["script"].unmapped_score = (await request.json())["score"]
-    return web.json_response({"ok": True})
-
-
 def app() -> web.Application:
     application = web.Application()
     application["script"] = Script()
+
+    def script() -> Script:
+        return application["script"]
+
+    def queue_faults(body: list[dict[str, Any]]) -> dict[str, int]:
+        script().faults.extend(body)
+        return {"queued": len(script().faults)}
+
+    def reset(body: None) -> None:
+        script().open.set()  # requests held by a pause go on
+        application["script"] = Script()
+
+    def set_latency(body: dict[str, float]) -> None:
+        script().latency_s = body["ms"] / 1000
+
+    def set_fault_rates(body: dict[str, float]) -> None:
+        script().rng = random.Random(body.pop("seed", 0))
+        script().fault_rates = {kind: float(rate) for kind, rate in body.items()}
+
+    def set_negatives(body: dict[str, int]) -> None:
+        script().unmapped_score = body["score"]
+
     application.router.add_post("/v1/chat/completions", chat)
     application.router.add_get("/v1/models", models)
-    application.router.add_post("/_faults", faults)
-    application.router.add_get("/_stats", stats)
-    application.router.add_post("/_reset", reset)
-    application.router.add_post("/_latency", latency)
-    application.router.add_post("/_negatives", negatives)
-    application.router.add_post("/_pause", pause)
-    application.router.add_post("/_resume", resume)
-    application.router.add_post("/_fault_rates", fault_rates)
     application.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    add_controls(
+        application,
+        {
+            "faults": queue_faults,
+            "reset": reset,
+            "latency": set_latency,
+            "fault_rates": set_fault_rates,
+            "negatives": set_negatives,
+            "pause": lambda body: script().open.clear(),
+            "resume": lambda body: script().open.set(),
+        },
+        lambda: {**script().counts, "arrivals": script().arrivals},
+    )
     return application
 
 
