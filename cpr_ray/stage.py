@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,43 @@ def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
                     "run cpr refresh again to finish it"
                 )
     return manifest
+
+
+def chained_stage(
+    name: str,
+    upstream: str,
+    body: Callable[..., StageOutput],
+    *,
+    tables: dict[str, str],
+    config_sections: tuple[str, ...] = ("llm",),
+    papers: Callable[[Storage], tuple[Any, str]] | None = None,
+) -> Callable[..., dict[str, Any]]:
+    """The entry point of a stage that reads tables of one upstream stage (and, with `papers`,
+    the pinned papers table): `tables` maps each keyword `body` takes to the upstream table whose
+    URI it gets. Its inputs — what a rerun compares to skip — are the upstream run and the pinned
+    ingest run, so every such stage is skipped and invalidated the same way."""
+
+    def stage(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
+        manifest = require_manifest(storage, upstream)
+        kwargs: dict[str, Any] = {kw: manifest["tables"][t]["uri"] for kw, t in tables.items()}
+        inputs = {upstream: manifest["run_id"]}
+        if papers is not None:
+            kwargs["papers"], inputs["ingest"] = papers(storage)
+        return run_stage(
+            name,
+            cfg,
+            storage,
+            inputs=inputs,
+            config_sections=config_sections,
+            fn=partial(body, **kwargs),
+            force=force,
+        )
+
+    stage.__name__ = name.replace("-", "_")
+    stage.__doc__ = (
+        f"Run (or skip) the {name} stage over {upstream}'s {', '.join(tables.values())}."
+    )
+    return stage
 
 
 def run_stage(

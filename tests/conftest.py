@@ -52,10 +52,20 @@ ANALOBENCH = Path(__file__).resolve().parents[2] / "shared" / "reference" / "ana
 ANALOBENCH_FILES = ("AnaloBench-T2-Base.csv", "clusters.tsv", "stories-10.csv", "stories-30.csv")
 
 
+REPO = Path(__file__).resolve().parents[1]  # the repository root
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def standin(name: str) -> list[str]:
+    """The command line of a stand-in under tests/ (`scripted_llm`, `s2_standin`), run as a
+    module of the `tests` package from the repository root (`cwd=REPO`), so that it shares
+    `tests/standin_controls.py` with the other stand-ins."""
+    return [sys.executable, "-m", f"tests.{name}"]
 
 
 def start_local_server(
@@ -66,6 +76,7 @@ def start_local_server(
     *,
     env: dict[str, str] | None = None,
     new_session: bool = False,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start a test server on a free loopback port (`{port}` in `args`); wait until it answers.
     `new_session`: the server and its children (a local Ray) in their own process group, for
@@ -78,6 +89,7 @@ def start_local_server(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=new_session,
+            cwd=cwd,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout_s
@@ -324,8 +336,9 @@ class ScriptedLLM:
 
 
 def start_scripted_llm(log: Path) -> tuple[subprocess.Popen, ScriptedLLM]:
-    script = str(Path(__file__).parent / "scripted_llm.py")
-    proc, url = start_local_server([sys.executable, script, "--port", "{port}"], "/health", log)
+    proc, url = start_local_server(
+        [*standin("scripted_llm"), "--port", "{port}"], "/health", log, cwd=REPO
+    )
     return proc, ScriptedLLM(url)
 
 
@@ -396,11 +409,9 @@ def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn
     from `S2_FILES_HOST`."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "releases.json").write_text(json.dumps(["2026-11-25"]))
-    script = str(Path(__file__).parent / "s2_standin.py")
     proc, url = start_local_server(
         [
-            sys.executable,
-            script,
+            *standin("s2_standin"),
             "--root",
             str(root),
             "--port",
@@ -412,6 +423,7 @@ def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn
         ],
         "/_stats",
         log,
+        cwd=REPO,
     )
     return proc, S2StandIn(url, root)
 

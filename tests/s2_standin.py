@@ -28,8 +28,8 @@ downloads whose path contains the text hang until the process is killed; ``GET /
 counts requests by kind and reports whether a key was ever missing; ``POST /_reset`` clears
 them.
 
-Run: python tests/s2_standin.py --root DIR --port PORT [--api-key K] [--signature S]
-[--files-host H]
+Run (from the repository root): python -m tests.s2_standin --root DIR --port PORT [--api-key K]
+[--signature S] [--files-host H]
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from collections import Counter
 from pathlib import Path
 
 from aiohttp import web
-from standin_controls import add_controls
+
+from tests.standin_controls import add_controls
 
 
 def make_app(

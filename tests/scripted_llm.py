@@ -25,7 +25,7 @@ the whole pool. `POST /_pause` holds every request until `POST /_resume` (a node
 while its requests wait); `answered` counts the answers sent to a client still connected,
 `undelivered` those whose client had gone.
 
-Run: python tests/scripted_llm.py --port PORT
+Run (from the repository root): python -m tests.scripted_llm --port PORT
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
-from standin_controls import add_controls
 
 from cpr_ray.queries.analogy import EXCLUSIONS
+from tests.standin_controls import add_controls
 
 
 def _title(prompt: str, label: str) -> str:

@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 from cpr_ray.config import LLMConfig
 from cpr_ray.llm.client import LLMConfigError, probe_endpoint
 
-from .conftest import _free_port
+from .conftest import _free_port, standin
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,12 +70,13 @@ def https_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
     folder = tmp_path_factory.mktemp("tls")
     cert, key = _private_ca_certificate(folder)
     port = _free_port()
-    script = [sys.executable, str(ROOT / "tests" / "scripted_llm.py"), "--port", str(port)]
+    script = [*standin("scripted_llm"), "--port", str(port)]
     with open(folder / "server.log", "wb") as log:
         proc = subprocess.Popen(
             [*script, "--tls-cert", str(cert), "--tls-key", str(key)],
             stdout=log,
             stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
     url = f"https://127.0.0.1:{port}"
     trusting = ssl.create_default_context(cafile=str(cert))

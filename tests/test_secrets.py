@@ -40,7 +40,7 @@ from typer.testing import CliRunner
 from cpr_ray.cli import app
 from cpr_ray.config import sample_dir
 from cpr_ray.sample.diffs import make_diff
-from tests.conftest import S2_FILES_HOST, S2StandIn, copy_build, start_local_server
+from tests.conftest import S2_FILES_HOST, S2StandIn, copy_build, standin, start_local_server
 from tests.test_llm_reliability import cpr_build, published
 
 OPENAI_KEY = "sk-SENTINEL-openai-4c1d9e7a2b"
@@ -315,12 +315,12 @@ def s2(sample_mined, tmp_path_factory) -> Iterator[S2StandIn]:
         unpaired_changes=1,
         openalex_date="2026-12-01",
     )
-    script = str(Path(__file__).parent / "s2_standin.py")
-    args = [sys.executable, script, "--root", str(root), "--port", "{port}"]
+    args = [*standin("s2_standin"), "--root", str(root), "--port", "{port}"]
     proc, url = start_local_server(
         [*args, "--api-key", S2_KEY, "--signature", SIGNATURE, "--files-host", S2_FILES_HOST],
         "/_stats",
         tmp / "standin.log",
+        cwd=ROOT,
     )
     yield S2StandIn(url, root)
     proc.terminate()

@@ -18,7 +18,6 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +31,7 @@ from cpr_ray.errors import InputError
 from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task, write_failures
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader
 from cpr_ray.schemas import passages
-from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
+from cpr_ray.stage import StageOutput, StageRun, chained_stage, console
 from cpr_ray.storage import Storage, join
 
 STAGE = "judge-negatives"
@@ -366,21 +365,11 @@ def _judge_negatives(
     )
 
 
-def judge_negatives(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Run (or skip) judge-negatives over pool's queries and candidates; returns its manifest."""
-    pool = require_manifest(storage, "pool")
-    papers, ingest_run = pinned_papers(storage)
-    return run_stage(
-        STAGE,
-        cfg,
-        storage,
-        inputs={"pool": pool["run_id"], "ingest": ingest_run},
-        config_sections=("llm", "dataset"),
-        fn=partial(
-            _judge_negatives,
-            queries_uri=pool["tables"]["queries"]["uri"],
-            candidates_uri=pool["tables"]["candidates"]["uri"],
-            papers=papers,
-        ),
-        force=force,
-    )
+judge_negatives = chained_stage(
+    STAGE,
+    "pool",
+    _judge_negatives,
+    tables={"queries_uri": "queries", "candidates_uri": "candidates"},
+    config_sections=("llm", "dataset"),
+    papers=pinned_papers,
+)

@@ -5,7 +5,6 @@ dedup → score-positives. Each reads its upstream's published table, runs one L
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -34,7 +33,7 @@ from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader, grader_reference
 from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.schemas import passages
-from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
+from cpr_ray.stage import StageOutput, StageRun, chained_stage, console
 from cpr_ray.storage import Storage, join
 
 
@@ -309,33 +308,19 @@ def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
 # -- stage entry points --------------------------------------------------------------------------
 
 
-def _stage(name: str, upstream: str, table: str, body: Any, with_papers: bool = False):
-    def stage(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-        m = require_manifest(storage, upstream)
-        kwargs = {f"{table}_uri": m["tables"][table]["uri"]}
-        inputs = {upstream: m["run_id"]}
-        if with_papers:
-            kwargs["papers"], inputs["ingest"] = pinned_papers(storage)
-        return run_stage(
-            name,
-            cfg,
-            storage,
-            inputs=inputs,
-            config_sections=("llm",),
-            fn=partial(body, **kwargs),
-            force=force,
-        )
-
-    stage.__name__ = name.replace("-", "_")
-    stage.__doc__ = f"Run the {name} stage over {upstream}'s {table}."
-    return stage
-
-
-judge_analogy = _stage("judge-analogy", "mine", "pairs", _judge_analogy, with_papers=True)
-judge_transfer = _stage("judge-transfer", "judge-analogy", "analogies", _judge_transfer)
-write_queries = _stage("write-queries", "judge-transfer", "transfers", _write_queries)
-dedup = _stage("dedup", "write-queries", "queries", _dedup)
-score_positives = _stage("score-positives", "dedup", "queries", _score_positives)
+judge_analogy = chained_stage(
+    "judge-analogy", "mine", _judge_analogy, tables={"pairs_uri": "pairs"}, papers=pinned_papers
+)
+judge_transfer = chained_stage(
+    "judge-transfer", "judge-analogy", _judge_transfer, tables={"analogies_uri": "analogies"}
+)
+write_queries = chained_stage(
+    "write-queries", "judge-transfer", _write_queries, tables={"transfers_uri": "transfers"}
+)
+dedup = chained_stage("dedup", "write-queries", _dedup, tables={"queries_uri": "queries"})
+score_positives = chained_stage(
+    "score-positives", "dedup", _score_positives, tables={"queries_uri": "queries"}
+)
 
 STAGES = {
     "judge-analogy": judge_analogy,

@@ -14,7 +14,7 @@ each other's negatives.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache, partial
+from functools import cache
 from typing import Annotated, Any
 
 import numpy as np
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from cpr_ray.config import Config, SynthesisConfig
+from cpr_ray.config import SynthesisConfig
 from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer, normalized
@@ -31,7 +31,7 @@ from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
 from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
 from cpr_ray.queries.writing import MAX_QUERY_WORDS, QUERY_CHARS, WORD_CHARS
 from cpr_ray.schemas import paper_text
-from cpr_ray.stage import StageOutput, StageRun, console, require_manifest, run_stage
+from cpr_ray.stage import StageOutput, StageRun, chained_stage, console
 from cpr_ray.storage import Storage, join
 
 STAGE = "synthesize-queries"
@@ -261,21 +261,11 @@ def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTabl
     )
 
 
-def synthesize_queries(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Run (or skip) synthesize-queries over the export's CPR-train; returns its manifest."""
-    export = require_manifest(storage, "export")
-    papers, ingest_run = pinned_papers(storage)
-    return run_stage(
-        STAGE,
-        cfg,
-        storage,
-        inputs={"export": export["run_id"], "ingest": ingest_run},
-        config_sections=("llm", "synthesis"),
-        fn=partial(
-            _synthesize,
-            train_uri=export["tables"]["cpr-train"]["uri"],
-            eval_uri=export["tables"]["cpr-eval"]["uri"],
-            papers=papers,
-        ),
-        force=force,
-    )
+synthesize_queries = chained_stage(
+    STAGE,
+    "export",
+    _synthesize,
+    tables={"train_uri": "cpr-train", "eval_uri": "cpr-eval"},
+    config_sections=("llm", "synthesis"),
+    papers=pinned_papers,
+)
