@@ -28,6 +28,7 @@ import pytest
 
 from cpr_ray.mining import reference as whole_table
 from cpr_ray.mining.stages import PAPER_COLUMNS
+from tests import tiny_models
 
 # before Ray starts, so its workers inherit them; dummy credentials for the loopback S3 only
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "cpr-test")
@@ -160,14 +161,18 @@ class CprXModel(BertModel):
 
 
 @pytest.fixture(scope="session")
+def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 2-layer, 32-wide random BERT with MiniLM's tokenizer (tests/tiny_models.py); read only."""
+    return tiny_models.tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
 def remote_code_model(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random BERT whose architecture is the folder's own code (`auto_map`, a model type
     transformers does not know), as nvidia/llama-embed-nemotron-8b's is: transformers loads it
     only with trust_remote_code."""
-    from tests.test_train_step import make_tiny_bert
-
     folder = tmp_path_factory.mktemp("remote-code-bert")
-    make_tiny_bert(minilm, folder)
+    tiny_models.tiny_bert(minilm, folder)
     for name, code in REMOTE_CODE_FILES.items():
         (folder / name).write_text(code)
     config = json.loads((folder / "config.json").read_text())

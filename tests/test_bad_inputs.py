@@ -32,16 +32,10 @@ from cpr_ray.search.index import encoder_record, publish
 from cpr_ray.storage import Storage
 
 from .test_cli import error_line
-from .test_train_step import make_tiny_bert
 
 runner = CliRunner()
 NO_HUB_MODEL = "cpr-test/no-such-model"
 STOP_WORDS = ["the", "a of and", "x y z", "it is", ""]
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture

@@ -209,7 +209,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     minilm: str,
     tmp_path: Path,
 ):
-    from .test_train_step import make_tiny_bert
+    from tests import tiny_models
 
     endpoint, bucket = s3_standin.url, s3_bucket
     _seed(endpoint, bucket, "s2/2026-11-25")
@@ -243,7 +243,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
         "dataset.eval_negatives_per_group=1",
         "dataset.train_negatives_per_group=1",
     ]
-    model = make_tiny_bert(minilm, tmp_path / "tiny-bert")
+    model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert")
     job_key = os.environ["AWS_ACCESS_KEY_ID"]  # what the tests' Ray workers sign with
     since = s3_standin.mark()
     with s3_standin.enforce(job_key, policy_for(bucket), public_buckets=(OPENALEX,)):

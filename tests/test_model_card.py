@@ -38,8 +38,8 @@ from cpr_ray.train.model_card import (
     render_card,
     split_card,
 )
+from tests import tiny_models
 from tests.test_evaluate_loaders import make_cpr_export
-from tests.test_train_step import make_tiny_bert
 
 STORAGE = Storage(StorageConfig())
 EXPORT_ID = "20250601T120000Z-abc123"
@@ -338,7 +338,7 @@ def test_cpr_train_writes_the_card_and_cpr_eval_appends_to_it(
     from cpr_ray.cli import app
 
     export = _training_export(tmp_path)
-    tiny = make_tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
+    tiny = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     out = tmp_path / "run"
     train = ["train", "--data", str(export), "--format", "cpr", "--model", tiny]
     train += ["--out", str(out)]

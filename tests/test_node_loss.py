@@ -354,10 +354,10 @@ def test_training_restores_from_its_checkpoint_when_a_worker_node_is_lost(
     from cpr_ray.config import load_config
     from cpr_ray.retrieval.encoder import Encoder
     from cpr_ray.storage import Storage, StorageConfig
+    from tests import tiny_models
     from tests.test_train_ray import _triplets, _uninterrupted
-    from tests.test_train_step import make_tiny_bert
 
-    model = make_tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
+    model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     data = _triplets(tmp_path / "train.jsonl")
     out = tmp_path / "lost"
     proc = cpr_train(cluster, data, model, out)

@@ -17,6 +17,7 @@ from cpr_ray.queries.qd_metrics import (
     sibling_pairs,
     word_lengths,
 )
+from tests import tiny_models
 
 
 def test_dist_sim_is_the_cosine_of_the_mean_embeddings():
@@ -81,24 +82,10 @@ def _bag_of_words(texts: list[str]) -> np.ndarray:
 
 
 def test_the_report_with_a_tiny_random_cross_encoder(tmp_path, minilm):
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(minilm)
-    model = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=37,
-            num_labels=1,
-        )
+    ce = tiny_models.tiny_bert(
+        minilm, tmp_path / "ce", head="classifier", layers=1, intermediate=37, max_positions=512
     )
-    model.save_pretrained(tmp_path / "ce")
-    tok.save_pretrained(tmp_path / "ce")
-    scorer = cross_encoder_scorer(str(tmp_path / "ce"))
+    scorer = cross_encoder_scorer(ce)
 
     groups = {1: ["how to grow crystals", "how to grow crystals fast"], 2: ["how to water soil"]}
     reference = ["how to grow crystals", "how to water soil"]

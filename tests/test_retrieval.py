@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests import tiny_models as tiny
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray.errors import UserError  # noqa: E402
@@ -51,45 +53,28 @@ DOCS = [
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory, minilm) -> dict[str, str]:
     """Randomly initialised SPLADE (BERT MLM) and Qwen3 models with MiniLM's WordPiece tokenizer."""
-    from transformers import (
-        AutoTokenizer,
-        BertConfig,
-        BertForMaskedLM,
-        Qwen3Config,
-        Qwen3Model,
-    )
-
-    torch.manual_seed(0)
     root = tmp_path_factory.mktemp("tiny")
-    tok = AutoTokenizer.from_pretrained(minilm)
-    splade = BertForMaskedLM(
-        BertConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=37,
-            max_position_embeddings=128,
-        )
-    )
-    qwen = Qwen3Model(
-        Qwen3Config(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
+    return {
+        "splade": tiny.tiny_bert(
+            minilm,
+            root / "splade-tiny",
+            head="masked_lm",
+            layers=1,
+            intermediate=37,
+            max_positions=128,
+        ),
+        "qwen": tiny.tiny_qwen3(
+            minilm,
+            root / "Qwen3-Embedding-tiny",
+            hidden=32,
+            intermediate=64,
+            layers=1,
+            heads=2,
+            kv_heads=1,
             head_dim=16,
-            max_position_embeddings=128,
-        )
-    )
-    out = {"splade": root / "splade-tiny", "qwen": root / "Qwen3-Embedding-tiny"}
-    splade.save_pretrained(out["splade"])
-    qwen.save_pretrained(out["qwen"])
-    for path in out.values():
-        tok.save_pretrained(path)
-    return {k: str(v) for k, v in out.items()}
+            max_positions=128,
+        ),
+    }
 
 
 # -- BM25 --------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from cpr_ray.train.step import (
     freeze_unused,
     optimizer_for,
 )
-from tests.test_train_step import examples, make_tiny_bert
+from tests.test_train_step import examples
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -142,11 +142,6 @@ def _worker(rank: int, folder: str, model_dir: str) -> None:
         torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
 
 
 def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path: Path, tiny_bert: str):

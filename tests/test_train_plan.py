@@ -37,6 +37,7 @@ from cpr_ray.train.step import (
     freeze_unused,
     optimizer_for,
 )
+from tests import tiny_models
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,25 +49,7 @@ MiB = 2**20
 def tiny_qwen3(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A 2-layer, 128-wide random Qwen3 (GQA: 4 query heads, 2 key/value heads of 48, q/k norms)
     with MiniLM's tokenizer: Qwen3's code paths at a few MB."""
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
-
-    folder = tmp_path_factory.mktemp("tiny-qwen3")
-    tok = AutoTokenizer.from_pretrained(minilm)
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=tok.vocab_size,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=48,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-    )
-    Qwen3Model(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
+    return tiny_models.tiny_qwen3(minilm, tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 def _arch(model: str) -> Architecture:

@@ -42,8 +42,9 @@ from cpr_ray.train.step import (
     optimizer_for,
 )
 from cpr_ray.train.trainer import _newest_checkpoint, run_train
+from tests import tiny_models
 from tests.test_cli import error_line
-from tests.test_train_step import TOPICS, make_tiny_bert
+from tests.test_train_step import TOPICS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +102,7 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
     ray_session, s3_endpoint: str, s3_bucket: str, minilm: str, tmp_path: Path, capsys
 ):
     # small checkpoints to upload; no dropout, so that one process can train as the workers do
-    model = make_tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
+    model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     out = f"s3://{s3_bucket}/runs/tiny"
     cfg = load_config(
         overrides=[
@@ -187,7 +188,7 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
     model is the base with the adapters merged, as one process computes it."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    model = make_tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
+    model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     out = tmp_path / "out"
     cfg = load_config(
         overrides=[

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -51,33 +50,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 _rng = np.random.default_rng(0)
 # arbitrary pairings: nothing the pretrained model already knows, so its loss starts high
 TOPICS = [(" ".join(_rng.choice(WORDS, 3)), " ".join(_rng.choice(WORDS, 4))) for _ in range(8)]
-
-
-def make_tiny_bert(minilm: str, folder: Path, dropout: float = 0.1) -> str:
-    """A 2-layer, 32-wide random BERT with MiniLM's tokenizer: BERT's code paths (its unused
-    pooler included) at a fraction of the cost."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    tok = AutoTokenizer.from_pretrained(minilm)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    BertModel(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make_tiny_bert(minilm, tmp_path_factory.mktemp("tiny-bert"))
 
 
 def examples(counts: Sequence[int] = (1,) * len(TOPICS)) -> Examples:
