@@ -18,13 +18,17 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from cpr_ray.errors import UserError
+
+if TYPE_CHECKING:
+    from cpr_ray.config import Config
 
 console = Console()
 errors = Console(stderr=True)
@@ -131,6 +135,27 @@ def flag_help(flag: Flag) -> str:
     if get_origin(annotation) is Literal and flag.help is None:
         text += f" ({' | '.join(str(a) for a in get_args(annotation))})"
     return f"{text} [{flag.key}]"
+
+
+def command_config(
+    profile: str | None,
+    config: str | Path | None,
+    overrides: Sequence[str] | None,
+    flags: Mapping[str, Any],
+    *,
+    required: Sequence[str] = (),
+    check: Callable[[Config], None] | None = None,
+) -> Config:
+    """The one config tree a command runs on: profile < YAML < CPR_* env < --set < its flags
+    ({config key: value}; None is a flag not given). Then the keys it cannot run without and its
+    own checks, so that `cpr X` and `jobs/X.py` refuse the same mistakes before any work."""
+    from cpr_ray.config import load_config
+
+    cfg = load_config(profile, config, overrides or [], flags=flags)
+    cfg.require(*required)
+    if check is not None:
+        check(cfg)
+    return cfg
 
 
 def flag_values(table: Sequence[Flag], given: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import flag_values, job_parser, run_job
+from cpr_ray.command_line import command_config, flag_values, job_parser, run_job
 from cpr_ray.errors import ConfigError
-from cpr_ray.evaluate.commands import EVAL_FLAGS, eval_config
+from cpr_ray.evaluate.commands import EVAL_FLAGS
 from cpr_ray.evaluate.results import write_results
 from cpr_ray.evaluate.runner import run_eval
+from cpr_ray.evaluate.settings import check
 from cpr_ray.storage import Storage
 from cpr_ray.train.model_card import record_evaluation
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> list[str]:
         flags = flag_values(EVAL_FLAGS, vars(args))
-        cfg = eval_config(args.profile, args.config, args.overrides, flags)
+        cfg = command_config(args.profile, args.config, args.overrides, flags, check=check)
         if not cfg.eval.out:
             raise ConfigError("give --out (a results file or folder)")
         results = run_eval(cfg)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import flag_values, job_parser, run_job
-from cpr_ray.search.commands import INDEX_FLAGS, search_config
+from cpr_ray.command_line import command_config, flag_values, job_parser, run_job
+from cpr_ray.search.commands import INDEX_FLAGS
 from cpr_ray.search.index import build_index, summary_lines
 
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> list[str]:
         flags = flag_values(INDEX_FLAGS, vars(args))
-        cfg = search_config(args.profile, args.config, args.overrides, flags)
+        cfg = command_config(args.profile, args.config, args.overrides, flags)
         return summary_lines(build_index(cfg), str(cfg.search.out))
 
     return run_job(work)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import flag_values, job_parser, run_job
-from cpr_ray.train.commands import TRAIN_FLAGS, summary_lines, train_config
+from cpr_ray.command_line import command_config, flag_values, job_parser, run_job
+from cpr_ray.train.commands import REQUIRED, TRAIN_FLAGS, summary_lines
 from cpr_ray.train.trainer import run_train
 
 
@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> list[str]:
         flags = flag_values(TRAIN_FLAGS, vars(args))
         return summary_lines(
-            run_train(train_config(args.profile, args.config, args.overrides, flags))
+            run_train(
+                command_config(args.profile, args.config, args.overrides, flags, required=REQUIRED)
+            )
         )
 
     return run_job(work)

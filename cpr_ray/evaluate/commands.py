@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -15,11 +13,11 @@ from cpr_ray.command_line import (
     ProfileOpt,
     S3EndpointOpt,
     SetOpt,
+    command_config,
     console,
     fail,
     with_flags,
 )
-from cpr_ray.config import Config, load_config
 from cpr_ray.errors import UserError
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.evaluate.settings import check
@@ -45,19 +43,6 @@ EVAL_FLAGS = (
     Flag("eval.gain"),
     Flag("storage.s3_endpoint"),
 )
-
-
-def eval_config(
-    profile: str | None,
-    config: Path | None,
-    overrides: Sequence[str],
-    flags: Mapping[str, Any],
-) -> Config:
-    """The one config tree for an evaluation: profile < YAML < CPR_* env < --set < flags
-    ({config key: value})."""
-    cfg = load_config(profile, config, overrides, flags=flags)
-    check(cfg)
-    return cfg
 
 
 def print_results(res: dict[str, Any]) -> None:
@@ -103,7 +88,7 @@ def eval_command(
     from cpr_ray.train.model_card import record_evaluation
 
     try:
-        cfg = eval_config(profile, config, set_ or [], flags)
+        cfg = command_config(profile, config, set_, flags, check=check)
         results = run_eval(cfg)
         uri = write_results(Storage(cfg.storage), cfg.eval.out, results) if cfg.eval.out else None
         # a model folder whose card cpr train wrote gets these results appended (model_card.py)

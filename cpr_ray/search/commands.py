@@ -19,25 +19,14 @@ from cpr_ray.command_line import (
     ProfileOpt,
     S3EndpointOpt,
     SetOpt,
+    command_config,
     console,
     fail,
     with_flags,
 )
-from cpr_ray.config import Config, load_config
 from cpr_ray.errors import InputError, UserError
 from cpr_ray.queries.judges import format_transfer_path
 from cpr_ray.storage import Storage
-
-
-def search_config(
-    profile: str | None,
-    config: str | None,
-    overrides: list[str] | None,
-    flags: dict[str, Any],
-) -> Config:
-    return load_config(
-        profile, config, overrides or [], flags={k: v for k, v in flags.items() if v is not None}
-    )
 
 
 def reader_flags(
@@ -74,7 +63,7 @@ def index_command(
     from cpr_ray.search.index import build_index, summary_lines
 
     try:
-        cfg = search_config(profile, config, set_, flags)
+        cfg = command_config(profile, config, set_, flags)
         manifest = build_index(cfg)
     except UserError as exc:
         fail(exc)
@@ -187,7 +176,7 @@ def search_command(
                 raise InputError(f"--rerank {rerank!r}: the only reranker is llm")
             if (query is None) == (queries is None):
                 raise InputError("give one query, or --queries FILE")
-            cfg = search_config(profile, config, set_, flags)
+            cfg = command_config(profile, config, set_, flags)
             storage = Storage(cfg.storage)
             asked = (
                 [Query("q1", query)]
@@ -265,7 +254,7 @@ def serve_command(
         "search.serve.port": port,
     }
     try:
-        cfg = search_config(profile, config, set_, flags)
+        cfg = command_config(profile, config, set_, flags)
         # here, not in the replicas: a wrong path, or an index whose model has gone, is one
         # line, not a failed deployment
         query_encoder_spec(require_index(Storage(cfg.storage), str(cfg.search.index)), index)

@@ -5,13 +5,21 @@ Torch, transformers and Ray load only when a run starts, so the CLI stays quick 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import typer
 
-from cpr_ray.command_line import ConfigOpt, Flag, ProfileOpt, SetOpt, console, fail, with_flags
+from cpr_ray.command_line import (
+    ConfigOpt,
+    Flag,
+    ProfileOpt,
+    SetOpt,
+    command_config,
+    console,
+    fail,
+    with_flags,
+)
 from cpr_ray.config import Config, load_config
 from cpr_ray.errors import UserError
 
@@ -32,19 +40,6 @@ PlanOpt = Annotated[
         "no weights loaded; no --data or --out needed) and exit.",
     ),
 ]
-
-
-def train_config(
-    profile: str | None,
-    config: Path | None,
-    overrides: Sequence[str],
-    flags: Mapping[str, Any],
-) -> Config:
-    """The one config tree for a training run: profile < YAML < CPR_* env < --set < flags
-    ({config key: value})."""
-    cfg = load_config(profile, config, overrides, flags=flags)
-    cfg.require(*REQUIRED)
-    return cfg
 
 
 def plan_lines(cfg: Config) -> list[str]:
@@ -109,7 +104,7 @@ def train_command(
     from cpr_ray.train.trainer import run_train
 
     try:
-        cfg = train_config(profile, config, set_ or [], flags)
+        cfg = command_config(profile, config, set_, flags, required=REQUIRED)
         summary = run_train(cfg)
     except UserError as exc:
         fail(exc)
