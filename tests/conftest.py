@@ -53,6 +53,29 @@ ANALOBENCH = Path(__file__).resolve().parents[2] / "shared" / "reference" / "ana
 ANALOBENCH_FILES = ("AnaloBench-T2-Base.csv", "clusters.tsv", "stories-10.csv", "stories-30.csv")
 
 
+# the sample's S2 release, and the one a test's diff moves it to
+OLD, NEW = "2026-11-25", "2026-12-02"
+
+
+def small_build(llm_url: str | None, max_rows: int | None = 8) -> list[str]:
+    """`--set` overrides for a quick build on the sample: the scripted endpoint at `llm_url`
+    (None: the dry-run profile's pins answer), at most `max_rows` rows per LLM stage (None: all),
+    one BM25 pooler, short pools and one negative per group."""
+    return [
+        # the dry-run profile's placeholder pins never go to another endpoint
+        *([f"llm.base_url={llm_url}", "llm.stages={}"] if llm_url else []),
+        "llm.model=scripted",
+        "llm.max_in_flight=8",
+        f"llm.max_rows_per_stage={'null' if max_rows is None else max_rows}",
+        "pooling.poolers=[{name: bm25, kind: bm25}]",
+        "pooling.top_k=10",
+        "pooling.top_k_short=10",
+        "pooling.min_group_size=1",
+        "dataset.eval_negatives_per_group=1",
+        "dataset.train_negatives_per_group=1",
+    ]
+
+
 REPO = Path(__file__).resolve().parents[1]  # the repository root
 
 
@@ -413,7 +436,7 @@ def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn
     """A Datasets API stand-in serving `root` (one release until a diff is added), its files
     from `S2_FILES_HOST`."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "releases.json").write_text(json.dumps(["2026-11-25"]))
+    (root / "releases.json").write_text(json.dumps([OLD]))
     proc, url = start_local_server(
         [
             *standin("s2_standin"),

@@ -161,12 +161,12 @@ def test_a_refresh_whose_diff_file_is_cut_short_is_recorded_and_shown_by_stats(
 
     from cpr_ray.config import sample_dir
 
-    from .conftest import S2StandIn, copy_build, start_s2_standin
+    from .conftest import NEW, OLD, S2StandIn, copy_build, start_s2_standin
 
     root = copy_build(sample_mined, tmp_path / "build")
     proc, s2 = start_s2_standin(tmp_path / "s2", tmp_path / "s2.log")
     try:
-        old, new = "2026-11-25", "2026-12-02"
+        old, new = OLD, NEW
         (s2.root / "releases.json").write_text(json.dumps([old, new]))
         step = s2.root / "diffs" / old / new / "papers"
         step.mkdir(parents=True)

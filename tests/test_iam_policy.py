@@ -25,7 +25,7 @@ from cpr_ray.errors import StorageError
 from cpr_ray.pipeline.build import check_root, run_build
 from cpr_ray.storage import Storage, StorageConfig
 
-from .conftest import LLM_STAGES, S3Standin, ScriptedLLM
+from .conftest import LLM_STAGES, OLD, S3Standin, ScriptedLLM, small_build
 from .iam_policy import (
     ALLOW,
     EXPLICIT_DENY,
@@ -212,7 +212,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     from tests import tiny_models
 
     endpoint, bucket = s3_standin.url, s3_bucket
-    _seed(endpoint, bucket, "s2/2026-11-25")
+    _seed(endpoint, bucket, f"s2/{OLD}")
     root = f"s3://{bucket}/builds/2026-11"
     settings = {
         "storage": {
@@ -221,7 +221,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
             "s3_region": "us-west-2",  # the team's bucket; the snapshot is in us-east-1
             "buckets": {OPENALEX: {"s3_region": "us-east-1", "s3_anonymous": True}},
         },
-        "input": {"s2": f"s3://{bucket}/s2/2026-11-25", "openalex": "s3://openalex/data/jsonl"},
+        "input": {"s2": f"s3://{bucket}/s2/{OLD}", "openalex": "s3://openalex/data/jsonl"},
     }
     _operator(endpoint).put_object(
         Bucket=bucket, Key="configs/build.yaml", Body=json.dumps(settings).encode()
@@ -231,17 +231,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     overrides = [
         f"storage.s3_endpoint={endpoint}",  # how to reach the config itself
         "storage.s3_region=us-west-2",
-        f"llm.base_url={scripted_llm.base_url}",
-        "llm.stages={}",
-        "llm.model=scripted",
-        "llm.max_in_flight=8",
-        "llm.max_rows_per_stage=8",
-        "pooling.poolers=[{name: bm25, kind: bm25}]",
-        "pooling.top_k=10",
-        "pooling.top_k_short=10",
-        "pooling.min_group_size=1",
-        "dataset.eval_negatives_per_group=1",
-        "dataset.train_negatives_per_group=1",
+        *small_build(scripted_llm.base_url),
     ]
     model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert")
     job_key = os.environ["AWS_ACCESS_KEY_ID"]  # what the tests' Ray workers sign with

@@ -33,15 +33,17 @@ from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
 
 from .conftest import (
+    NEW,
+    OLD,
     S2_FILES_HOST,
     S2StandIn,
     assert_equals_whole_table_mining,
     copy_build,
+    small_build,
     start_s2_standin,
 )
 from .test_cli import error_line
 
-OLD, NEW = "2026-11-25", "2026-12-02"
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
@@ -55,16 +57,7 @@ def settings(root: Path, openalex: Path, s2: S2StandIn, llm=None) -> list[str]:
         f"refresh.api_url={s2.api_url}",
         "refresh.requests_per_second=50",
         "refresh.retain_versions_days=0",
-        *([f"llm.base_url={llm.base_url}", "llm.stages={}"] if llm else []),
-        "llm.model=scripted",
-        "llm.max_in_flight=8",
-        "llm.max_rows_per_stage=null",
-        "pooling.poolers=[{name: bm25, kind: bm25}]",
-        "pooling.top_k=10",
-        "pooling.top_k_short=10",
-        "pooling.min_group_size=1",
-        "dataset.eval_negatives_per_group=1",
-        "dataset.train_negatives_per_group=1",
+        *small_build(llm.base_url if llm else None, max_rows=None),
     ]
 
 
@@ -299,11 +292,7 @@ def scenario(tmp_path_factory, scripted_llm):
             pq.read_table(require_manifest(storage["full"], "mine")["tables"]["pairs"]["uri"]),
             releases=(OLD, NEW),
             new=3,
-            changed=1,
-            deleted=1,
-            deleted_citations=1,
             unpaired_changes=3,
-            openalex_date="2026-12-01",
         )
         killed_refresh(tmp, tmp / "killed", openalex, s2)
         published = read_manifest(storage["killed"], "ingest")

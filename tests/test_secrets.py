@@ -40,7 +40,15 @@ from typer.testing import CliRunner
 from cpr_ray.cli import app
 from cpr_ray.config import sample_dir
 from cpr_ray.sample.diffs import make_diff
-from tests.conftest import S2_FILES_HOST, S2StandIn, copy_build, standin, start_local_server
+from tests.conftest import (
+    NEW,
+    OLD,
+    S2_FILES_HOST,
+    S2StandIn,
+    copy_build,
+    standin,
+    start_local_server,
+)
 from tests.test_llm_reliability import cpr_build, published
 
 OPENAI_KEY = "sk-SENTINEL-openai-4c1d9e7a2b"
@@ -61,7 +69,6 @@ SECRETS = (
 )
 # every key in the environment of every process under test (the service's variable as infra's)
 KEYS_ENV = {"OPENAI_API_KEY": OPENAI_KEY, "S2_API_KEY": S2_KEY, "CPR_SEARCH_API_KEY": SERVICE_KEY}
-OLD, NEW = "2026-11-25", "2026-12-02"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -308,12 +315,6 @@ def s2(sample_mined, tmp_path_factory) -> Iterator[S2StandIn]:
         root,
         pq.read_table(mine["tables"]["pairs"]["uri"]),
         releases=(OLD, NEW),
-        new=1,
-        changed=1,
-        deleted=1,
-        deleted_citations=1,
-        unpaired_changes=1,
-        openalex_date="2026-12-01",
     )
     args = [*standin("s2_standin"), "--root", str(root), "--port", "{port}"]
     proc, url = start_local_server(

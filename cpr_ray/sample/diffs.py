@@ -75,15 +75,16 @@ def make_diff(
     pairs: pa.Table,
     *,
     releases: tuple[str, str],
-    new: int,
-    changed: int,
-    deleted: int,
-    deleted_citations: int,
-    unpaired_changes: int,
-    openalex_date: str,
+    new: int = 1,
+    changed: int = 1,
+    deleted: int = 1,
+    deleted_citations: int = 1,
+    unpaired_changes: int = 1,
+    openalex_date: str = "2026-12-01",
     seed: int = 0,
 ) -> DiffPlan:
-    """Write one release step's diff under `out` and a works partition under `openalex`."""
+    """Write one release step's diff under `out` and a works partition under `openalex` (by
+    default one record of each kind of change, dated after the sample's snapshot)."""
     rng = random.Random(seed)
     pair_list = sorted(
         {
