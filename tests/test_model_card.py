@@ -308,7 +308,7 @@ def test_export_facts_come_from_its_card_and_stats(tmp_path: Path):
     assert (bare.export_id, bare.built, bare.counts, bare.provenance) == (None, None, (), ())
 
 
-def _training_export(root: Path) -> Path:
+def training_export(root: Path) -> Path:
     """A tiny export named as the export stage names its run folder: CPR-eval (8 queries, 7
     candidates each), CPR-train (the same 8 queries, one hard negative each), corpus, card."""
     folder = root / "export" / "runs" / EXPORT_ID
@@ -337,7 +337,7 @@ def test_cpr_train_writes_the_card_and_cpr_eval_appends_to_it(
 
     from cpr_ray.cli import app
 
-    export = _training_export(tmp_path)
+    export = training_export(tmp_path)
     tiny = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     out = tmp_path / "run"
     train = ["train", "--data", str(export), "--format", "cpr", "--model", tiny]

@@ -232,3 +232,20 @@ def test_a_failed_batch_is_counted_not_fatal():
     assert reranker.stats.score_failures == 10 and sorted(out[0]) == sorted(CANDS)
     with pytest.raises(TypeError, match="choose/score or choose_many/score_many"):
         TournamentReranker(object())
+
+
+def test_a_refused_key_stops_the_tournament_instead_of_being_a_failed_item():
+    """A timeout is one item's failure; a refused key or a dead endpoint (a UserError, raised
+    by the probe before any call) is every item's: it ends the run with its one line."""
+    from cpr_ray.llm.client import LLMConfigError
+
+    def refused(*args):
+        raise LLMConfigError("http://llm/v1 refused the API key (HTTP 401)")
+
+    spec = TournamentSpec(rounds=(Round(5, 4), Round(2, 2)))
+    with pytest.raises(LLMConfigError, match="refused the API key"):
+        run_tournament("q", CANDS[:10], refused, lambda q, d: 1.0, spec)
+    judge = BatchScripted(fail_scores=True)
+    judge.score_many = lambda requests: refused()
+    with pytest.raises(LLMConfigError, match="refused the API key"):
+        TournamentReranker(judge).rerank(["q"], [CANDS])

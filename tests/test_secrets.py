@@ -1,6 +1,7 @@
 """No secret is written anywhere: the LLM key, the S2 key, the search service's key and a
-pre-signed URL's signature never reach a log, manifest, ledger, cache, stats file, console line
-or error message of a build, a refresh or the search service, on success or on refusal.
+pre-signed URL's signature never reach a log, manifest, ledger, cache, stats file, card, console
+line or error message of a build, a refresh, a training run, an evaluation or the search
+service, on success or on refusal.
 
 Every secret is a sentinel no other test uses, and every process gets all of them, so a leak of
 any one anywhere is found. After each run every file under the build root (or the index and
@@ -9,10 +10,11 @@ and Lance tables and gzip files also decoded (their pages may be compressed), as
 the run printed and the error it ended with. The LLM endpoint checks the key (so a run that
 passes did carry it) and, refusing one, quotes it back in its 401 body as careless servers do.
 
-Build and service run in their own process and local Ray, the keys in the environment they
-start with, so Ray's workers have them as on a cluster (`infra/launcher/node-env.sh`); the
-refresh and the refusals, whose keys only the driver reads, run here on the session's Ray. The
-service is tests/test_search_service.py's, started once with these keys for both.
+Build, training, evaluation and service run in their own process and local Ray, the keys in
+the environment they start with, so Ray's workers have them as on a cluster
+(`infra/launcher/node-env.sh`); the refresh and the refusals, whose keys only the driver reads,
+run here on the session's Ray. The service is tests/test_search_service.py's, started once
+with these keys for both.
 """
 
 from __future__ import annotations
@@ -295,6 +297,75 @@ def test_a_refused_llm_key_is_named_by_its_variable_never_by_its_value(
     assert endpoint.seen[-1] == f"Bearer {WRONG_OPENAI_KEY}"  # sent, refused, quoted back
     captured = capfd.readouterr()
     assert_no_secret([root, session_dir()], out, captured.out, captured.err)
+
+
+# -- a training run and its evaluation ------------------------------------------------------------
+
+
+def _cpr(args: list[str], ray_tmp: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`cpr ARGS` in its own process and its own local Ray, the keys in its environment (so Ray
+    Train's workers and the evaluation's actors have them, as a cluster node's processes do)."""
+    sets = ["--set", "ray.num_cpus=2", "--set", f"ray.temp_dir={ray_tmp}"]
+    return subprocess.run(
+        [sys.executable, "-m", "cpr_ray.cli", *args, *sets],
+        env={**os.environ, **env, "RAY_ADDRESS": "", "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_training_run_and_its_evaluation_write_no_key(
+    endpoint, tiny_bert, tmp_path, monkeypatch, capfd
+):
+    """`cpr train` in its own process and Ray, every key in their environment (Ray Train's
+    workers have them, as a cluster node's do), then `cpr eval` of its model with the LLM
+    reranker, whose driver reads the key: the run folder, the model and its card, the results,
+    the reranker's cache and ledger and the Ray sessions hold none, nor what was printed; nor
+    after an evaluation whose key the endpoint refuses and quotes back."""
+    from tests.test_model_card import training_export
+
+    export = training_export(tmp_path)
+    out, results = tmp_path / "run", tmp_path / "results"
+    ray_tmp = ray_temp_dir()
+    try:
+        train = ["train", "--data", str(export), "--format", "cpr", "--model", tiny_bert]
+        train += ["--out", str(out), "--set", "train.max_steps=1", "--set", "train.batch_size=4"]
+        train += ["--set", "train.max_length=32"]
+        train += ["--set", "ray.num_cpus=2", "--set", f"ray.temp_dir={ray_tmp}"]
+        run = subprocess.run(
+            [sys.executable, "-m", "cpr_ray.cli", *train],
+            env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": "", "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        printed = [run.stdout, run.stderr]
+        for name, value in KEYS_ENV.items():
+            monkeypatch.setenv(name, value)
+        evaluate = ["eval", "--benchmark", "cpr", "--data", str(export), "--retriever", "dense"]
+        evaluate += ["--model", str(out / "model"), "--rerank", "llm", "--out", str(results)]
+        evaluate += ["--set", f"llm.base_url={endpoint.base_url}", "--set", "llm.model=scripted"]
+        evaluate += ["--set", "eval.resamples=50", "--set", "eval.rerank_depth=4"]
+        endpoint.seen.clear()
+        cli = CliRunner()
+        done = cli.invoke(app, [*evaluate, "--set", f"eval.llm_root={tmp_path / 'llm'}"])
+        printed.append(done.output)
+        assert done.exit_code == 0 and "model card → " in done.output, done.output
+        assert endpoint.seen and set(endpoint.seen) == {f"Bearer {OPENAI_KEY}"}
+        monkeypatch.setenv("OPENAI_API_KEY", WRONG_OPENAI_KEY)
+        refused = cli.invoke(app, [*evaluate, "--set", f"eval.llm_root={tmp_path / 'llm2'}"])
+        printed.append(refused.output)
+        assert refused.exit_code == 2, refused.output
+        assert "refused the API key (HTTP 401); set $OPENAI_API_KEY" in refused.output
+        assert endpoint.seen[-1] == f"Bearer {WRONG_OPENAI_KEY}"  # sent, refused, quoted back
+        assert searched([out, results, tmp_path / "llm"]) > 10
+        captured = capfd.readouterr()
+        places = [tmp_path, ray_tmp, session_dir()]
+        assert_no_secret(places, *printed, captured.out, captured.err)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 # -- a refresh ----------------------------------------------------------------------------------

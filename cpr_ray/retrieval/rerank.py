@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 from cpr_ray.config import Config
+from cpr_ray.errors import UserError
 from cpr_ray.retrieval.tournament import (
     TournamentSpec,
     TournamentStats,
@@ -62,6 +63,8 @@ def _threaded(fn: Callable[..., Any], workers: int) -> Callable[[list[Any]], lis
     def call(req: Any) -> Any:
         try:
             return fn(*req[1:])  # requests are (query_index, *arguments)
+        except UserError:  # a refused key or a dead endpoint stops the run, in one line
+            raise
         except Exception as exc:  # recorded by the bookkeeping, never fatal
             return exc
 

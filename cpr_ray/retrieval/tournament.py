@@ -33,6 +33,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from cpr_ray.errors import UserError
+
 Choose = Callable[[str, list[Any], int], Sequence[Any]]
 Score = Callable[[str, Any], float]
 
@@ -191,6 +193,8 @@ def _answers(fn: Callable[[list[Any]], Sequence[Any]], requests: list[Any]) -> l
         return []
     try:
         out = list(fn(requests))
+    except UserError:  # a refused key, a dead endpoint, a spend cap: the run stops, in one line
+        raise
     except Exception as exc:  # the whole batch failed: every item is a recorded failure
         return [exc] * len(requests)
     if len(out) != len(requests):
@@ -269,6 +273,8 @@ def one_by_one(fn: Callable[..., Any]) -> Callable[[list[Any]], list[Any]]:
         for req in requests:
             try:
                 out.append(fn(*req[1:]))
+            except UserError:
+                raise
             except Exception as exc:  # recorded by the bookkeeping, never fatal
                 out.append(exc)
         return out
