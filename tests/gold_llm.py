@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -88,21 +89,44 @@ def usefulness_answer(score: int) -> dict[str, Any]:
     return {"score": score}
 
 
-def gold_answers(cases: list[Any]) -> list[dict[str, Any]]:
-    """One `/_gold` entry per gold case: the answer that reaches its expected label, matched by
-    texts only that case's prompt holds."""
+def review_answer(label: str, fails: list[str] | None) -> dict[str, Any]:
+    """The reviewer's booleans: all true to accept; to reject, false for `fails` (the gold's,
+    or well_formed when none is given)."""
+    failed = set(fails or ["well_formed"]) if label == "reject" else set()
+    names = ("problem_only", "grounded", "well_formed")
+    issue = None if not failed else f"fails {', '.join(sorted(failed))}"
+    return {n: n not in failed for n in names} | {"issue": issue}
+
+
+def gold_answers(
+    cases: list[Any], label_of: Callable[[Any], Any] | None = None
+) -> list[dict[str, Any]]:
+    """One `/_gold` entry per gold case: the answer that reaches `label_of(case)` (by default
+    the case's expected label, a perfect judge), matched by texts only that case's prompt
+    holds. For write-queries, `label_of` may return (label, fails)."""
+    label_of = label_of or (lambda c: c.label)
     entries = []
     for case in cases:
-        row = case.input
+        row, label = case.input, label_of(case)
         if case.stage == "judge-analogy":
             schema, markers = "AnalogyJudgment", [row["q_title"], row["d_title"]]
-            answer = analogy_answer(case.label, case.exclusion)
+            answer = analogy_answer(label, case.exclusion)
         elif case.stage == "judge-transfer":
             schema, markers = "TransferVerdict", [row["q_title"], row["d_title"]]
-            answer = transfer_answer(case.label)
+            answer = transfer_answer(label)
+        elif case.stage == "write-queries":
+            label, fails = label if isinstance(label, tuple) else (label, case.fails)
+            schema, markers = "QueryReview", [row["q_title"], row["query"]]
+            answer = review_answer(label, list(fails or []))
+        elif case.stage == "dedup":
+            schema, markers = "SameProblem", [row["query_a"], row["query_b"]]
+            answer = {"same_problem": label == "same", "reason": "compared"}
+        elif case.stage == "strongest":
+            schema, markers = "StrongestAnalogy", [row["q_title"]]
+            answer = {"index": label, "reason": "carries most of its own method"}
         else:
             schema, markers = "Usefulness", [row["query"], row["passage"][:120]]
-            answer = usefulness_answer(case.label)
+            answer = usefulness_answer(label)
         entries.append({"schema": schema, "markers": markers, "answer": answer})
     return entries
 
