@@ -207,6 +207,16 @@ def _transfer_case(**input_changes: Any) -> dict[str, Any]:
             ),
             "its arguments must be distinct object mappings",
         ),
+        (
+            "judge-transfer",
+            _transfer_case(decision="not_analogy"),
+            "the verifier only sees pairs the analogy judge passed",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(transfer_type="tool_as_is"),
+            "a passing judgment carries a contribution of d",
+        ),
         ("strongest", gold_case("strongest", 1, 4), "expected index must name a candidate"),
         (
             "write-queries",
@@ -323,6 +333,18 @@ def test_sensitivity_specificity_and_precision_at_a_base_rate_by_hand():
     assert low <= report["precision"] <= high
     assert report["false_per_100_ci"] == [round(100 * (1 - high), 1), round(100 * (1 - low), 1)]
     assert binary_report(gold, judged, None)["precision"] is None
+    # the vectorised resamples are the scalar functions' over the same seeded resamples
+    assert report["kappa_ci"] == pytest.approx(
+        bootstrap(20, lambda idx: cohen_kappa([gold[i] for i in idx], [judged[i] for i in idx])),
+        abs=1e-4,
+    )
+    scalar = bootstrap(
+        20,
+        lambda idx: precision_at(
+            *sensitivity_specificity([gold[i] for i in idx], [judged[i] for i in idx]), 0.09
+        ),
+    )
+    assert report["precision_ci"] == pytest.approx(scalar, abs=1e-4)
 
 
 def test_the_bootstrap_is_seeded_percentile_and_narrows_with_more_cases():

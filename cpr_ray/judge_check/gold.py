@@ -36,8 +36,15 @@ from pathlib import Path
 from typing import Any, get_args
 
 from cpr_ray.errors import InputError
+from cpr_ray.queries.analogy import (
+    CONTRIBUTIONS,
+    MIN_ARGUMENTS,
+    PASSING,
+    Decision,
+    RejectReason,
+    TransferType,
+)
 from cpr_ray.queries.analogy import EXCLUSIONS as ANALOGY_EXCLUSIONS
-from cpr_ray.queries.analogy import MIN_ARGUMENTS, PASSING, Decision, RejectReason, TransferType
 from cpr_ray.queries.dedup import CANDIDATE, MAX_CANDIDATES
 from cpr_ray.schemas import PASSAGE_CHARS
 
@@ -378,7 +385,17 @@ def _review_label(expected: dict[str, Any]) -> tuple[str, tuple[str, ...] | None
 def _method_rules(stage: str, row: dict[str, Any]) -> None:
     """The method's own rules on a case's input: a case that breaks them could not come out of
     a build (the judge would be measured on an impossible row)."""
-    if stage == "judge-transfer" and row["decision"] in PASSING:
+    if stage == "judge-transfer":
+        if row["decision"] not in PASSING:
+            raise ValueError(
+                f"input decision {row['decision']}: the verifier only sees pairs the analogy "
+                f"judge passed ({', '.join(PASSING)})"
+            )
+        if row["transfer_type"] not in CONTRIBUTIONS:
+            raise ValueError(
+                f"input transfer_type {row['transfer_type']}: a passing judgment carries a "
+                f"contribution of d ({', '.join(CONTRIBUTIONS)})"
+            )
         mappings = row["object_mappings"]
         if len(mappings) < 2 or not row["shared_relations"]:
             raise ValueError(

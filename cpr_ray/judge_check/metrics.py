@@ -115,22 +115,53 @@ def bootstrap(
     return float(low), float(high)
 
 
+def _binary_resamples(
+    gold: Sequence[bool], predicted: Sequence[bool | None], base_rate: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(κ, PPV) of every bootstrap resample of the cases at once (NaN where undefined): the same
+    statistics as `cohen_kappa` and `precision_at`, vectorised over BOOTSTRAP_RESAMPLES × n."""
+    n = len(gold)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    idx = rng.integers(0, n, (BOOTSTRAP_RESAMPLES, n))
+    g = np.asarray(gold, dtype=bool)[idx]
+    # 1 pass, 0 not, -1 no usable answer (its own category: agrees with nothing, adds no p_e)
+    j = np.asarray([-1 if p is None else int(p) for p in predicted])[idx]
+    p_o = (g.astype(int) == j).mean(axis=1)
+    g1, j1, j0 = g.mean(axis=1), (j == 1).mean(axis=1), (j == 0).mean(axis=1)
+    p_e = g1 * j1 + (1 - g1) * j0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kappa = np.where(p_e >= 1.0, 1.0, (p_o - p_e) / (1.0 - p_e))
+        sens = ((j == 1) & g).sum(axis=1) / g.sum(axis=1)
+        spec = ((j != 1) & ~g).sum(axis=1) / (~g).sum(axis=1)
+        if base_rate is None:
+            return kappa, np.full(len(kappa), np.nan)
+        passes = sens * base_rate + (1 - spec) * (1 - base_rate)
+        ppv = np.where(passes > 0, sens * base_rate / passes, np.nan)
+    return kappa, ppv
+
+
+def _interval(values: np.ndarray) -> list[float] | None:
+    """The 95% percentile interval of the defined resamples, rounded for the report."""
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return None
+    low, high = np.percentile(values, [2.5, 97.5])
+    return [round(float(low), 4), round(float(high), 4)]
+
+
 def binary_report(
     gold: Sequence[bool], predicted: Sequence[bool | None], base_rate: float | None
 ) -> dict[str, Any]:
     """κ and agreement of the binary (with its bootstrap interval), sensitivity, specificity,
     and — given the base rate of the rows a build feeds this judge — the precision of its passes
     and the false passes per 100 (with intervals from the same resamples)."""
-    g, p = list(gold), list(predicted)
-
-    def kappa_of(idx: np.ndarray) -> float:
-        return cohen_kappa([g[i] for i in idx], [p[i] for i in idx])
-
-    sens, spec = sensitivity_specificity(g, p)
+    _same_length(gold, predicted)
+    sens, spec = sensitivity_specificity(gold, predicted)
+    kappas, ppvs = _binary_resamples(gold, predicted, base_rate)
     out: dict[str, Any] = {
-        "kappa": round(cohen_kappa(g, p), 4),
-        "kappa_ci": _rounded(bootstrap(len(g), kappa_of)),
-        "agreement": round(agreement(g, p), 4),
+        "kappa": round(cohen_kappa(gold, predicted), 4),
+        "kappa_ci": _interval(kappas),
+        "agreement": round(agreement(gold, predicted), 4),
         "sensitivity": None if sens is None else round(sens, 4),
         "specificity": None if spec is None else round(spec, 4),
         "base_rate": base_rate,
@@ -141,15 +172,9 @@ def binary_report(
     }
     if base_rate is None:
         return out
-
-    def ppv_of(idx: np.ndarray) -> float | None:
-        return precision_at(
-            *sensitivity_specificity([g[i] for i in idx], [p[i] for i in idx]), base_rate
-        )
-
-    ppv, ci = precision_at(sens, spec, base_rate), bootstrap(len(g), ppv_of)
+    ppv, ci = precision_at(sens, spec, base_rate), _interval(ppvs)
     out["precision"] = None if ppv is None else round(ppv, 4)
-    out["precision_ci"] = _rounded(ci)
+    out["precision_ci"] = ci
     if ppv is not None:
         out["false_per_100"] = round(100 * (1 - ppv), 1)
     if ci is not None:
