@@ -3,9 +3,10 @@
 `POST /_gold [{"schema": NAME, "markers": [...], "answer": {...}}, ...]` makes every chat request
 whose requested schema is NAME and whose prompt holds all the markers get that answer (the first
 entry that matches); any other request is answered by scripted_llm's rules. `judge-check`'s tests
-use it as a judge that answers each gold case's expected label. `gold_answers` builds those
-entries from the gold set, shaped by the answer models as they are now (so a field added to a
-contract is filled from the model, not from a copy here).
+use it as a judge that answers each gold case's expected label, or any label a test scripts per
+case (a judge with a known confusion matrix). `gold_answers` builds those entries from gold
+cases, shaped by the answer models as they are now (so a field added to a contract is filled
+from the model, not from a copy here).
 
 Run: python tests/gold_llm.py --port PORT
 """

@@ -72,8 +72,9 @@ def judge_check_command(
         str | None,
         typer.Option(
             "--root",
-            help="A build (path or s3://…) whose mined pairs size the projection; default: the "
-            "full-scale rows of benchmarks/SCALE.md.",
+            help="A build (path or s3://…) whose mined pairs and published stages size the "
+            "projection and give each judge's base rate; default: the method at full scale "
+            "(benchmarks/SCALE.md).",
         ),
     ] = None,
     limit: Annotated[
