@@ -3,9 +3,10 @@
 `POST /_gold [{"schema": NAME, "markers": [...], "answer": {...}}, ...]` makes every chat request
 whose requested schema is NAME and whose prompt holds all the markers get that answer (the first
 entry that matches); any other request is answered by scripted_llm's rules. `judge-check`'s tests
-use it as a judge that answers each gold case's expected label. `gold_answers` builds those
-entries from the gold set, shaped by the answer models as they are now (so a field added to a
-contract is filled from the model, not from a copy here).
+use it as a judge that answers each gold case's expected label, or any label a test scripts per
+case (a judge with a known confusion matrix). `gold_answers` builds those entries from gold
+cases, shaped by the answer models as they are now (so a field added to a contract is filled
+from the model, not from a copy here).
 
 Run: python tests/gold_llm.py --port PORT
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -88,21 +90,44 @@ def usefulness_answer(score: int) -> dict[str, Any]:
     return {"score": score}
 
 
-def gold_answers(cases: list[Any]) -> list[dict[str, Any]]:
-    """One `/_gold` entry per gold case: the answer that reaches its expected label, matched by
-    texts only that case's prompt holds."""
+def review_answer(label: str, fails: list[str] | None) -> dict[str, Any]:
+    """The reviewer's booleans: all true to accept; to reject, false for `fails` (the gold's,
+    or well_formed when none is given)."""
+    failed = set(fails or ["well_formed"]) if label == "reject" else set()
+    names = ("problem_only", "grounded", "well_formed")
+    issue = None if not failed else f"fails {', '.join(sorted(failed))}"
+    return {n: n not in failed for n in names} | {"issue": issue}
+
+
+def gold_answers(
+    cases: list[Any], label_of: Callable[[Any], Any] | None = None
+) -> list[dict[str, Any]]:
+    """One `/_gold` entry per gold case: the answer that reaches `label_of(case)` (by default
+    the case's expected label, a perfect judge), matched by texts only that case's prompt
+    holds. For write-queries, `label_of` may return (label, fails)."""
+    label_of = label_of or (lambda c: c.label)
     entries = []
     for case in cases:
-        row = case.input
+        row, label = case.input, label_of(case)
         if case.stage == "judge-analogy":
             schema, markers = "AnalogyJudgment", [row["q_title"], row["d_title"]]
-            answer = analogy_answer(case.label, case.exclusion)
+            answer = analogy_answer(label, case.exclusion)
         elif case.stage == "judge-transfer":
             schema, markers = "TransferVerdict", [row["q_title"], row["d_title"]]
-            answer = transfer_answer(case.label)
+            answer = transfer_answer(label)
+        elif case.stage == "write-queries":
+            label, fails = label if isinstance(label, tuple) else (label, case.fails)
+            schema, markers = "QueryReview", [row["q_title"], row["query"]]
+            answer = review_answer(label, list(fails or []))
+        elif case.stage == "dedup":
+            schema, markers = "SameProblem", [row["query_a"], row["query_b"]]
+            answer = {"same_problem": label == "same", "reason": "compared"}
+        elif case.stage == "strongest":
+            schema, markers = "StrongestAnalogy", [row["q_title"]]
+            answer = {"index": label, "reason": "carries most of its own method"}
         else:
             schema, markers = "Usefulness", [row["query"], row["passage"][:120]]
-            answer = usefulness_answer(case.label)
+            answer = usefulness_answer(label)
         entries.append({"schema": schema, "markers": markers, "answer": answer})
     return entries
 

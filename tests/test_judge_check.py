@@ -1,6 +1,7 @@
-"""`cpr judge-check`: the gold set, the loader, κ, the projection, and the command against the
-scripted endpoint (a judge that answers the gold, and one that always passes) and, once, the
-embedded llama-server."""
+"""`cpr judge-check`: the gold loader and its refusals, the metrics (binarised κ, bootstrap
+intervals, precision at a base rate), the projection of a whole build, and the command against
+scripted judges whose confusion matrices are known (tests/gold_llm.py), on tiny gold sets the
+tests write (tests/gold_fixtures.py); the shipped gold files get one load test."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ import json
 import shutil
 import subprocess
 import sys
-import urllib.request
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
-from cpr_ray.config import LLMConfig, Price
+from cpr_ray.config import DatasetConfig, LLMConfig, Price
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.judge_check.gold import (
     EXCLUSIONS,
@@ -29,54 +30,669 @@ from cpr_ray.judge_check.gold import (
     load_gold,
     select,
 )
-from cpr_ray.judge_check.metrics import agreement, at_least, cohen_kappa
-from cpr_ray.judge_check.projection import SCALE_ROWS, Measured, project, rows_from_root
+from cpr_ray.judge_check.gold_report import ONE_MISS_BAR, gold_summary
+from cpr_ray.judge_check.metrics import (
+    agreement,
+    binary_report,
+    bootstrap,
+    cohen_kappa,
+    one_miss_step,
+    precision_at,
+    sensitivity_specificity,
+)
+from cpr_ray.judge_check.projection import (
+    Measured,
+    attempts,
+    project,
+    project_build,
+    volumes,
+    volumes_from_root,
+)
+from cpr_ray.judge_check.report import WIDTH
 from cpr_ray.llm.injection import instruction_flags
 from cpr_ray.storage import Storage, StorageConfig
 from tests.conftest import ScriptedLLM, start_local_server
+from tests.gold_fixtures import gold_case, write_gold
 from tests.gold_llm import gold_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-PASSING = {
-    "judge-analogy": "observed_analogy",
-    "judge-transfer": "transfer",
-    "score-positives": 3,
-    "judge-negatives": 3,
-}
+
+# Flip to True when the gold writers' files are merged: every stage then ships a file in the
+# new format with two readings per case, ≥ 60 cases and at least half of them real.
+GOLD_MERGED = True
+MIN_CASES, MIN_REAL_SHARE = 60, 0.5
+
+
+def _post_gold(handle: ScriptedLLM, entries: list[dict[str, Any]]) -> None:
+    handle._post("/_gold", entries)
 
 
 @pytest.fixture(scope="module")
 def gold_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedLLM]:
-    """The scripted endpoint answering every gold case with its expected label."""
+    """The scripted endpoint with per-prompt answers (`/_gold`), empty until a test sets them."""
     log = tmp_path_factory.mktemp("gold-llm") / "gold.log"
     script = str(Path(__file__).parent / "gold_llm.py")
     proc, url = start_local_server([sys.executable, script, "--port", "{port}"], "/health", log)
-    handle = ScriptedLLM(url)
-    cases = [c for s in JUDGE_STAGES for c in load_gold(s)]
-    req = urllib.request.Request(
-        f"{url}/_gold",
-        data=json.dumps(gold_answers(cases)).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    urllib.request.urlopen(req, timeout=10).read()
-    yield handle
+    yield ScriptedLLM(url)
     proc.terminate()
     proc.wait(timeout=10)
 
 
-def _check(tmp_path: Path, *args: str) -> tuple[int, str, dict | None]:
+def _check(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["judge-check", *args, "--out", str(out)])
+    result = runner.invoke(app, ["judge-check", *args, "--out", str(out)], env=env)
     report = json.loads(out.read_text()) if out.is_file() else None
     return result.exit_code, result.output, report
 
 
-# -- the gold set --------------------------------------------------------------------------------
+def _cases(folder: Path, stage: str):
+    return load_gold(stage, gold_path(stage, folder))
 
 
+# -- the shipped gold set ------------------------------------------------------------------------
+
+
+def _shipped(stage: str) -> bool:
+    """Whether the stage's shipped file is in the gold format (until the merge some are not:
+    the old format has no readings, and the new stages have no file)."""
+    path = gold_path(stage)
+    if GOLD_MERGED:
+        return True
+    return path.is_file() and '"readings"' in path.read_text().splitlines()[0]
+
+
+def test_the_shipped_gold_files_load_and_keep_the_rules():
+    """Whatever ships loads under every rule of the loader (the method's included); the bar of
+    the issue (size, real share, two readings, one miss ≤ 0.05) is GOLD_MERGED's."""
+    ready = [s for s in JUDGE_STAGES if _shipped(s)]
+    if not ready:
+        pytest.skip("no shipped gold file is in the gold format yet (GOLD_MERGED is False)")
+    for stage in ready:
+        cases = load_gold(stage)
+        summary = gold_summary(stage, cases)
+        assert summary["real"] + summary["synthetic"] == len(cases)
+        assert all(c.sources for c in cases if not c.synthetic), stage
+        if GOLD_MERGED:
+            assert len(cases) >= MIN_CASES, stage
+            assert summary["real"] >= MIN_REAL_SHARE * len(cases), stage
+            assert summary["read_twice"] == len(cases), stage
+            if stage != "strongest":
+                assert summary["one_miss_kappa_step"] <= ONE_MISS_BAR, stage
+
+
+# -- the loader ----------------------------------------------------------------------------------
+
+
+def _refused(tmp_path: Path, stage: str, bad: dict[str, Any] | str) -> str:
+    """The loader's message for a file whose second line is `bad` (FILE:LINE checked)."""
+    good = json.dumps(gold_case(stage, 0, LABELS[stage][0]))
+    path = tmp_path / f"{stage}.jsonl"
+    path.write_text(good + "\n" + (bad if isinstance(bad, str) else json.dumps(bad)) + "\n")
+    with pytest.raises(InputError) as err:
+        load_gold(stage, path)
+    assert str(err.value).startswith(f"{path}:2: "), str(err.value)
+    return str(err.value)
+
+
+def _unadjudicated(case: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in case.items() if k != "adjudication"}
+
+
+def _transfer_case(**input_changes: Any) -> dict[str, Any]:
+    case = gold_case("judge-transfer", 1, "transfer")
+    case["input"] |= input_changes
+    return case
+
+
+@pytest.mark.parametrize(
+    ("stage", "bad", "message"),
+    [
+        ("score-positives", "{not json", "not valid JSON"),
+        ("score-positives", {"x": 1}, "unknown field(s) ['x']"),
+        ("score-positives", gold_case("score-positives", 1, 5), "expected score must be one of"),
+        (
+            "score-positives",
+            gold_case("score-positives", 1, 2, synthetic=False) | {"sources": []},
+            "a real case (synthetic false) must name its 'sources'",
+        ),
+        (
+            "dedup",
+            gold_case("dedup", 1, "same") | {"adjudication": "not needed"},
+            "'adjudication' belongs only to a case whose two readings differ",
+        ),
+        (
+            "dedup",
+            _unadjudicated(gold_case("dedup", 1, "same", second="different")),
+            "the two readings differ: 'adjudication' must say",
+        ),
+        (
+            "dedup",
+            gold_case("dedup", 1, "same") | {"expected": {"same_problem": False}},
+            "'expected' (and 'exclusion') must equal the readings' label",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(object_mappings=[{"q_object": "lake", "d_object": "osc", "role": "r"}]),
+            "needs at least two object mappings and one shared relation",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(shared_relations=[]),
+            "needs at least two object mappings and one shared relation",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(
+                shared_relations=[
+                    {
+                        "predicate": "Drives",
+                        "q_arguments": ["lake", "lake"],
+                        "d_arguments": ["oscillator", "oscillator"],
+                    }
+                ]
+            ),
+            "its arguments must be distinct object mappings",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(
+                shared_relations=[
+                    {
+                        "predicate": "Drives",
+                        "q_arguments": ["phosphorus", "lake"],
+                        "d_arguments": ["oscillator", "drive"],
+                    }
+                ]
+            ),
+            "its arguments must be distinct object mappings",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(decision="not_analogy"),
+            "the verifier only sees pairs the analogy judge passed",
+        ),
+        (
+            "judge-transfer",
+            _transfer_case(transfer_type="tool_as_is"),
+            "a passing judgment carries a contribution of d",
+        ),
+        ("strongest", gold_case("strongest", 1, 4), "expected index must name a candidate"),
+        (
+            "write-queries",
+            gold_case("write-queries", 1, "reject") | {"expected": {"accept": False}},
+            "a rejected query must name its 'fails'",
+        ),
+        (
+            "write-queries",
+            gold_case("write-queries", 1, "accept")
+            | {"expected": {"accept": True, "fails": ["grounded"]}},
+            "an accepted query has no 'fails'",
+        ),
+    ],
+)
+def test_the_loader_refuses_a_case_with_file_and_line(tmp_path, stage, bad, message):
+    assert message in _refused(tmp_path, stage, bad)
+
+
+def test_readings_that_differ_load_with_their_adjudication(tmp_path):
+    path = tmp_path / "dedup.jsonl"
+    path.write_text(json.dumps(gold_case("dedup", 1, "same", second="different")) + "\n")
+    (case,) = load_gold("dedup", path)
+    assert case.label == "same" and case.adjudication
+    assert [r.label for r in case.readings] == ["same", "different"]
+    adjudicated = gold_case("dedup", 1, "same", second="different")
+    adjudicated["expected"] = {"same_problem": False}  # the second reading wins: allowed
+    path.write_text(json.dumps(adjudicated) + "\n")
+    assert load_gold("dedup", path)[0].label == "different"
+
+
+def test_the_loader_checks_labels_readings_and_exclusions_per_stage(tmp_path):
+    observed = gold_case("judge-analogy", 1, "observed_analogy")
+    assert "expected decision must be one of" in _refused(
+        tmp_path, "judge-analogy", observed | {"expected": {"decision": "maybe"}}
+    )
+    assert "belongs only to not_analogy" in _refused(
+        tmp_path, "judge-analogy", observed | {"exclusion": "background_only"}
+    )
+    not_analogy = gold_case("judge-analogy", 1, "not_analogy")
+    assert "needs 'exclusion', one of: same_problem" in _refused(
+        tmp_path, "judge-analogy", not_analogy | {"exclusion": "vibes"}
+    )
+    second = dict(not_analogy["readings"][1], exclusion="surface_similarity")
+    assert "the two readings differ" in _refused(
+        tmp_path, "judge-analogy", not_analogy | {"readings": [not_analogy["readings"][0], second]}
+    )
+    assert "'readings' must be a list of 1 or 2" in _refused(
+        tmp_path, "judge-analogy", observed | {"readings": []}
+    )
+    swapped = [dict(r, reader=n) for r, n in zip(observed["readings"], ("second", "first"))]
+    assert "'reader' must be 'first'" in _refused(
+        tmp_path, "judge-analogy", observed | {"readings": swapped}
+    )
+    one = gold_case("judge-analogy", 1, "observed_analogy")
+    one["readings"] = one["readings"][:1]
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps(one) + "\n" + json.dumps(one) + "\n")
+    with pytest.raises(InputError, match=r"one\.jsonl:2: case id .* appears twice"):
+        load_gold("judge-analogy", path)
+    path.write_text(json.dumps(one) + "\n")
+    assert len(load_gold("judge-analogy", path)[0].readings) == 1  # until the second reading
+
+
+def test_limit_takes_cases_from_every_label_in_turn(tmp_path):
+    labels = ["transfer"] * 3 + ["same_problem", "background_only", "unsupported_mappings"]
+    folder = write_gold(tmp_path, {"judge-transfer": labels})
+    cases = _cases(folder, "judge-transfer")
+    picked = select(cases, 4)
+    assert sorted(c.label for c in picked) == sorted(LABELS["judge-transfer"])
+    assert select(cases, None) == cases
+
+
+# -- the metrics ---------------------------------------------------------------------------------
+
+
+def test_kappa_is_one_for_the_gold_zero_for_a_constant_rater_and_counts_invalid_as_wrong():
+    gold = ["a", "b", "a", "c", "a"]
+    assert cohen_kappa(gold, gold) == 1.0 and agreement(gold, gold) == 1.0
+    assert cohen_kappa(gold, ["a"] * 5) == 0.0
+    assert agreement(gold, ["a"] * 5) == 0.6
+    # an unanswered case is a disagreement that adds nothing to chance agreement:
+    # p_e = (3·2 + 1·1 + 1·1) / 25
+    assert agreement(gold, ["a", "b", "a", "c", None]) == 0.8
+    assert cohen_kappa(gold, ["a", "b", "a", "c", None]) == pytest.approx((0.8 - 0.32) / 0.68)
+    assert cohen_kappa(["a", "a"], ["a", "a"]) == 1.0
+    with pytest.raises(ValueError):
+        cohen_kappa([], [])
+
+
+def test_kappa_matches_scikit_learns_on_the_same_ratings():
+    """κ against values scikit-learn's cohen_kappa_score gave for these ratings (computed once
+    outside the suite: importing it costs seconds), and by hand: 7 of 12 agree, p_e = (2·2 +
+    3·4 + 4·3 + 3·3)/144, κ = 47/107."""
+    gold = [0, 1, 2, 3, 3, 2, 1, 0, 2, 2, 3, 1]
+    judged = [1, 1, 2, 2, 3, 3, 0, 0, 2, 1, 3, 1]
+    assert cohen_kappa(gold, judged) == pytest.approx(0.43925233644859807)
+    assert cohen_kappa(gold, judged) == pytest.approx(47 / 107)
+    binary = cohen_kappa([x >= 2 for x in gold], [x >= 2 for x in judged])
+    assert binary == pytest.approx(0.8333333333333334)
+
+
+def test_sensitivity_specificity_and_precision_at_a_base_rate_by_hand():
+    gold = [True] * 10 + [False] * 10
+    judged = [True] * 10 + [True, True] + [False] * 7 + [None]  # 2 false passes, 1 unanswered
+    sens, spec = sensitivity_specificity(gold, judged)
+    assert (sens, spec) == (1.0, 0.8)  # the unanswered row is not passed, as in a build
+    # PPV = 1·0.09 / (1·0.09 + 0.2·0.91)
+    assert precision_at(sens, spec, 0.09) == pytest.approx(0.09 / 0.272)
+    assert precision_at(sens, spec, 0.5) == pytest.approx(1 / 1.2)
+    assert precision_at(0.0, 1.0, 0.09) is None  # it passes nothing
+    report = binary_report(gold, judged, 0.09)
+    assert report["false_per_100"] == pytest.approx(100 * (1 - 0.09 / 0.272), abs=0.05)
+    low, high = report["precision_ci"]
+    assert low <= report["precision"] <= high
+    assert report["false_per_100_ci"] == [round(100 * (1 - high), 1), round(100 * (1 - low), 1)]
+    assert binary_report(gold, judged, None)["precision"] is None
+    # the vectorised resamples are the scalar functions' over the same seeded resamples
+    assert report["kappa_ci"] == pytest.approx(
+        bootstrap(20, lambda idx: cohen_kappa([gold[i] for i in idx], [judged[i] for i in idx])),
+        abs=1e-4,
+    )
+    scalar = bootstrap(
+        20,
+        lambda idx: precision_at(
+            *sensitivity_specificity([gold[i] for i in idx], [judged[i] for i in idx]), 0.09
+        ),
+    )
+    assert report["precision_ci"] == pytest.approx(scalar, abs=1e-4)
+
+
+def test_the_bootstrap_is_seeded_percentile_and_narrows_with_more_cases():
+    def share(values: list[bool]):
+        return lambda idx: sum(values[i] for i in idx) / len(idx)
+
+    few = [True, False] * 10
+    many = few * 16
+    a, b = bootstrap(len(few), share(few)), bootstrap(len(few), share(few))
+    assert a == b  # seeded
+    assert a[0] < 0.5 < a[1]
+    wide, narrow = a[1] - a[0], bootstrap(len(many), share(many))
+    assert narrow[1] - narrow[0] < wide / 2  # four times the cases: about half the width
+    assert bootstrap(5, lambda idx: 0.7) == pytest.approx((0.7, 0.7))
+    assert bootstrap(5, lambda idx: None) is None
+
+
+def test_one_miss_moves_kappa_by_at_most_the_bar_only_with_enough_cases():
+    assert one_miss_step([True] * 30 + [False] * 30) <= ONE_MISS_BAR
+    # one miss of a 12-case set: κ = (11/12 − p_e)/(1 − p_e), p_e = (6·7 + 6·5)/144
+    step = one_miss_step([True] * 6 + [False] * 6)
+    assert step == pytest.approx(1 - (11 / 12 - 72 / 144) / (1 - 72 / 144), abs=1e-4)
+    assert step > ONE_MISS_BAR
+
+
+# -- the projection ------------------------------------------------------------------------------
+
+
+def test_the_projection_carries_rows_through_every_llm_stage():
+    v = volumes(DatasetConfig())
+    rows = v.rows
+    assert rows["judge-analogy"] == 132_000
+    assert rows["judge-transfer"] == round(132_000 * 0.09)
+    assert rows["write-queries"] == round(132_000 * 0.09 * 0.9)
+    written = 132_000 * 0.09 * 0.9 * (1 - 0.2**3)
+    base = 9_217
+    assert rows["dedup"] == round(base * (written / base) ** 2 / 2)  # Poisson: λ²/2 per paper
+    assert rows["strongest"] == round(rows["dedup"] * 0.2)
+    positives = (written - rows["dedup"] * 0.2) * 0.9
+    train = positives - 1_300
+    kept_negatives = 3 * (1_300 * 50 + train * 3)
+    # judged, not kept: the walk's margin of 0.2 over a 90% negative rate
+    assert rows["judge-negatives"] == round(kept_negatives * 1.2)
+    assert rows["synthesize-queries"] == round(train)
+    assert attempts(0.8) == pytest.approx(1.24)
+
+
+def test_projection_from_known_means_prices_and_concurrency():
+    llm = LLMConfig(
+        model="m",
+        actors=2,
+        max_in_flight=5,
+        prices={"m": Price(input_per_mtok=2.0, output_per_mtok=10.0)},
+        max_usd=1.0,
+    )
+    measured = Measured(calls=1.5, prompt_tokens=1000, completion_tokens=100, seconds=2.0)
+    p = project("judge-transfer", 1000, measured, llm)
+    assert p["calls"] == 1500
+    assert p["prompt_tokens"] == 1_000_000 and p["completion_tokens"] == 100_000
+    assert p["usd"] == pytest.approx(1.0 * 2.0 + 0.1 * 10.0)
+    assert p["hours"] == round(1000 * 2.0 / (2 * 5) / 3600, 2)
+    assert p["concurrency"] == 10
+    other = LLMConfig(model="m", stages={"judge-transfer": {"model": "free?"}}, prices=llm.prices)
+    assert project("judge-transfer", 10, measured, other)["usd"] is None
+    # the strongest choice is the dedup stage's call: its model and price
+    assert project("strongest", 10, measured, other)["model"] == "m"
+    build = project_build(llm, {"judge-transfer": measured}, volumes(DatasetConfig()))
+    names = [s["stage"] for s in build["stages"]]
+    assert names[0] == "judge-analogy" and "write-queries" in names and "strongest" in names
+    assert names[-1] == "synthesize-queries"
+    t = build["total"]
+    assert t["calls"] == sum(s["calls"] for s in build["stages"])
+    assert t["usd"] > build["max_usd"]
+    review = Measured(calls=1.0, prompt_tokens=300, completion_tokens=30, seconds=1.0)
+    wq = project_build(llm, {"write-queries": review}, volumes(DatasetConfig()))["stages"][2]
+    n = attempts(0.8)  # extract + rewrite from the ledger, the review as measured, per attempt
+    assert wq["calls"] == round(wq["rows"] * n * (2 + 1))
+    assert wq["prompt_tokens"] == round(wq["rows"] * n * (958 * 2 / 3 + 300))
+
+
+def test_the_readme_and_scale_md_tables_are_the_projection():
+    """Both documents print the full-scale projection at the dry run's ledger tokens."""
+    build = project_build(LLMConfig(), {}, volumes(DatasetConfig()))
+    readme = (ROOT / "README.md").read_text()
+    scale_md = (ROOT / "benchmarks" / "SCALE.md").read_text()
+
+    def m(tokens: int) -> str:
+        return f"{tokens / 1e6:.1f}M"
+
+    for s in build["stages"]:
+        rows = f"{s['rows']:,}" + (" judged" if s["stage"] == "judge-negatives" else "")
+        row = f"| {s['stage']} | {rows} | {s['calls']:,} | "
+        row += f"{m(s['prompt_tokens'])} / {m(s['completion_tokens'])} |"
+        assert row in readme, row
+        assert f"| {s['rows']:,}" in scale_md, s["stage"]
+        assert f"| {m(s['prompt_tokens'])} | {m(s['completion_tokens'])} |" in scale_md
+    t = build["total"]
+    assert f"| {t['calls']:,} | {m(t['prompt_tokens'])} / {m(t['completion_tokens'])} |" in readme
+    assert f"about {t['calls'] / 1e3:.0f}k requests" in scale_md
+
+
+def test_rows_and_pass_rates_come_from_a_build(tmp_path):
+    def manifest(stage: str, body: dict[str, Any]) -> None:
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "_MANIFEST.json").write_text(json.dumps(body))
+
+    manifest("mine", {"tables": {"pairs": {"uri": "x", "rows": 13_200}}})
+    manifest("judge-analogy", {"tables": {}, "stats": {"rows_in": 13_000, "rows_out": 650}})
+    v = volumes_from_root(DatasetConfig(), Storage(StorageConfig(root=str(tmp_path))))
+    assert v.rows["judge-analogy"] == 13_000  # what it judged, not what it mined
+    assert v.rates["judge-analogy"][0] == pytest.approx(0.05)
+    assert v.rows["judge-transfer"] == 650
+    assert v.rates["judge-transfer"][0] == 0.9  # not published: the assumption
+    assert "13,200 mined pairs" in v.source and "judge-analogy" in v.source
+    with pytest.raises(StorageError, match="no published mine stage"):
+        volumes_from_root(DatasetConfig(), Storage(StorageConfig(root=str(tmp_path / "empty"))))
+
+
+# -- the command against scripted judges ---------------------------------------------------------
+
+SCRIPTED_GOLD: dict[str, list[Any]] = {
+    "judge-analogy": ["observed_analogy"] * 5 + ["potential_analogy"] * 5 + ["not_analogy"] * 10,
+    "judge-transfer": ["transfer"] * 5
+    + ["same_problem"] * 2
+    + ["background_only"] * 2
+    + ["unsupported_mappings"],
+    "write-queries": ["accept", "reject"] * 5,
+    "dedup": ["same", "different"] * 4,
+    "strongest": [1, 2, 3, 1, 2, 3],
+    "score-positives": [0, 1, 2, 3] * 3,
+    "judge-negatives": [0, 1, 2, 3] * 3,
+}
+SWAP = {"observed_analogy": "potential_analogy", "potential_analogy": "observed_analogy"}
+OFF_BY_ONE = {0: 1, 1: 0, 2: 3, 3: 2}
+
+
+def _scripted_label(case: Any) -> Any:
+    """The scripted judges: the analogy judge swaps observed and potential and passes two of
+    the ten negatives; the verifier always says transfer; the reviewer is right but names
+    another failure on one reject; dedup is perfect; strongest misses its last group; the
+    positives' grader is off by one inside each band; the negatives' grader always says 0."""
+    i = int(case.id.rsplit("-", 1)[1])
+    stage = case.stage
+    if stage == "judge-analogy":
+        return SWAP.get(case.label, "observed_analogy" if i in (10, 11) else case.label)
+    if stage == "judge-transfer":
+        return "transfer"
+    if stage == "write-queries":
+        return ("reject", ["grounded"]) if i == 1 else case.label
+    if stage == "strongest":
+        return 1 if i == 5 else case.label
+    if stage == "score-positives":
+        return OFF_BY_ONE[case.label]
+    if stage == "judge-negatives":
+        return 0
+    return case.label
+
+
+@pytest.fixture(scope="module")
+def scripted_run(tmp_path_factory, gold_llm):
+    """One judge-check of every stage against the scripted judges, at 80 columns."""
+    tmp = tmp_path_factory.mktemp("scripted")
+    folder = write_gold(tmp / "gold", SCRIPTED_GOLD)
+    cases = [c for s in JUDGE_STAGES for c in _cases(folder, s)]
+    _post_gold(gold_llm, gold_answers(cases, _scripted_label))
+    args = ["--llm-base-url", gold_llm.base_url, "--llm-model", "scripted", "--gold", str(folder)]
+    args += ["--set", "llm.prices.scripted.input_per_mtok=3"]
+    args += ["--set", "llm.prices.scripted.output_per_mtok=15", "--set", "llm.max_usd=100"]
+    args += ["--min-kappa", "0.5", "--min-precision", "0.5"]
+    return _check(tmp, *args, env={"COLUMNS": "80"})
+
+
+def _stage(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in report["stages"] if s["stage"] == name)
+
+
+def test_scripted_judges_get_the_kappa_and_precision_computed_by_hand(scripted_run):
+    code, output, report = scripted_run
+    a = _stage(report, "judge-analogy")
+    # pass vs not: sens 1, spec 0.8; p_o 0.9, p_e 0.5·0.6 + 0.5·0.4 = 0.5, κ 0.8
+    assert a["binary"]["sensitivity"] == 1.0 and a["binary"]["specificity"] == 0.8
+    assert a["kappa"] == 0.8
+    # the three labels: agreement 8/20; p_e = (5·7 + 5·5 + 10·8)/400 = 0.35
+    assert a["agreement"] == 0.4
+    assert a["kappa_labels"] == pytest.approx((0.4 - 0.35) / 0.65, abs=1e-4)
+    assert a["binary"]["precision"] == pytest.approx(0.09 / 0.272, abs=1e-4)
+    assert a["binary"]["false_per_100"] == 66.9
+    low, high = a["kappa_ci"]
+    assert low < 0.8 < high <= 1.0
+    t = _stage(report, "judge-transfer")  # constant: κ 0, precision = the base rate
+    assert t["kappa"] == 0.0 and t["binary"]["sensitivity"] == 1.0
+    assert t["binary"]["precision"] == pytest.approx(0.9) and t["binary"]["false_per_100"] == 10.0
+    assert t["binary"]["precision_ci"] == pytest.approx([0.9, 0.9])
+    w = _stage(report, "write-queries")
+    assert w["kappa"] == 1.0 and w["fails_named"] == {"same": 4, "cases": 5}
+    assert _stage(report, "dedup")["binary"]["false_per_100"] == 0.0
+    s = _stage(report, "strongest")  # 5 of 6; p_e = (2·3 + 2·2 + 2·1)/36
+    assert s["binary"] is None and s["agreement"] == pytest.approx(5 / 6, abs=1e-4)
+    assert s["kappa"] == pytest.approx((5 / 6 - 1 / 3) / (2 / 3), abs=1e-4)
+    p = _stage(report, "score-positives")  # off by one inside each band: the binary is perfect
+    assert p["kappa"] == 1.0 and p["agreement"] == 0.0
+    assert p["kappa_labels"] == pytest.approx(-0.25 / 0.75, abs=1e-4)
+    n = _stage(report, "judge-negatives")  # always 0: every candidate kept as a negative
+    assert n["kappa"] == 0.0 and n["binary"]["false_per_100"] == 10.0
+    assert all(x["invalid_rate"] == 0.0 for x in report["stages"])
+
+
+def test_the_gates_exit_2_naming_each_stage_below_its_bar(scripted_run):
+    code, output, report = scripted_run
+    assert code == 2
+    said = " ".join(output.split())
+    assert (
+        "error: judge-check: judge-transfer κ 0.00; judge-negatives κ 0.00; judge-analogy "
+        "precision 0.33 below --min-kappa 0.5, --min-precision 0.5" in said
+    )
+    assert report is not None  # the report is written first
+
+
+def test_every_figure_reads_in_full_at_80_columns(scripted_run):
+    _, output, report = scripted_run
+    start = output.index("judge-check: the build's judges")
+    lines = output[start : output.index("report written to")].splitlines()
+    assert max(len(line) for line in lines) <= WIDTH, max(lines, key=len)
+    assert "…" not in output
+    for s in report["stages"]:
+        block = output[output.index(f"{s['stage']}: {s['cases']} cases") :]
+        assert f"κ {s['kappa']:.2f} [{s['kappa_ci'][0]:.2f}, {s['kappa_ci'][1]:.2f}]" in block
+        if s["binary"]:
+            b = s["binary"]
+            assert f"κ {s['kappa_labels']:.2f}, agreement {s['agreement']:.2f}" in block
+            assert f"about {b['false_per_100']:.0f}" in block
+            lo, hi = b["false_per_100_ci"]
+            assert f"[{lo:.0f}, {hi:.0f}]" in block
+        assert f"{s['mean']['prompt_tokens']:,.0f} prompt" in block
+    p = report["projection"]
+    for s in p["stages"]:
+        row = next(line for line in lines if line.startswith(s["stage"] + " "))
+        assert f"{s['rows']:,}" in row and f"{s['calls']:,}" in row and f"{s['usd']:,.2f}" in row
+    assert f"{p['total']['usd']:,.2f} is over the build's cap llm.max_usd 100.00" in output
+
+
+def test_a_judge_that_answers_the_gold_gets_kappa_one_on_every_stage(tmp_path, gold_llm):
+    folder = write_gold(tmp_path / "gold", SCRIPTED_GOLD)
+    cases = [c for s in JUDGE_STAGES for c in _cases(folder, s)]
+    _post_gold(gold_llm, gold_answers(cases))
+    code, output, report = _check(
+        tmp_path,
+        "--profile",
+        "dry-run",
+        "--llm-base-url",
+        gold_llm.base_url,
+        "--llm-model",
+        "scripted",
+        "--gold",
+        str(folder),
+        "--min-kappa",
+        "0.99",
+        "--min-precision",
+        "0.99",
+    )
+    assert code == 0, output
+    assert [s["stage"] for s in report["stages"]] == list(JUDGE_STAGES)
+    for s in report["stages"]:
+        assert s["agreement"] == 1.0 and s["kappa"] == 1.0, (s["stage"], s["confusion"])
+        assert s["invalid_rate"] == 0.0 and s["mean"]["calls"] == 1.0
+        assert s["mean"]["prompt_tokens"] > 0
+        if s["binary"]:
+            assert s["binary"]["precision"] == 1.0 and s["binary"]["false_per_100"] == 0.0
+    analogy = report["stages"][0]
+    if analogy["exclusions_named"] is not None:
+        assert analogy["exclusions_named"] == {"named": 10, "alone": 10, "cases": 10}
+    assert report["pins_ignored"] and "judge-check ignores pins" in " ".join(output.split())
+
+
+def test_a_judge_that_always_passes_gets_the_kappa_of_a_constant_rater(tmp_path, llm):
+    folder = write_gold(tmp_path / "gold", SCRIPTED_GOLD)
+    code, output, report = _check(
+        tmp_path,
+        "--llm-base-url",
+        llm.base_url,
+        "--llm-model",
+        "scripted",
+        "--gold",
+        str(folder),
+        "--stages",
+        "judge_transfer,score-positives",
+    )
+    assert code == 0, output
+    assert not report["pins_ignored"] and not report["embedded_server"]
+    for s, passing in zip(report["stages"], ("transfer", 3), strict=True):
+        gold = SCRIPTED_GOLD[s["stage"]]
+        assert s["labels"]["judged"] == {str(passing): len(gold)}
+        assert s["kappa"] == 0.0 and s["binary"]["sensitivity"] == 1.0
+        assert s["binary"]["specificity"] == 0.0
+        assert s["agreement"] == pytest.approx(gold.count(passing) / len(gold), abs=1e-4)
+
+
+def test_the_gold_report_needs_no_endpoint(tmp_path):
+    """The readers' agreement by hand: 10 write-queries cases, the second reader rejects two
+    the first accepts: p_o 0.8; first 5/5, second 3/7: p_e = (5·3 + 5·7)/100 = 0.5, κ 0.6."""
+    folder = tmp_path / "gold"
+    folder.mkdir()
+    lines = [
+        gold_case("write-queries", i, lab, second="reject" if i in (0, 2) else "same")
+        for i, lab in enumerate(["accept", "reject"] * 5)
+    ]
+    lines += [gold_case("write-queries", 10, "accept", synthetic=False)]
+    lines[10]["readings"] = lines[10]["readings"][:1]
+    (folder / "write-queries.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    result = runner.invoke(
+        app, ["judge-check", "--gold-report", "--gold", str(folder), "--stages", "write-queries"]
+    )
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "11 cases: 1 real, 10 synthetic" in out
+    assert "classes accept 6, reject 5" in out
+    assert "readers κ 0.60" in out and "agreement 0.80" in out
+    assert "10 read twice, 2 adjudicated" in out
+
+
+def test_unknown_stage_is_one_line(tmp_path):
+    code, output, _ = _check(
+        tmp_path, "--stages", "synthesize-queries", "--llm-base-url", "http://x"
+    )
+    assert code == 2 and "--stages: synthesize-queries not judged" in output
+
+
+def test_an_endpoint_that_is_not_listening_is_one_line(tmp_path):
+    folder = write_gold(tmp_path / "gold", {"score-positives": [0, 3]})
+    code, output, report = _check(
+        tmp_path,
+        "--llm-base-url",
+        "http://127.0.0.1:9/v1",
+        "--stages",
+        "score-positives",
+        "--gold",
+        str(folder),
+    )
+    assert code == 2 and report is None
+    assert "error: cannot reach the LLM endpoint http://127.0.0.1:9/v1" in output
+
+
+FIRST_FOUR = ("judge-analogy", "judge-transfer", "score-positives", "judge-negatives")
+
+
+@pytest.mark.skipif(not GOLD_MERGED, reason="the shipped files change format at the gold merge")
 def test_the_gold_set_covers_every_rule_it_must():
-    cases = {s: load_gold(s) for s in JUDGE_STAGES}
+    cases = {s: load_gold(s) for s in FIRST_FOUR}
     assert sum(len(c) for c in cases.values()) >= 48
     analogy = Counter(c.label for c in cases["judge-analogy"])
     assert len(cases["judge-analogy"]) >= 18
@@ -95,11 +711,12 @@ def test_the_gold_set_covers_every_rule_it_must():
     assert "different field" in covers and "same topic" in covers
 
 
+@pytest.mark.skipif(not GOLD_MERGED, reason="the shipped files change format at the gold merge")
 def test_gold_texts_are_abstract_sized_clean_and_answerable_by_the_scripted_rules():
     """80–160 words per abstract; nothing an injection check flags; none of the markers that
     make tests/scripted_llm.py answer otherwise than its passing default."""
     markers = ("SAME", "UNRELATED", "INCONSISTENT", "REJECT", "USELESS", "PLAINSCORE")
-    for stage in JUDGE_STAGES:
+    for stage in FIRST_FOUR:
         for case in load_gold(stage):
             row = case.input
             if "passage" in row:
@@ -135,243 +752,12 @@ def test_the_gold_files_ship_as_package_data(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("cpr_ray-*.whl")
     with zipfile.ZipFile(wheel) as zf:
-        for stage in JUDGE_STAGES:
-            rel = gold_path(stage).relative_to(ROOT).as_posix()
+        shipped = sorted((ROOT / "cpr_ray" / "judge_check" / "gold").glob("*.jsonl"))
+        assert len(shipped) >= (len(JUDGE_STAGES) if GOLD_MERGED else 4)
+        for path in shipped:
+            rel = path.relative_to(ROOT).as_posix()
             assert rel in zf.namelist(), f"{rel} is not in {wheel.name}"
-            assert zf.read(rel) == gold_path(stage).read_bytes(), rel
-
-
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ("{not json", "not valid JSON"),
-        (
-            '{"id": "x", "covers": "c", "why": "w", "input": {}, "expected": {"score": 1}}',
-            "input lacks column(s) query, passage, mappings",
-        ),
-        ("SCORE5", "expected score must be one of [0, 1, 2, 3], got 5"),
-        ("EXTRA", "unknown field(s) ['label']"),
-    ],
-)
-def test_the_loader_names_the_file_and_line_of_a_malformed_case(tmp_path, line, message):
-    good = gold_path("score-positives").read_text().splitlines()[0]
-    case = json.loads(good)
-    if line == "SCORE5":
-        line = json.dumps({**case, "expected": {"score": 5}})
-    elif line == "EXTRA":
-        line = json.dumps({**case, "label": 2})
-    path = tmp_path / "score-positives.jsonl"
-    path.write_text(good + "\n" + line + "\n")
-    with pytest.raises(InputError) as err:
-        load_gold("score-positives", path)
-    assert str(err.value).startswith(f"{path}:2: ")
-    assert message in str(err.value)
-
-
-def test_the_loader_checks_labels_and_exclusions_per_stage(tmp_path):
-    lines = gold_path("judge-analogy").read_text().splitlines()
-    observed = json.loads(lines[0])
-    path = tmp_path / "a.jsonl"
-    path.write_text(json.dumps({**observed, "expected": {"decision": "maybe"}}) + "\n")
-    with pytest.raises(InputError, match=r"a\.jsonl:1: expected decision must be one of"):
-        load_gold("judge-analogy", path)
-    path.write_text(json.dumps({**observed, "exclusion": "background_only"}) + "\n")
-    with pytest.raises(InputError, match="belongs only to not_analogy"):
-        load_gold("judge-analogy", path)
-    not_analogy = json.loads(next(x for x in lines if '"not_analogy"' in x))
-    path.write_text(json.dumps({**not_analogy, "exclusion": "vibes"}) + "\n")
-    with pytest.raises(InputError, match="needs 'exclusion', one of: same_problem"):
-        load_gold("judge-analogy", path)
-    transfer = json.loads(gold_path("judge-transfer").read_text().splitlines()[0])
-    path.write_text(
-        json.dumps({**transfer, "expected": {"verdict": "reject", "reject_reason": "dull"}}) + "\n"
-    )
-    with pytest.raises(InputError, match="reject_reason must be one of same_problem"):
-        load_gold("judge-transfer", path)
-    path.write_text(json.dumps(transfer) + "\n" + json.dumps(transfer) + "\n")
-    with pytest.raises(InputError, match=r":2: case id .* appears twice"):
-        load_gold("judge-transfer", path)
-
-
-def test_limit_takes_cases_from_every_label_in_turn():
-    cases = load_gold("judge-transfer")
-    picked = select(cases, 4)
-    assert sorted(c.label for c in picked) == sorted(LABELS["judge-transfer"])
-    assert select(cases, None) == cases
-
-
-# -- κ and the projection -----------------------------------------------------------------------
-
-
-def test_kappa_is_one_for_the_gold_zero_for_a_constant_rater_and_counts_invalid_as_wrong():
-    gold = ["a", "b", "a", "c", "a"]
-    assert cohen_kappa(gold, gold) == 1.0 and agreement(gold, gold) == 1.0
-    assert cohen_kappa(gold, ["a"] * 5) == 0.0
-    assert agreement(gold, ["a"] * 5) == 0.6
-    # an unanswered case is a disagreement that adds nothing to chance agreement:
-    # p_e = (3·2 + 1·1 + 1·1) / 25
-    assert agreement(gold, ["a", "b", "a", "c", None]) == 0.8
-    assert cohen_kappa(gold, ["a", "b", "a", "c", None]) == pytest.approx((0.8 - 0.32) / 0.68)
-    # the degenerate case: one label on both sides, every case agreed
-    assert cohen_kappa(["a", "a"], ["a", "a"]) == 1.0
-    assert at_least([0, 2, 3, None], 2) == [False, True, True, None]
-    with pytest.raises(ValueError):
-        cohen_kappa([], [])
-
-
-def test_projection_from_known_means_prices_and_concurrency():
-    llm = LLMConfig(
-        model="m",
-        actors=2,
-        max_in_flight=5,
-        prices={"m": Price(input_per_mtok=2.0, output_per_mtok=10.0)},
-    )
-    measured = Measured(calls=1.5, prompt_tokens=1000, completion_tokens=100, seconds=2.0)
-    p = project("judge-transfer", 1000, measured, llm)
-    assert p["calls"] == 1500
-    assert p["prompt_tokens"] == 1_000_000 and p["completion_tokens"] == 100_000
-    assert p["usd"] == pytest.approx(1.0 * 2.0 + 0.1 * 10.0)
-    assert p["hours"] == round(1000 * 2.0 / (2 * 5) / 3600, 2)
-    assert p["concurrency"] == 10
-    # a stage's own model, and no price for it: USD unknown rather than 0
-    other = LLMConfig(model="m", stages={"judge-transfer": {"model": "free?"}}, prices=llm.prices)
-    assert project("judge-transfer", 10, measured, other)["usd"] is None
-
-
-def test_rows_come_from_a_builds_mined_pairs(tmp_path):
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "_MANIFEST.json").write_text(
-        json.dumps({"tables": {"pairs": {"uri": "x", "rows": 13_200}}})
-    )
-    rows, source = rows_from_root(Storage(StorageConfig(root=str(tmp_path))))
-    assert rows == {
-        "judge-analogy": 13_200,
-        "judge-transfer": 1_200,
-        "score-positives": 1_200,
-        "judge-negatives": 29_000,
-    }
-    assert "13,200 mined pairs" in source
-    with pytest.raises(StorageError, match="no published mine stage"):
-        rows_from_root(Storage(StorageConfig(root=str(tmp_path / "empty"))))
-
-
-# -- the command against scripted judges ---------------------------------------------------------
-
-
-def test_a_judge_that_answers_the_gold_gets_kappa_one_on_every_stage(tmp_path, gold_llm):
-    code, output, report = _check(
-        tmp_path,
-        "--profile",
-        "dry-run",
-        "--llm-base-url",
-        gold_llm.base_url,
-        "--llm-model",
-        "scripted",
-        "--min-kappa",
-        "0.99",
-    )
-    assert code == 0, output
-    assert [s["stage"] for s in report["stages"]] == list(JUDGE_STAGES)
-    for s in report["stages"]:
-        assert s["agreement"] == 1.0 and s["kappa"] == 1.0, (s["stage"], s["confusion"])
-        assert s["invalid_rate"] == 0.0
-        assert s["mean"]["prompt_tokens"] > 0 and s["mean"]["calls"] == 1.0
-        assert s["projection"]["rows"] == SCALE_ROWS[s["stage"]]
-        if "kappa_at_2" in s:
-            assert s["kappa_at_2"] == 1.0
-    analogy = report["stages"][0]
-    if analogy["exclusions_named"] is not None:  # the judge's answer names its exclusions
-        assert analogy["exclusions_named"] == {"named": 10, "alone": 10, "cases": 10}
-    # the dry-run profile pins the placeholder's answers: the check says it ignored them
-    assert report["pins_ignored"] and "judge-check ignores pins" in output
-    assert "judge check" in output and "κ" in output
-
-
-def test_a_judge_that_always_passes_gets_the_kappa_of_a_constant_rater(tmp_path, llm):
-    code, output, report = _check(
-        tmp_path, "--llm-base-url", llm.base_url, "--llm-model", "scripted"
-    )
-    assert code == 0, output
-    assert not report["pins_ignored"] and not report["embedded_server"]
-    for s in report["stages"]:
-        gold = [c.label for c in load_gold(s["stage"])]
-        assert s["labels"]["judged"] == {str(PASSING[s["stage"]]): len(gold)}, s["stage"]
-        assert s["kappa"] == 0.0
-        assert s["agreement"] == pytest.approx(
-            gold.count(PASSING[s["stage"]]) / len(gold), abs=1e-4
-        )
-
-
-def test_min_kappa_exits_2_naming_the_stage(tmp_path, llm):
-    code, output, report = _check(
-        tmp_path,
-        "--llm-base-url",
-        llm.base_url,
-        "--llm-model",
-        "scripted",
-        "--stages",
-        "judge_transfer,score-positives",
-        "--limit",
-        "4",
-        "--min-kappa",
-        "0.5",
-    )
-    assert code == 2
-    assert (
-        "error: judge-check: judge-transfer κ 0.00; score-positives κ 0.00 below --min-kappa"
-        in (" ".join(output.split()))
-    )
-    assert [s["cases"] for s in report["stages"]] == [4, 4]  # the report is written first
-
-
-def test_unknown_stage_is_one_line(tmp_path):
-    code, output, _ = _check(tmp_path, "--stages", "write-queries", "--llm-base-url", "http://x")
-    assert code == 2 and "--stages: write-queries not judged" in output
-
-
-def test_an_endpoint_that_is_not_listening_is_one_line(tmp_path):
-    code, output, report = _check(
-        tmp_path, "--llm-base-url", "http://127.0.0.1:9/v1", "--stages", "score-positives"
-    )
-    assert code == 2 and report is None
-    assert "error: cannot reach the LLM endpoint http://127.0.0.1:9/v1" in output
-
-
-def test_projection_from_a_build_root_with_prices(tmp_path, gold_llm):
-    (tmp_path / "build" / "mine").mkdir(parents=True)
-    (tmp_path / "build" / "mine" / "_MANIFEST.json").write_text(
-        json.dumps({"tables": {"pairs": {"uri": "x", "rows": 1_320}}})
-    )
-    code, output, report = _check(
-        tmp_path,
-        "--llm-base-url",
-        gold_llm.base_url,
-        "--llm-model",
-        "scripted",
-        "--stages",
-        "score-positives",
-        "--limit",
-        "2",
-        "--root",
-        str(tmp_path / "build"),
-        "--set",
-        "llm.prices.scripted.input_per_mtok=3",
-        "--set",
-        "llm.prices.scripted.output_per_mtok=15",
-        "--set",
-        "llm.actors=4",
-        "--set",
-        "llm.max_in_flight=8",
-    )
-    assert code == 0, output
-    (s,) = report["stages"]
-    p, m = s["projection"], s["mean"]
-    assert p["rows"] == 120 and p["concurrency"] == 32
-    assert p["prompt_tokens"] == round(120 * m["prompt_tokens"])
-    assert p["usd"] == round(
-        120 * m["prompt_tokens"] / 1e6 * 3 + 120 * m["completion_tokens"] / 1e6 * 15, 2
-    )
-    assert "1,320 mined pairs" in report["rows_source"]
+            assert zf.read(rel) == path.read_bytes(), rel
 
 
 @pytest.mark.slow
@@ -383,4 +769,4 @@ def test_the_embedded_placeholder_is_measured(tmp_path):
     (s,) = report["stages"]
     assert s["cases"] == 4
     assert isinstance(s["kappa"], float) and isinstance(s["invalid_rate"], float)
-    assert "κ" in output and "embedded placeholder" in output
+    assert "κ" in output and "embedded placeholder" in " ".join(output.split())

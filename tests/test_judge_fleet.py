@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from cpr_ray.config import LLM_STAGES, load_config
 from cpr_ray.judge_check import fleet
 from cpr_ray.judge_check.fleet import GPUS, INSTANCES, MODELS, replica_fit
+from cpr_ray.judge_check.projection import LEDGER_MEANS
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "infra" / "serve" / "judges.yaml"
@@ -128,7 +129,7 @@ def test_every_model_the_cluster_profile_names_is_served_on_gpus_it_fits():
         )
         assert fit.fits, (model, fit)
         for stage, (asked_model, _, max_tokens) in asked.items():
-            prompt = fleet.SCALE_TOKENS_PER_ROW.get(stage, (1344, 0))[0]  # else the longest
+            prompt = LEDGER_MEANS.get(stage, (1, 1344, 0))[1]  # else the longest
             if asked_model == model:
                 needed = fleet.longest_conversation(prompt, max_tokens, cfg.llm.max_reasks)
                 assert needed <= engine["max_model_len"], (stage, needed)
@@ -204,14 +205,14 @@ def test_throughput_scales_with_bandwidth_over_parameters():
 
 def test_scale_md_sizing_table_is_the_arithmetic_for_this_fleet():
     cfg = load_config("cluster", env={})
-    stage_models = {stage: cfg.llm.for_stage(stage)[0] for stage in fleet.SCALE_TOKENS_PER_ROW}
+    stage_models = {stage: cfg.llm.for_stage(stage)[0] for stage in fleet.FLEET_STAGES}
     gpus_per_model = {
         model: raw["engine_kwargs"]["tensor_parallel_size"]
         * raw["deployment_config"]["autoscaling_config"]["max_replicas"]
         for model, raw in _llm_configs().items()
     }
     loads = fleet.build_load(stage_models, GPUS["L40S"], gpus_per_model)
-    assert [load.stage for load in loads] == list(fleet.SCALE_TOKENS_PER_ROW)
+    assert [load.stage for load in loads] == list(fleet.FLEET_STAGES)
     analogy = loads[0]
     assert analogy.tokens == 132_000 * (1344 + 924)
     assert analogy.gpu_hours == round(analogy.tokens / (1731 * 864 / 2039) / 3600, 1)

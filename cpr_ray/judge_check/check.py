@@ -1,7 +1,8 @@
 """Run each judge on its gold cases and measure it (`cpr judge-check`).
 
-The judges are the build's own task classes (`AnalogyJudge`, `TransferVerifier`,
-`UsefulnessGrader`, `NegativeGrader`): their prompts, answer contracts, re-asks and decision rules
+The judges are the build's own task classes (`AnalogyJudge`, `TransferVerifier`, the review
+step of `QueryWriter`, `SameProblemJudge`, `StrongestAnalogyJudge`, `UsefulnessGrader`,
+`NegativeGrader`; `tasks.py`): their prompts, answer contracts, re-asks and decision rules
 (`derive`) are exactly what a build runs. What is left out is what a build adds around them: no
 Ray (the cases are few; asyncio keeps `llm.max_in_flight` requests in flight in this process), no
 cache (a cached answer would measure an earlier model or prompt), no ledger (nothing is built),
@@ -16,30 +17,32 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from rich.table import Table
 
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.errors import UserError
-from cpr_ray.judge_check.gold import EXCLUSIONS, JUDGE_STAGES, LABELS, GoldCase, load_gold, select
-from cpr_ray.judge_check.metrics import agreement, at_least, cohen_kappa, confusion
-from cpr_ray.judge_check.projection import (
-    HOURS_FORMULA,
-    SCALE_ROWS,
-    SCALE_SOURCE,
-    Measured,
-    project,
-    rows_from_root,
+from cpr_ray.judge_check.gold import (
+    EXCLUSIONS,
+    JUDGE_STAGES,
+    LABELS,
+    GoldCase,
+    build_stage,
+    gold_path,
+    kept,
+    load_gold,
+    select,
 )
+from cpr_ray.judge_check.gold_report import gold_summary
+from cpr_ray.judge_check.metrics import agreement, binary_report, bootstrap, cohen_kappa, confusion
+from cpr_ray.judge_check.projection import Measured, project_build, volumes, volumes_from_root
+from cpr_ray.judge_check.tasks import judged_label, make_task
 from cpr_ray.llm.client import LLMClient, Usage, probe_endpoint
 from cpr_ray.llm.runner import LLMTask
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage
-
-USEFULNESS_STAGES = ("score-positives", "judge-negatives")
-KEEP_AT = 2  # the graders' κ in the method is binarised at a usefulness of 2
 
 
 @dataclass(frozen=True)
@@ -58,23 +61,8 @@ class CaseResult:
     seconds: float
     expected_exclusion: str | None = None
     exclusions: list[str] | None = None  # what the analogy judge named, where it names any
-
-
-def make_task(stage: str, llm: LLMConfig) -> LLMTask:
-    """The build's own task for a judged stage."""
-    from cpr_ray.dataset.negatives import NegativeGrader
-    from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
-    from cpr_ray.queries.usefulness import UsefulnessGrader
-
-    if stage == "judge-analogy":
-        return AnalogyJudge(hold_out_flagged=llm.hold_out_flagged_inputs)
-    if stage == "judge-transfer":
-        return TransferVerifier()
-    if stage == "score-positives":
-        return UsefulnessGrader()
-    if stage == "judge-negatives":
-        return NegativeGrader()
-    raise ValueError(f"not a judged stage: {stage}")
+    expected_fails: list[str] | None = None  # write-queries: the review booleans the gold fails
+    fails: list[str] | None = None  # and those the reviewer answered false
 
 
 async def _ask_all(
@@ -132,27 +120,16 @@ def _answer_table(
 
 def judged_labels(stage: str, table: pa.Table) -> list[Any]:
     """The label each derived row reached (None where the answer is not usable)."""
-    rows = table.to_pylist()
-    labels: list[Any] = []
-    for row in rows:
-        label = None
-        if row["status"] == "ok":
-            if stage == "judge-analogy":
-                label = row.get("decision")
-            elif stage == "judge-transfer":
-                label = "transfer" if row.get("verdict") == "transfer" else row.get("reject_reason")
-            else:
-                label = row.get("usefulness")
-        labels.append(label if label in LABELS[stage] else None)
-    return labels
+    labels = [judged_label(stage, row) for row in table.to_pylist()]
+    return [label if label in LABELS[stage] else None for label in labels]
 
 
 def run_stage(
     stage: str, cases: Sequence[GoldCase], llm: LLMConfig, base_url: str
 ) -> list[CaseResult]:
     """Ask the stage's judge every case; one result per case, in order."""
-    task = make_task(stage, llm)
-    model = llm.for_stage(stage)[0]
+    task = make_task(stage, llm.hold_out_flagged_inputs)
+    model = llm.for_stage(task.stage)[0]
     console.print(f"{stage}: {len(cases)} gold case(s) → {model} at {base_url}", highlight=False)
     probe_endpoint(llm, base_url)  # a dead endpoint or a refused key: one line, not N failures
     answers = asyncio.run(
@@ -161,6 +138,7 @@ def run_stage(
     table = _answer_table(task, cases, answers)
     labels = judged_labels(stage, table)
     named = table["exclusions"].to_pylist() if "exclusions" in table.column_names else None
+    fails = table["fails"].to_pylist() if "fails" in table.column_names else None
     return [
         CaseResult(
             id=case.id,
@@ -175,6 +153,8 @@ def run_stage(
             seconds=round(seconds, 3),
             expected_exclusion=case.exclusion,
             exclusions=None if named is None else (named[i] or []),
+            expected_fails=None if case.fails is None else list(case.fails),
+            fails=None if fails is None else fails[i],
         )
         for i, (case, label, (_, status, error, usage, seconds)) in enumerate(
             zip(cases, labels, answers, strict=True)
@@ -182,21 +162,41 @@ def run_stage(
     ]
 
 
-def measure(stage: str, results: Sequence[CaseResult]) -> dict[str, Any]:
-    """Agreement, κ, invalid rate and per-answer means of one stage's results."""
+def measure(stage: str, results: Sequence[CaseResult], base_rate: float | None) -> dict[str, Any]:
+    """One stage's figures: the binary the method reports (κ with its interval, sensitivity,
+    specificity, precision at `base_rate`), agreement and κ over every label, the invalid rate
+    and the per-answer means. `kappa` is the headline `--min-kappa` gates: the binary's, and for
+    `strongest` (whose label is an index) the κ over the index."""
     gold = [r.expected for r in results]
     got = [r.got for r in results]
     n = len(results)
     statuses = Counter(r.status for r in results)
     unusable = sum(g is None for g in got)
+    binary = None
+    if stage != "strongest":
+        binary = binary_report(
+            [kept(stage, g) for g in gold], [kept(stage, g) for g in got], base_rate
+        )
+        headline, ci = binary["kappa"], binary["kappa_ci"]
+    else:
+
+        def kappa_of(idx: Any) -> float:
+            return cohen_kappa([gold[i] for i in idx], [got[i] for i in idx])
+
+        headline = round(cohen_kappa(gold, got), 4)
+        interval = bootstrap(n, kappa_of)
+        ci = None if interval is None else [round(interval[0], 4), round(interval[1], 4)]
     out: dict[str, Any] = {
         "cases": n,
         "ok": statuses.get("ok", 0),
         "invalid": statuses.get("invalid", 0),
         "failed": statuses.get("failed", 0),
         "invalid_rate": round(unusable / n, 4),
+        "kappa": headline,
+        "kappa_ci": ci,
+        "binary": binary,
         "agreement": round(agreement(gold, got), 4),
-        "kappa": round(cohen_kappa(gold, got), 4),
+        "kappa_labels": round(cohen_kappa(gold, got), 4),
         "mean": asdict(
             Measured(
                 calls=sum(r.calls for r in results) / n,
@@ -211,10 +211,6 @@ def measure(stage: str, results: Sequence[CaseResult]) -> dict[str, Any]:
         },
         "confusion": confusion(gold, got),
     }
-    if stage in USEFULNESS_STAGES:
-        gold_bin, got_bin = at_least(gold, KEEP_AT), at_least(got, KEEP_AT)
-        out["agreement_at_2"] = round(agreement(gold_bin, got_bin), 4)
-        out["kappa_at_2"] = round(cohen_kappa(gold_bin, got_bin), 4)
     if stage == "judge-analogy":
         excluded = [r for r in results if r.expected_exclusion in EXCLUSIONS]
         if excluded and all(r.exclusions is not None for r in results):
@@ -226,6 +222,12 @@ def measure(stage: str, results: Sequence[CaseResult]) -> dict[str, Any]:
             }
         else:
             out["exclusions_named"] = None  # this judge's answer names no exclusions
+    if stage == "write-queries":
+        both = [r for r in results if r.expected == "reject" and r.got == "reject"]
+        out["fails_named"] = {
+            "same": sum(sorted(r.fails or []) == sorted(r.expected_fails or []) for r in both),
+            "cases": len(both),
+        }
     return out
 
 
@@ -242,18 +244,22 @@ def check_judges(
     limit: int | None = None,
     root: str | None = None,
     pins_ignored: Sequence[str] | None = None,
+    gold: Path | None = None,
 ) -> dict[str, Any]:
     """Measure each stage's judge on its gold cases and project a full build; the report as a
     dict (what `--out` writes). Starts the embedded local judge when no endpoint is configured.
     `pins_ignored`: the stages whose pins were dropped as the config loaded (the config's own
-    pins, which are dropped here, are added to them)."""
+    pins, which are dropped here, are added to them). `gold`: a folder of STAGE.jsonl files
+    instead of the shipped set."""
     from cpr_ray.llm.local_server import local_server
 
-    cases = {s: select(load_gold(s), limit) for s in stages}  # a bad gold file stops first
+    loaded = {s: load_gold(s, gold_path(s, gold)) for s in stages}  # a bad file stops first
+    cases = {s: select(c, limit) for s, c in loaded.items()}
     if root:
-        rows, source = rows_from_root(Storage(cfg.storage.model_copy(update={"root": root})))
+        storage = Storage(cfg.storage.model_copy(update={"root": root}))
+        vol = volumes_from_root(cfg.dataset, storage)
     else:
-        rows, source = dict(SCALE_ROWS), SCALE_SOURCE
+        vol = volumes(cfg.dataset)
     pinned = sorted({*(pins_ignored or ()), *(s for s, o in cfg.llm.stages.items() if o.pin)})
     llm = without_pins(cfg.llm)
     embedded = not llm.base_url
@@ -268,141 +274,44 @@ def check_judges(
             results[stage] = run_stage(stage, cases[stage], llm, llm.base_url)
     report_stages = []
     for stage in stages:
-        measured = measure(stage, results[stage])
+        rate = vol.rates.get(stage)
+        measured = measure(stage, results[stage], None if rate is None else rate[0])
         report_stages.append(
             {
                 "stage": stage,
-                "model": llm.for_stage(stage)[0],
+                "model": llm.for_stage(build_stage(stage))[0],
+                "base_rate_source": None if rate is None else rate[1],
                 **measured,
-                "projection": project(stage, rows[stage], Measured(**measured["mean"]), llm),
+                "gold": gold_summary(stage, loaded[stage]),
                 "results": [asdict(r) for r in results[stage]],
             }
         )
+    means = {s["stage"]: Measured(**s["mean"]) for s in report_stages}
     return {
         "endpoint": llm.base_url,
         "embedded_server": embedded,
         "same_verifier": llm.same_verifier() and "judge-transfer" in stages,
         "pins_ignored": pinned,
         "limit": limit,
-        "rows_source": source,
-        "hours_formula": HOURS_FORMULA,
         "stages": report_stages,
+        "projection": project_build(llm, means, vol),
     }
 
 
 def below(report: dict[str, Any], min_kappa: float) -> list[str]:
-    """'STAGE κ K' for every stage whose κ is under `min_kappa`."""
+    """'STAGE κ K' for every stage whose headline κ is under `min_kappa`."""
     return [f"{s['stage']} κ {s['kappa']:.2f}" for s in report["stages"] if s["kappa"] < min_kappa]
 
 
-def _num(value: float | int | None, digits: int = 0) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}"
-
-
-def _tokens(value: int) -> str:
-    return f"{value / 1e6:,.1f}M" if value >= 1e5 else f"{value:,}"
-
-
-def header_lines(report: dict[str, Any]) -> list[str]:
-    """What the numbers measure: the endpoint, and that pins were ignored."""
-    lines = [f"judge-check: the build's judges on the shipped gold set, at {report['endpoint']}"]
-    if report["embedded_server"]:
-        lines.append(
-            "[bold yellow]note:[/] no llm.base_url: the embedded placeholder (Gemma 3 270M base "
-            "model) answers; it follows no instruction, so expect κ near 0 (chance). Give "
-            "--llm-base-url URL --llm-model M to measure a real judge."
-        )
-    if report["pins_ignored"]:
-        lines.append(
-            "[bold yellow]note:[/] this profile pins answers of "
-            f"{', '.join(report['pins_ignored'])} "
-            "(llm.stages.*.pin); judge-check ignores pins: a pinned judge would only measure "
-            "the pin."
-        )
-    if report["same_verifier"] and not report["embedded_server"]:
-        lines.append(
-            "[bold yellow]note:[/] judge-transfer asks the analogy judge's own model; the method "
-            "verifies with a second model (llm.stages.judge-transfer.model), and a build refuses "
-            "one model for both unless llm.allow_same_verifier is true."
-        )
-    if report["limit"]:
-        lines.append(f"at most {report['limit']} case(s) per stage (--limit), spread over labels")
-    return lines
-
-
-def report_table(report: dict[str, Any]) -> Table:
-    """One row per stage: how well the judge agrees, and what a full build would cost."""
-    table = Table(title="judge check", title_justify="left")
-    columns = (
-        "stage",
-        "model",
-        "cases",
-        "agreement",
-        "κ",
-        "invalid",
-        "prompt tok/ans",
-        "compl. tok/ans",
-        "s/ans",
-        "full-build rows",
-        "calls",
-        "tokens in/out",
-        "USD",
-        "hours",
-    )
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("stage", "model") else "right")
+def below_precision(report: dict[str, Any], min_precision: float) -> list[str]:
+    """'STAGE precision P' for every stage whose precision at its base rate is under
+    `min_precision` (or unknown: a judge that passed nothing cannot show it)."""
+    out = []
     for s in report["stages"]:
-        p, m = s["projection"], s["mean"]
-        table.add_row(
-            s["stage"],
-            s["model"],
-            str(s["cases"]),
-            f"{s['agreement']:.2f}",
-            f"{s['kappa']:.2f}",
-            f"{s['invalid_rate']:.0%}",
-            _num(m["prompt_tokens"]),
-            _num(m["completion_tokens"]),
-            _num(m["seconds"], 1),
-            _num(p["rows"]),
-            _num(p["calls"]),
-            f"{_tokens(p['prompt_tokens'])}/{_tokens(p['completion_tokens'])}",
-            _num(p["usd"], 2),
-            _num(p["hours"], 2),
-        )
-    return table
-
-
-def footer_lines(report: dict[str, Any]) -> list[str]:
-    """The binarised κ of the graders, the exclusions named, and how the projection is made."""
-    lines = []
-    for s in report["stages"]:
-        if "kappa_at_2" in s:
-            lines.append(
-                f"{s['stage']}: binarised at 2 (kept ≥ 2, the method's κ), agreement "
-                f"{s['agreement_at_2']:.2f}, κ {s['kappa_at_2']:.2f}"
-            )
-        named = s.get("exclusions_named")
-        if named:
-            lines.append(
-                f"{s['stage']}: {named['named']} of {named['cases']} exclusion case(s) named the "
-                f"gold's exclusion, {named['alone']} named it alone"
-            )
-    no_price = sorted(
-        {s["projection"]["model"] for s in report["stages"] if s["projection"]["usd"] is None}
-    )
-    if no_price:
-        lines.append(f"USD n/a: no llm.prices entry for {', '.join(no_price)}")
-    lines.append(f"rows: {report['rows_source']}; calls and tokens = rows × the means per answer")
-    lines.append(report["hours_formula"])
-    lines.append("κ counts an invalid or failed answer as a disagreement (see `invalid`)")
-    return lines
-
-
-def print_report(report: dict[str, Any]) -> None:
-    for line in header_lines(report):
-        console.print(line, soft_wrap=True)
-    console.print(report_table(report))
-    for line in footer_lines(report):
-        console.print(line, soft_wrap=True, highlight=False)
+        binary = s["binary"]
+        if binary is None:
+            continue
+        ppv = binary["precision"]
+        if ppv is None or ppv < min_precision:
+            out.append(f"{s['stage']} precision {'n/a' if ppv is None else f'{ppv:.2f}'}")
+    return out

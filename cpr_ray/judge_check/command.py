@@ -1,4 +1,5 @@
-"""`cpr judge-check`: the command (parse, call `check_judges`, print, gate on κ)."""
+"""`cpr judge-check`: the command (parse, call `check_judges`, print, gate on κ and precision;
+or, with `--gold-report`, describe the gold set without asking any endpoint)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from cpr_ray.command_line import (
 )
 from cpr_ray.config import Config, load_config, stage_name
 from cpr_ray.errors import ConfigError, UserError
-from cpr_ray.judge_check.check import below, check_judges, print_report
-from cpr_ray.judge_check.gold import JUDGE_STAGES
+from cpr_ray.judge_check.check import below, below_precision, check_judges
+from cpr_ray.judge_check.gold import JUDGE_STAGES, gold_path, load_gold
+from cpr_ray.judge_check.gold_report import gold_lines, gold_summary
+from cpr_ray.judge_check.report import report_lines
 
 
 def judge_config(
@@ -69,8 +72,9 @@ def judge_check_command(
         str | None,
         typer.Option(
             "--root",
-            help="A build (path or s3://…) whose mined pairs size the projection; default: the "
-            "full-scale rows of benchmarks/SCALE.md.",
+            help="A build (path or s3://…) whose mined pairs and published stages size the "
+            "projection and give each judge's base rate; default: the method at full scale "
+            "(benchmarks/SCALE.md).",
         ),
     ] = None,
     limit: Annotated[
@@ -79,8 +83,35 @@ def judge_check_command(
     ] = None,
     min_kappa: Annotated[
         float | None,
-        typer.Option("--min-kappa", help="Exit 2 when any stage's κ is below this."),
+        typer.Option(
+            "--min-kappa",
+            help="Exit 2 when any stage's binarised κ (strongest: κ over the index) is below this.",
+        ),
     ] = None,
+    min_precision: Annotated[
+        float | None,
+        typer.Option(
+            "--min-precision",
+            min=0.0,
+            max=1.0,
+            help="Exit 2 when any judge's precision at its base rate (the share of the rows it "
+            "passes in a build that deserve to pass) is below this.",
+        ),
+    ] = None,
+    gold: Annotated[
+        Path | None,
+        typer.Option(
+            "--gold", help="A folder of STAGE.jsonl gold files instead of the shipped set."
+        ),
+    ] = None,
+    gold_report: Annotated[
+        bool,
+        typer.Option(
+            "--gold-report",
+            help="Only describe the gold set (cases, real and synthetic, classes, the two "
+            "readers' agreement); asks no endpoint.",
+        ),
+    ] = False,
     out: Annotated[
         Path | None, typer.Option("--out", help="Also write the report as JSON to this file.")
     ] = None,
@@ -88,23 +119,43 @@ def judge_check_command(
     llm_model: LLMModelOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Measure each LLM judge on the shipped gold set (agreement, Cohen's κ, invalid answers,
-    tokens and seconds per answer) and project a full build's calls, tokens, USD and hours.
-    Run it before the first cluster build."""
+    """Measure each LLM judge on the gold set (binarised κ with its interval, precision at the
+    corpus's base rate, agreement over every label, invalid answers, tokens and seconds per
+    answer) and project a full build's calls, tokens, USD and hours. Run it before the first
+    cluster build."""
     overrides = [f"llm.base_url={llm_base_url}"] if llm_base_url else []
     overrides += [f"llm.model={llm_model}"] if llm_model else []
     try:
-        cfg, pinned = judge_config(config, profile, [*overrides, *(set_ or [])])
         names = parse_stages(stages)
-        report = check_judges(cfg, names, limit=limit, root=root, pins_ignored=pinned)
+        if gold_report:
+            print_gold_report(names, gold)
+            return
+        cfg, pinned = judge_config(config, profile, [*overrides, *(set_ or [])])
+        report = check_judges(cfg, names, limit=limit, root=root, pins_ignored=pinned, gold=gold)
     except UserError as exc:
         fail(exc)
-    print_report(report)
+    for line in report_lines(report):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         console.print(f"report written to {out}", soft_wrap=True)
-    if min_kappa is not None:
-        failing = below(report, min_kappa)
-        if failing:
-            fail(UserError(f"judge-check: {'; '.join(failing)} below --min-kappa {min_kappa}"))
+    failing = below(report, min_kappa) if min_kappa is not None else []
+    if min_precision is not None:
+        failing += below_precision(report, min_precision)
+    if failing:
+        bars = [f"--min-kappa {min_kappa}" if min_kappa is not None else None]
+        bars.append(f"--min-precision {min_precision}" if min_precision is not None else None)
+        fail(
+            UserError(f"judge-check: {'; '.join(failing)} below {', '.join(b for b in bars if b)}")
+        )
+
+
+def print_gold_report(stages: list[str], folder: Path | None) -> None:
+    """Each stage's gold set: counts, classes, the κ step of one miss, the readers' agreement."""
+    for stage in stages:
+        path = gold_path(stage, folder)
+        cases = load_gold(stage, path)
+        console.print(f"{stage}: {path}", soft_wrap=True, highlight=False, markup=False)
+        for line in gold_lines(stage, gold_summary(stage, cases)):
+            console.print(line, soft_wrap=True, highlight=False, markup=False)

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cpr_ray.judge_check.projection import SCALE_ROWS
+from cpr_ray.config import DatasetConfig
+from cpr_ray.judge_check.projection import Volumes, per_row, volumes
 
 GIB = 1024**3
 BF16_BYTES = 2
@@ -91,17 +92,14 @@ REFERENCE = {
     "source": "https://docs.gpustack.ai/2.0/performance-lab/qwen3-32b/a100",
 }
 
-# Prompt and completion tokens per row of each judged stage: benchmarks/SCALE.md ("LLM calls and
-# tokens per stage"), the dry run's ledger; write-queries counts its three calls per row.
-SCALE_TOKENS_PER_ROW: dict[str, tuple[int, int]] = {
-    "judge-analogy": (1344, 924),
-    "judge-transfer": (1171, 38),
-    "write-queries": (958, 106),
-    "score-positives": (560, 88),
-    "judge-negatives": (547, 122),
-}
-# write-queries asks for every positive the analogy and transfer judges keep
-FULL_SCALE_ROWS: dict[str, int] = {**SCALE_ROWS, "write-queries": SCALE_ROWS["score-positives"]}
+# the stages the fleet's table sizes (dedup, the strongest choice and synthesis add minutes)
+FLEET_STAGES = (
+    "judge-analogy",
+    "judge-transfer",
+    "write-queries",
+    "score-positives",
+    "judge-negatives",
+)
 
 
 @dataclass(frozen=True)
@@ -166,16 +164,20 @@ def build_load(
     stage_models: Mapping[str, str],
     gpu: GPU,
     gpus_per_model: Mapping[str, int],
-    rows: Mapping[str, int] = FULL_SCALE_ROWS,
+    vol: Volumes | None = None,
 ) -> list[StageLoad]:
     """Each judged stage's tokens, busy GPU-hours and wall hours on the fleet.
 
     `stage_models` maps a stage to the model it asks (`LLMConfig.for_stage`); `gpus_per_model`
-    is the GPUs a model's replicas hold at `max_replicas` (replicas × tensor parallel)."""
+    is the GPUs a model's replicas hold at `max_replicas` (replicas × tensor parallel); `vol`
+    the rows per stage, by default the projection's at full scale (negatives as judged, query
+    writing with its regenerations), at the dry run's ledger tokens per row."""
+    vol = vol or volumes(DatasetConfig())
     loads = []
-    for stage, (prompt, completion) in SCALE_TOKENS_PER_ROW.items():
+    for stage in FLEET_STAGES:
         model = stage_models[stage]
-        tokens = rows[stage] * (prompt + completion)
+        means, _ = per_row(stage, {}, vol.rates)
+        tokens = round(vol.rows[stage] * (means.prompt_tokens + means.completion_tokens))
         gpu_hours = tokens / tokens_per_gpu_second(MODELS[model], gpu) / 3600
         loads.append(
             StageLoad(

@@ -1,18 +1,29 @@
 """The gold set the judges are measured on, and its loader.
 
-One JSON-lines file per judged stage under `gold/` (shipped as package data), one case a line:
+One JSON-lines file per judged stage under `gold/` (shipped as package data), one case a line
+(`notes` of the issue: GOLD_FORMAT; the README's judge-check section says it for users):
 
-    {"id": "...", "covers": "exclusion:surface_similarity", "why": "one sentence",
-     "input": {...the task's key columns...}, "expected": {...}, "exclusion": "..."}
+    {"id": "...", "covers": "exclusion:surface_similarity", "rule": "P2 reject: surface ...",
+     "why": "one sentence", "synthetic": false, "sources": [1234567, 7654321],
+     "input": {...the task's key columns...}, "expected": {...the adjudicated label...},
+     "exclusion": "...",
+     "readings": [{"reader": "first", "expected": {...}, "exclusion": "...", "why": "..."},
+                  {"reader": "second", "expected": {...}, "why": "..."}],
+     "adjudication": "present only when the two readings differ: which wins and why"}
 
-`expected` is `{"decision": ...}` (judge-analogy), `{"verdict": "transfer"}` or `{"verdict":
-"reject", "reject_reason": ...}` (judge-transfer), `{"score": 0-3}` (score-positives,
-judge-negatives); `exclusion` is only on not_analogy cases of judge-analogy (the exclusion that
-should fire, or `no_structure` when none does and the pair simply lacks shared structure).
+`expected` per stage: `{"decision": ...}` (judge-analogy, with a top-level `exclusion` on
+not_analogy cases: the exclusion that should fire, or `no_structure`), `{"verdict":
+"transfer"}` or `{"verdict": "reject", "reject_reason": ...}` (judge-transfer), `{"score": 0-3}`
+(score-positives, judge-negatives), `{"accept": true}` or `{"accept": false, "fails": [...]}`
+(write-queries: the review step; `fails` the review booleans that are false),
+`{"same_problem": bool}` (dedup), `{"index": n}` (strongest: 1-based, as the prompt numbers the
+candidates).
 
-Every case is checked when loaded — the fields a stage needs, their types, the labels in range —
-because a malformed gold case would silently measure the judge against a wrong answer; the error
-names the file and the line.
+Every case is checked when loaded — the fields a stage needs, their types, the labels in range,
+and the method's own rules on the input (a passing first judgment has two mappings and a shared
+relation over distinct mapped objects, a strongest index names a candidate) — because a
+malformed gold case would silently measure the judge against a wrong answer; the error names the
+file and the line.
 """
 
 from __future__ import annotations
@@ -25,30 +36,106 @@ from pathlib import Path
 from typing import Any, get_args
 
 from cpr_ray.errors import InputError
+from cpr_ray.queries.analogy import (
+    CONTRIBUTIONS,
+    MIN_ARGUMENTS,
+    PASSING,
+    Decision,
+    RejectReason,
+    TransferType,
+)
 from cpr_ray.queries.analogy import EXCLUSIONS as ANALOGY_EXCLUSIONS
-from cpr_ray.queries.analogy import Decision, RejectReason, TransferType
+from cpr_ray.queries.dedup import CANDIDATE, MAX_CANDIDATES
 from cpr_ray.schemas import PASSAGE_CHARS
+
+MAX_TITLE_CHARS = 400  # a passage is its title, read whole, then the cut abstract
 
 JUDGE_STAGES: tuple[str, ...] = (
     "judge-analogy",
     "judge-transfer",
+    "write-queries",
+    "dedup",
+    "strongest",
     "score-positives",
     "judge-negatives",
 )
+# the build stage whose task, model and prices a judged stage uses (the strongest-analogy choice
+# is a second call of the dedup stage)
+BUILD_STAGE: dict[str, str] = {"strongest": "dedup"}
 # what the analogy judge must rule out before accepting (METHOD.md §3.2 P2), same problem first
 EXCLUSIONS: tuple[str, ...] = ("same_problem", *ANALOGY_EXCLUSIONS)
 NO_STRUCTURE = "no_structure"  # not an analogy though no exclusion fires: nothing is shared
 DECISIONS: tuple[str, ...] = get_args(Decision)
 TRANSFER_LABELS: tuple[str, ...] = ("transfer", *get_args(RejectReason))
 SCORES: tuple[int, ...] = (0, 1, 2, 3)
+REVIEW_FAILS: tuple[str, ...] = ("problem_only", "grounded", "well_formed")
 LABELS: dict[str, tuple[Any, ...]] = {
     "judge-analogy": DECISIONS,
     "judge-transfer": TRANSFER_LABELS,
+    "write-queries": ("accept", "reject"),
+    "dedup": ("same", "different"),
+    "strongest": tuple(range(1, MAX_CANDIDATES + 1)),
     "score-positives": SCORES,
     "judge-negatives": SCORES,
 }
-CASE_KEYS = frozenset({"id", "covers", "why", "input", "expected", "exclusion"})
+CASE_KEYS = frozenset(
+    {
+        "id",
+        "covers",
+        "rule",
+        "why",
+        "synthetic",
+        "sources",
+        "input",
+        "expected",
+        "exclusion",
+        "readings",
+        "adjudication",
+    }
+)
+READING_KEYS = frozenset({"reader", "expected", "exclusion", "why"})
+READERS = ("first", "second")
 PATH_KEYS = ("from_d", "through_mappings", "helps_q")
+REVIEW_COLUMNS = ("q_title", "q_abstract", "contexts", "problem", "query")
+
+
+def build_stage(stage: str) -> str:
+    """The build stage a judged stage belongs to (its model, prices and rows)."""
+    return BUILD_STAGE.get(stage, stage)
+
+
+def kept(stage: str, label: Any) -> bool | None:
+    """The binary the method reports for a label: does the judge let the row through?
+
+    Analogy: observed or potential; transfer: a transfer verdict; positives: usefulness ≥ 2;
+    negatives: usefulness ≤ 1 (kept as a negative — the same split at 2 as the method's κ, seen
+    from the side a build keeps); write-queries: accepted; dedup: same problem (the query is
+    dropped as a duplicate: a false "same" loses a query). None: no usable answer, or a stage
+    without a binary (strongest: the label is an index)."""
+    if label is None or stage == "strongest":
+        return None
+    if stage == "judge-analogy":
+        return label in PASSING
+    if stage == "judge-transfer":
+        return label == "transfer"
+    if stage == "score-positives":
+        return label >= 2
+    if stage == "judge-negatives":
+        return label < 2
+    if stage == "write-queries":
+        return label == "accept"
+    return label == "same"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reader's label of a case (the gold's own agreement is measured between two)."""
+
+    reader: str
+    label: Any
+    exclusion: str | None
+    fails: tuple[str, ...] | None
+    why: str
 
 
 @dataclass(frozen=True)
@@ -63,29 +150,29 @@ class GoldCase:
     label: Any  # what agreement and κ compare: a decision, "transfer"/a reject reason, a score
     exclusion: str | None
     source: str  # FILE:LINE, for messages
+    rule: str = ""
+    synthetic: bool = True
+    sources: tuple[int, ...] = ()
+    readings: tuple[Reading, ...] = ()
+    adjudication: str | None = None
+    fails: tuple[str, ...] | None = None  # write-queries: the review booleans that are false
 
 
 def key_columns(stage: str) -> tuple[str, ...]:
     """The columns the stage's real task reads (so the gold follows the task, not a copy)."""
-    from cpr_ray.dataset.negatives import NegativeGrader
-    from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
-    from cpr_ray.queries.usefulness import UsefulnessGrader
+    from cpr_ray.judge_check.tasks import make_task
 
-    tasks = {
-        "judge-analogy": AnalogyJudge,
-        "judge-transfer": TransferVerifier,
-        "score-positives": UsefulnessGrader,
-        "judge-negatives": NegativeGrader,
-    }
-    return tuple(tasks[stage].key_columns)
+    return tuple(make_task(stage).key_columns)
 
 
-def gold_path(stage: str) -> Path:
-    """The shipped gold file of a stage."""
+def gold_path(stage: str, folder: Path | None = None) -> Path:
+    """The gold file of a stage: shipped, or in `folder` (`cpr judge-check --gold DIR`)."""
     if stage not in JUDGE_STAGES:
         raise InputError(
             f"no gold set for stage {stage!r}; judged stages: {', '.join(JUDGE_STAGES)}"
         )
+    if folder is not None:
+        return folder / f"{stage}.jsonl"
     return Path(str(resources.files("cpr_ray.judge_check") / "gold" / f"{stage}.jsonl"))
 
 
@@ -124,11 +211,12 @@ def _case(stage: str, raw: Any, columns: Sequence[str], where: str) -> GoldCase:
     unknown = set(raw) - CASE_KEYS
     if unknown:
         raise ValueError(f"unknown field(s) {sorted(unknown)}; allowed: {sorted(CASE_KEYS)}")
-    for key in ("id", "covers", "why"):
+    for key in ("id", "covers", "rule", "why"):
         _text(raw, key)
     for key in ("input", "expected"):
         if not isinstance(raw.get(key), dict):
             raise ValueError(f"{key!r} must be an object")
+    synthetic, sources = _provenance(raw)
     row = raw["input"]
     missing = [c for c in columns if c not in row]
     if missing:
@@ -138,21 +226,110 @@ def _case(stage: str, raw: Any, columns: Sequence[str], where: str) -> GoldCase:
         raise ValueError(f"input has column(s) {', '.join(extra)} that {stage} does not read")
     for column in columns:
         _check_column(row, column)
-    label = _label(stage, raw["expected"])
-    exclusion = raw.get("exclusion")
+    _method_rules(stage, row)
+    label, fails = _label(stage, raw["expected"], row)
+    exclusion = _exclusion(stage, label, raw.get("exclusion"), "")
+    readings = _readings(stage, raw.get("readings"), row)
+    _adjudicated(raw, (label, exclusion, fails), readings)
+    return GoldCase(
+        stage,
+        raw["id"],
+        raw["covers"],
+        raw["why"],
+        row,
+        label,
+        exclusion,
+        where,
+        rule=raw["rule"],
+        synthetic=synthetic,
+        sources=sources,
+        readings=readings,
+        adjudication=raw.get("adjudication"),
+        fails=fails,
+    )
+
+
+def _provenance(raw: dict[str, Any]) -> tuple[bool, tuple[int, ...]]:
+    """`synthetic` and `sources`: a real case names the corpus ids its text comes from."""
+    synthetic = raw.get("synthetic")
+    if not isinstance(synthetic, bool):
+        raise ValueError("'synthetic' must be true (invented text) or false (real text)")
+    sources = raw.get("sources")
+    if not isinstance(sources, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) for s in sources
+    ):
+        raise ValueError("'sources' must be a list of S2 corpus ids (integers)")
+    if not synthetic and not sources:
+        raise ValueError("a real case (synthetic false) must name its 'sources' (corpus ids)")
+    return synthetic, tuple(sources)
+
+
+def _exclusion(stage: str, label: Any, exclusion: Any, where: str) -> str | None:
     if stage == "judge-analogy" and label == "not_analogy":
         allowed = (*EXCLUSIONS, NO_STRUCTURE)
         if exclusion not in allowed:
-            raise ValueError(f"a not_analogy case needs 'exclusion', one of: {', '.join(allowed)}")
-    elif exclusion is not None:
-        raise ValueError("'exclusion' belongs only to not_analogy cases of judge-analogy")
-    return GoldCase(stage, raw["id"], raw["covers"], raw["why"], row, label, exclusion, where)
+            raise ValueError(
+                f"{where}a not_analogy case needs 'exclusion', one of: {', '.join(allowed)}"
+            )
+        return exclusion
+    if exclusion is not None:
+        raise ValueError(f"{where}'exclusion' belongs only to not_analogy cases of judge-analogy")
+    return None
 
 
-def _label(stage: str, expected: dict[str, Any]) -> Any:
+def _readings(stage: str, value: Any, row: dict[str, Any]) -> tuple[Reading, ...]:
+    """One reading (until the second reader's) or two, first then second."""
+    if not isinstance(value, list) or len(value) not in (1, 2):
+        raise ValueError("'readings' must be a list of 1 or 2 readings (first, then second)")
+    readings = []
+    for i, reading in enumerate(value):
+        where = f"readings[{i}]: "
+        if not isinstance(reading, dict):
+            raise ValueError(f"{where}a reading must be an object")
+        unknown = set(reading) - READING_KEYS
+        if unknown:
+            raise ValueError(f"{where}unknown field(s) {sorted(unknown)}")
+        if reading.get("reader") != READERS[i]:
+            raise ValueError(f"{where}'reader' must be {READERS[i]!r}")
+        _text(reading, "why", where)
+        if not isinstance(reading.get("expected"), dict):
+            raise ValueError(f"{where}'expected' must be an object")
+        try:
+            label, fails = _label(stage, reading["expected"], row)
+        except ValueError as exc:
+            raise ValueError(f"{where}{exc}") from None
+        exclusion = _exclusion(stage, label, reading.get("exclusion"), where)
+        readings.append(Reading(READERS[i], label, exclusion, fails, reading["why"]))
+    return tuple(readings)
+
+
+def _adjudicated(raw: dict[str, Any], final: tuple[Any, ...], readings: Sequence[Reading]) -> None:
+    """`expected` is the readings' label when they agree, and an adjudication's when not: the
+    adjudicator may side with either reading or find a third label the texts support, and the
+    sentence that says why is the record of it."""
+    labels = [(r.label, r.exclusion, r.fails) for r in readings]
+    adjudication = raw.get("adjudication")
+    if len(set(labels)) > 1:
+        if not isinstance(adjudication, str) or not adjudication.strip():
+            raise ValueError(
+                "the two readings differ: 'adjudication' must say in one sentence which wins"
+            )
+        return
+    if adjudication is not None:
+        raise ValueError("'adjudication' belongs only to a case whose two readings differ")
+    if final != labels[0]:
+        raise ValueError(
+            "'expected' (and 'exclusion') must equal the readings' label when they agree"
+        )
+
+
+def _label(
+    stage: str, expected: dict[str, Any], row: dict[str, Any]
+) -> tuple[Any, tuple[str, ...] | None]:
+    """(the label κ compares, the review's fails for write-queries)."""
     if stage == "judge-analogy":
         _only(expected, {"decision"})
-        return _one_of(expected, "decision", DECISIONS)
+        return _one_of(expected, "decision", DECISIONS), None
     if stage == "judge-transfer":
         _only(expected, {"verdict", "reject_reason"})
         verdict = _one_of(expected, "verdict", ("transfer", "reject"))
@@ -160,13 +337,91 @@ def _label(stage: str, expected: dict[str, Any]) -> Any:
         if verdict == "transfer":
             if reason is not None:
                 raise ValueError("expected verdict transfer takes no reject_reason")
-            return "transfer"
-        return _one_of(expected, "reject_reason", get_args(RejectReason))
+            return "transfer", None
+        return _one_of(expected, "reject_reason", get_args(RejectReason)), None
+    if stage == "write-queries":
+        return _review_label(expected)
+    if stage == "dedup":
+        _only(expected, {"same_problem"})
+        same = expected.get("same_problem")
+        if not isinstance(same, bool):
+            raise ValueError("expected same_problem must be true or false")
+        return ("same" if same else "different"), None
+    if stage == "strongest":
+        _only(expected, {"index"})
+        index, n = expected.get("index"), len(row["candidates"])
+        if isinstance(index, bool) or not isinstance(index, int) or not 1 <= index <= n:
+            raise ValueError(
+                f"expected index must name a candidate of the group (1 to {n}), got {index!r}"
+            )
+        return index, None
     _only(expected, {"score"})
     score = expected.get("score")
     if isinstance(score, bool) or score not in SCORES:
         raise ValueError(f"expected score must be one of {list(SCORES)}, got {score!r}")
-    return score
+    return score, None
+
+
+def _review_label(expected: dict[str, Any]) -> tuple[str, tuple[str, ...] | None]:
+    """write-queries: accept, or reject naming the review booleans that are false."""
+    _only(expected, {"accept", "fails"})
+    accept, fails = expected.get("accept"), expected.get("fails")
+    if not isinstance(accept, bool):
+        raise ValueError("expected accept must be true or false")
+    if accept:
+        if fails:
+            raise ValueError("an accepted query has no 'fails'")
+        return "accept", None
+    if not isinstance(fails, list) or not fails:
+        raise ValueError(
+            f"a rejected query must name its 'fails', some of: {', '.join(REVIEW_FAILS)}"
+        )
+    wrong = [f for f in fails if f not in REVIEW_FAILS]
+    if wrong or len(set(fails)) != len(fails):
+        raise ValueError(
+            f"expected fails must be distinct names among {', '.join(REVIEW_FAILS)}, got {fails}"
+        )
+    return "reject", tuple(sorted(fails, key=REVIEW_FAILS.index))
+
+
+def _method_rules(stage: str, row: dict[str, Any]) -> None:
+    """The method's own rules on a case's input: a case that breaks them could not come out of
+    a build (the judge would be measured on an impossible row)."""
+    if stage == "judge-transfer":
+        if row["decision"] not in PASSING:
+            raise ValueError(
+                f"input decision {row['decision']}: the verifier only sees pairs the analogy "
+                f"judge passed ({', '.join(PASSING)})"
+            )
+        if row["transfer_type"] not in CONTRIBUTIONS:
+            raise ValueError(
+                f"input transfer_type {row['transfer_type']}: a passing judgment carries a "
+                f"contribution of d ({', '.join(CONTRIBUTIONS)})"
+            )
+        mappings = row["object_mappings"]
+        if len(mappings) < 2 or not row["shared_relations"]:
+            raise ValueError(
+                f"input decision {row['decision']} passes, so the first judgment needs at least "
+                "two object mappings and one shared relation (METHOD.md §3.2 P2)"
+            )
+    if stage == "judge-transfer":
+        pairs = {(m["q_object"], m["d_object"]) for m in row["object_mappings"]}
+        for i, r in enumerate(row["shared_relations"]):
+            args = list(zip(r["q_arguments"], r["d_arguments"], strict=False))
+            if len(r["q_arguments"]) != len(r["d_arguments"]) or len(args) < MIN_ARGUMENTS:
+                raise ValueError(
+                    f"input shared_relations[{i}] must hold over {MIN_ARGUMENTS} or more mapped "
+                    "objects, as many on each side"
+                )
+            if any(a not in pairs for a in args) or len(set(args)) != len(args):
+                raise ValueError(
+                    f"input shared_relations[{i}] ({r['predicate']}): its arguments must be "
+                    "distinct object mappings (each q argument with the d argument it maps to)"
+                )
+    if stage == "strongest":
+        n = len(row["candidates"])
+        if not 2 <= n <= MAX_CANDIDATES:
+            raise ValueError(f"input 'candidates' must hold 2 to {MAX_CANDIDATES}, not {n}")
 
 
 def _only(expected: dict[str, Any], keys: set[str]) -> None:
@@ -232,6 +487,8 @@ def _check_column(row: dict[str, Any], column: str) -> None:
     elif column == "decision":
         if value not in DECISIONS:
             raise ValueError(f"input 'decision' must be one of {', '.join(DECISIONS)}")
+    elif column == "candidates":
+        _check_candidates(value)
     elif column == "transfer_type":
         if value not in get_args(TransferType):
             raise ValueError(
@@ -239,11 +496,29 @@ def _check_column(row: dict[str, Any], column: str) -> None:
             )
     else:
         _text(row, column, "input ")
-        if column == "passage" and len(value) > PASSAGE_CHARS:
+        if column == "passage" and len(value) > PASSAGE_CHARS + MAX_TITLE_CHARS:
             raise ValueError(
-                f"input 'passage' is longer than the {PASSAGE_CHARS} characters a "
-                "grader reads (schemas.passages)"
+                f"input 'passage' is longer than a grader reads (schemas.passages: the title, "
+                f"then {PASSAGE_CHARS} characters of the abstract)"
             )
+
+
+def _check_candidates(value: Any) -> None:
+    """The candidates of a strongest-analogy group, as `strongest_requests` builds them."""
+    fields = [f.name for f in CANDIDATE]
+    if not isinstance(value, list):
+        raise ValueError("input 'candidates' must be a list")
+    for i, c in enumerate(value):
+        where = f"input candidates[{i}]"
+        if not isinstance(c, dict) or set(c) != set(fields):
+            raise ValueError(f"{where} must be an object of {', '.join(fields)}")
+        if isinstance(c["cited_id"], bool) or not isinstance(c["cited_id"], int):
+            raise ValueError(f"{where}.cited_id must be an integer id")
+        for key in ("d_title", "d_abstract"):
+            _text(c, key, f"{where}.")
+        _strings(c["contexts"], f"{where}.contexts")
+        if c["mappings"] is not None and not (isinstance(c["mappings"], str) and c["mappings"]):
+            raise ValueError(f"{where}.mappings must be null or a non-empty string")
 
 
 def select(cases: Sequence[GoldCase], limit: int | None) -> list[GoldCase]:

@@ -1,19 +1,26 @@
-"""What a full build would cost with the judge just measured: calls, tokens, USD, hours.
+"""What a full build would cost with the judges just measured: rows, calls, tokens, USD, hours.
 
-The measured means per answer (HTTP calls, prompt and completion tokens, seconds) are multiplied
-by the rows each stage judges in a build:
+Every LLM stage of a build is projected, in the order a build runs them:
 
-- by default, the full-scale row counts of `benchmarks/SCALE.md` ("LLM calls and tokens per
-  stage", which follows METHOD.md: ~132k pairs judged for analogy, ~91% of them discarded, so
-  ~12k transfer checks and positives graded, and ≥ ~290k negatives graded: 150 per CPR-eval
-  query and 9 per CPR-train pair);
-- with `--root BUILD`, from the pairs the build's `mine` stage published, carried through the
-  later stages by the same ratios (the method's pass rates, not this run's: the gold set is
-  balanced by design, so its pass rates say nothing about a corpus).
+- rows: how many rows each stage asks about, carried down from the pairs judged for analogy
+  through each stage's pass rate (`PASS_RATES`); at full scale the method's 132k pairs, with
+  `--root BUILD` that build's own counts (the rows each published stage judged and the share it
+  passed, and below its last published stage, its mined pairs carried through the rates);
+- per row: the means judge-check measured on the gold cases where it ran the stage, and the
+  dry run's ledger means (benchmarks/SCALE.md) for what it does not run (query extraction and
+  rewriting, synthesis);
+- query writing regenerates a rejected query at most twice, so a row costs its three calls
+  times 1 + (1 − a) + (1 − a)² attempts at a review accept rate a;
+- dedup compares the queries of one base paper pairwise: with λ queries per base paper (spread
+  as a Poisson count), about λ²/2 comparisons per base paper; one strongest-analogy call per
+  same-problem group;
+- negatives are *judged*, not kept: the walk judges, per group still short, the negatives it
+  lacks plus `dataset.negatives_margin` of them, and walks on where candidates were useful, so
+  it judges about kept × max(1 + margin, 1 / r) candidates when a share r of them are negatives.
 
-USD is tokens × `llm.prices[model]` (per million prompt / completion tokens). Hours assume the
-endpoint keeps every actor's requests in flight at the latency measured here:
-hours = rows × seconds per answer / (llm.actors × llm.max_in_flight) / 3600.
+USD is tokens × `llm.prices[model]`; the total is compared with `llm.max_usd` (the build's spend
+cap, `cpr_ray/llm/spend.py`). Hours assume the endpoint keeps every actor's requests in flight
+at the latency measured here: hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600.
 """
 
 from __future__ import annotations
@@ -21,20 +28,55 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cpr_ray.config import LLMConfig
+from cpr_ray.config import DatasetConfig, LLMConfig
 from cpr_ray.errors import StorageError
+from cpr_ray.judge_check.gold import build_stage
 from cpr_ray.stage import read_manifest
 from cpr_ray.storage import Storage
 
-# rows at full scale per judged stage, from benchmarks/SCALE.md ("LLM calls and tokens per stage")
-SCALE_ROWS: dict[str, int] = {
-    "judge-analogy": 132_000,
-    "judge-transfer": 12_000,
-    "score-positives": 12_000,
-    "judge-negatives": 290_000,
+# the stages a build asks an LLM, in build order (strongest: the dedup stage's second call)
+BUILD_ORDER: tuple[str, ...] = (
+    "judge-analogy",
+    "judge-transfer",
+    "write-queries",
+    "dedup",
+    "strongest",
+    "score-positives",
+    "judge-negatives",
+    "synthesize-queries",
+)
+# the method at full scale (METHOD.md §3.2–3.4): ~132k cross-topic pairs judged for ~12k
+# positives, from ~9.2k base papers; 26 fields
+FULL_SCALE_PAIRS = 132_000
+FULL_SCALE_BASE_PAPERS = 9_217
+FIELDS = 26
+NEGATIVE_GROUPS = 3
+# The share of its rows each judge passes, which is also the base rate its precision is read
+# at (a judge that is right passes the rows that deserve it). Only the analogy judgment's is
+# stated by the method; the others are assumptions a build's own counts replace (--root).
+PASS_RATES: dict[str, tuple[float, str]] = {
+    "judge-analogy": (0.09, "METHOD.md: ~91% of cross-topic pairs discarded"),
+    "judge-transfer": (0.9, "assumed (METHOD.md states none)"),
+    "write-queries": (0.8, "assumed per review (METHOD.md states none)"),
+    "dedup": (0.2, "assumed share of same-problem comparisons"),
+    "score-positives": (0.9, "assumed (METHOD.md states none)"),
+    "judge-negatives": (0.9, "assumed share of pooled candidates scoring ≤ 1"),
 }
-SCALE_SOURCE = "benchmarks/SCALE.md full-scale rows (after METHOD.md)"
-HOURS_FORMULA = "hours = rows × s/answer ÷ (llm.actors × llm.max_in_flight) ÷ 3600"
+# per-row means of the dry run's ledger (benchmarks/SCALE.md, "LLM calls and tokens per
+# stage") for the calls judge-check does not make: query extraction and rewriting (two of the
+# three calls of an attempt), and synthesis; and for any stage left out of --stages
+LEDGER_MEANS: dict[str, tuple[float, float, float]] = {  # calls, prompt, completion per row
+    "judge-analogy": (1.0, 1344, 924),
+    "judge-transfer": (1.0, 1171, 38),
+    "write-queries": (3.0, 958, 106),
+    "dedup": (1.0, 175, 25),
+    "strongest": (1.0, 427, 63),
+    "score-positives": (1.0, 560, 88),
+    "judge-negatives": (1.0, 547, 122),
+    "synthesize-queries": (1.0, 427, 63),
+}
+LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
+HOURS_FORMULA = "hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600"
 
 
 @dataclass(frozen=True)
@@ -47,15 +89,63 @@ class Measured:
     seconds: float
 
 
-def per_pair() -> dict[str, float]:
-    """Rows each stage judges per mined pair: SCALE.md's rows over the pairs judged for analogy
-    (transfer and positives: the ~9% of pairs the analogy judgment keeps)."""
-    pairs = SCALE_ROWS["judge-analogy"]
-    return {stage: rows / pairs for stage, rows in SCALE_ROWS.items()}
+@dataclass(frozen=True)
+class Volumes:
+    """Rows per stage, where they came from, and the pass rates used (also the base rates)."""
+
+    rows: dict[str, int]
+    rates: dict[str, tuple[float, str]]
+    source: str
 
 
-def rows_from_root(storage: Storage) -> tuple[dict[str, int], str]:
-    """Rows per judged stage for the build at `storage`'s root, from its mined pairs."""
+def attempts(accept_rate: float) -> float:
+    """Expected attempts of query writing: the first, and up to two regenerations."""
+    reject = 1.0 - accept_rate
+    return 1.0 + reject + reject**2
+
+
+def volumes(
+    ds: DatasetConfig,
+    pairs: int = FULL_SCALE_PAIRS,
+    base_papers: int | None = None,
+    rates: dict[str, tuple[float, str]] | None = None,
+    judged: dict[str, int] | None = None,
+    source: str = "the method at full scale (METHOD.md; benchmarks/SCALE.md)",
+) -> Volumes:
+    """Rows per LLM stage from the pairs judged for analogy, carried through the pass rates.
+    `judged`: rows a build's published stages really judged, used instead of the estimate."""
+    rates = {**PASS_RATES, **(rates or {})}
+    judged = judged or {}
+    base = base_papers or round(FULL_SCALE_BASE_PAPERS * pairs / FULL_SCALE_PAIRS)
+    r = {s: v for s, (v, _) in rates.items()}
+    rows: dict[str, float] = {"judge-analogy": judged.get("judge-analogy", pairs)}
+    rows["judge-transfer"] = judged.get(
+        "judge-transfer", rows["judge-analogy"] * r["judge-analogy"]
+    )
+    rows["write-queries"] = judged.get(
+        "write-queries", rows["judge-transfer"] * r["judge-transfer"]
+    )
+    written = rows["write-queries"] * (1 - (1 - r["write-queries"]) ** 3)
+    per_base = written / base if base else 0.0
+    rows["dedup"] = judged.get("dedup", base * per_base**2 / 2)
+    rows["strongest"] = rows["dedup"] * r["dedup"]
+    kept_queries = max(written - rows["strongest"], 0.0)
+    rows["score-positives"] = judged.get("score-positives", kept_queries)
+    positives = rows["score-positives"] * r["score-positives"]
+    eval_queries = min(positives, ds.eval_per_field * FIELDS)
+    train_pairs = positives - eval_queries
+    negatives = NEGATIVE_GROUPS * (
+        eval_queries * ds.eval_negatives_per_group + train_pairs * ds.train_negatives_per_group
+    )
+    walk = max(1 + ds.negatives_margin, 1 / r["judge-negatives"])
+    rows["judge-negatives"] = judged.get("judge-negatives", negatives * walk)
+    rows["synthesize-queries"] = train_pairs
+    return Volumes({s: round(v) for s, v in rows.items()}, rates, source)
+
+
+def volumes_from_root(ds: DatasetConfig, storage: Storage) -> Volumes:
+    """The build at `storage`'s root: its mined pairs, and for every published judged stage the
+    rows it judged and the share it passed (its own base rate)."""
     manifest = read_manifest(storage, "mine")
     if manifest is None:
         raise StorageError(
@@ -66,28 +156,90 @@ def rows_from_root(storage: Storage) -> tuple[dict[str, int], str]:
         pairs = int(manifest["tables"]["pairs"]["rows"])
     except (KeyError, TypeError, ValueError):
         raise StorageError(f"{storage.root}: the mine manifest records no pairs table") from None
-    rows = {stage: round(pairs * ratio) for stage, ratio in per_pair().items()}
-    return rows, f"{pairs:,} mined pairs of {storage.root} × the method's pass rates (SCALE.md)"
+    judged: dict[str, int] = {}
+    rates: dict[str, tuple[float, str]] = {}
+    for stage in PASS_RATES:
+        stats = (read_manifest(storage, stage) or {}).get("stats") or {}
+        if stats.get("rows_in"):
+            judged[stage] = int(stats["rows_in"])
+            rates[stage] = (float(stats["rows_out"]) / judged[stage], f"{storage.root} {stage}")
+    published = f"; the rows and pass rates of {', '.join(judged)}" if judged else ""
+    source = f"{pairs:,} mined pairs of {storage.root}{published}"
+    return volumes(ds, pairs, rates=rates, judged=judged, source=source)
 
 
-def project(stage: str, rows: int, measured: Measured, llm: LLMConfig) -> dict[str, Any]:
-    """A full build's calls, tokens, USD (None without a price for the stage's model) and hours
-    for one stage."""
-    model = llm.for_stage(stage)[0]
-    prompt = rows * measured.prompt_tokens
-    completion = rows * measured.completion_tokens
+def per_row(
+    stage: str, measured: dict[str, Measured], rates: dict[str, tuple[float, str]]
+) -> tuple[Measured, str]:
+    """(calls, tokens and seconds per row of a build stage, where they come from)."""
+    calls, prompt, completion = LEDGER_MEANS[stage]
+    if stage == "write-queries":
+        # extraction and rewriting from the ledger (2 of an attempt's 3 calls), the review as
+        # measured where judge-check ran it, every call once per attempt
+        n = attempts(rates["write-queries"][0])
+        review = measured.get(stage)
+        if review is None:
+            return Measured(calls * n, prompt * n, completion * n, 0.0), LEDGER_SOURCE
+        two = 2 / 3
+        return (
+            Measured(
+                n * (calls * two + review.calls),
+                n * (prompt * two + review.prompt_tokens),
+                n * (completion * two + review.completion_tokens),
+                n * 3 * review.seconds,
+            ),
+            "review measured, extract + rewrite from the ledger",
+        )
+    if stage in measured:
+        return measured[stage], "measured here"
+    return Measured(calls, prompt, completion, 0.0), LEDGER_SOURCE
+
+
+def project(stage: str, rows: int, means: Measured, llm: LLMConfig) -> dict[str, Any]:
+    """A build stage's calls, tokens, USD (None without a price for its model) and hours (None
+    where the seconds were not measured)."""
+    model = llm.for_stage(build_stage(stage))[0]
+    prompt = rows * means.prompt_tokens
+    completion = rows * means.completion_tokens
     price = llm.prices.get(model)
     usd = None
     if price is not None:
         usd = prompt / 1e6 * price.input_per_mtok + completion / 1e6 * price.output_per_mtok
     concurrency = llm.actors * llm.max_in_flight
+    hours = rows * means.seconds / concurrency / 3600 if means.seconds else None
     return {
+        "stage": stage,
         "rows": rows,
-        "calls": round(rows * measured.calls),
+        "calls": round(rows * means.calls),
         "prompt_tokens": round(prompt),
         "completion_tokens": round(completion),
         "usd": None if usd is None else round(usd, 2),
-        "hours": round(rows * measured.seconds / concurrency / 3600, 2),
+        "hours": None if hours is None else round(hours, 2),
         "concurrency": concurrency,
         "model": model,
+    }
+
+
+def project_build(llm: LLMConfig, measured: dict[str, Measured], vol: Volumes) -> dict[str, Any]:
+    """Every LLM stage of a build, and the totals against the build's spend cap."""
+    stages = []
+    for stage in BUILD_ORDER:
+        means, source = per_row(stage, measured, vol.rates)
+        stages.append({**project(stage, vol.rows[stage], means, llm), "means": source})
+    usd = [s["usd"] for s in stages]
+    hours = [s["hours"] for s in stages if s["hours"] is not None]
+    return {
+        "rows_source": vol.source,
+        "pass_rates": {s: {"rate": v, "source": src} for s, (v, src) in vol.rates.items()},
+        "concurrency": llm.actors * llm.max_in_flight,
+        "hours_formula": HOURS_FORMULA,
+        "stages": stages,
+        "total": {
+            "calls": sum(s["calls"] for s in stages),
+            "prompt_tokens": sum(s["prompt_tokens"] for s in stages),
+            "completion_tokens": sum(s["completion_tokens"] for s in stages),
+            "usd": None if None in usd else round(sum(usd), 2),
+            "hours_measured": round(sum(hours), 2),
+        },
+        "max_usd": llm.max_usd,
     }

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
-from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.client import LLMClient, Outcome, Status, Usage
 from cpr_ray.llm.runner import LLMTask
 from cpr_ray.queries.judges import format_contexts
 
@@ -274,6 +274,16 @@ def _earlier(label: str, text: str | None, objection: str) -> str:
     return f"Earlier {label} (rejected): {text or '(none could be read)'}\nObjection: {objection}"
 
 
+def citing_paper(row: Mapping[str, Any]) -> dict[str, str]:
+    """What the extraction and the review read of q: its title, abstract and citing sentences
+    with every citation marker masked."""
+    return {
+        "q_title": row["q_title"] or "",
+        "q_abstract": row["q_abstract"] or "",
+        "contexts": format_contexts([mask_citations(c) for c in row["contexts"] or []]),
+    }
+
+
 class QueryWriter(LLMTask):
     stage = "write-queries"
     prompts = (
@@ -303,6 +313,14 @@ class QueryWriter(LLMTask):
             ("regenerations", pa.int8()),
         ]
     )
+
+    async def review(
+        self, client: LLMClient, paper: dict[str, str], problem: str, query: str, usage: Usage
+    ) -> Outcome[QueryReview]:
+        """The review step (P3 step 3) on its own: `cpr judge-check` measures the reviewer
+        through this very call. `paper` is `citing_paper(row)`."""
+        prompt = self.prompts[2].render(**paper, problem=problem, query=query)
+        return await client.ask(self.stage, prompt, QueryReview, usage=usage)
 
     def derive(self, table: pa.Table) -> pa.Table:
         """`query` (the written one, where accepted) and `drop_reason` (the objections, where
@@ -341,13 +359,8 @@ class QueryWriter(LLMTask):
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
-        extract, rewrite, review = self.prompts
-        contexts = format_contexts([mask_citations(c) for c in row["contexts"] or []])
-        paper = {
-            "q_title": row["q_title"] or "",
-            "q_abstract": row["q_abstract"] or "",
-            "contexts": contexts,
-        }
+        extract, rewrite, _ = self.prompts
+        paper = citing_paper(row)
         objection, problem, query = "", None, None
         out: dict[str, Any] = self.empty_output()
         for attempt in range(MAX_REGENERATIONS + 1):
@@ -393,12 +406,7 @@ class QueryWriter(LLMTask):
                 out |= {"written_query": query, "form_issue": form}
             else:
                 query = q.value.query.strip()
-                r = await client.ask(
-                    self.stage,
-                    review.render(**paper, problem=problem, query=query),
-                    QueryReview,
-                    usage=usage,
-                )
+                r = await self.review(client, paper, problem, query, usage)
                 if r.value is None:
                     return out, r.status, f"query review: {r.error}"
                 out |= {
