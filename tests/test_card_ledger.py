@@ -152,6 +152,9 @@ def test_a_card_of_the_previous_version_becomes_the_ledger_once(tmp_path: Path):
     assert migrated[4].metrics["accuracy"] == (0.41, None, None)  # from its model-index entry
     assert migrated[4].metrics["ndcg_at_10"] == (0.2, 0.1, 0.3)  # the row's interval
     assert with_evaluations(LEGACY, migrated) == LEGACY  # rendered from it: the card it was
+    broken = LEGACY.replace("| 1,234 |", "| many |")
+    with pytest.raises(StorageError, match=r"evaluation row 4 is not as cpr-ray wrote it"):
+        ledger.migrate(broken)
     # the first evaluation recorded on it writes the ledger: the card's five rows, then its own
     model = tmp_path / "model"
     model.mkdir()

@@ -117,26 +117,32 @@ def migrate(card: str) -> list[Evaluation]:
     found: list[Evaluation] = []
     for i, line in enumerate(row for row in table if row.startswith("|")):
         cells = [c.strip().replace("\\|", "|") for c in CELL.split(line.strip()[1:-1])]
-        date, benchmark, subset, protocol, queries, ndcg, *figures, seconds = cells
-        match = SUBSET.match(subset)
-        assert match is not None  # the pattern matches any text
-        value, _, interval = ndcg.partition(" [")
-        low, high = interval.rstrip("]").split(", ") if interval else (None, None)
-        metrics = {"ndcg_at_10": (_number(value), _number(low or "–"), _number(high or "–"))}
-        metrics |= {m: (_number(f), None, None) for m, f in zip(TABLE_METRICS, figures)}
-        found.append(
-            Evaluation(
-                date=date,
-                benchmark=benchmarks.get(benchmark, benchmark),
-                subset=None if match.group(1) == "–" else match.group(1),
-                variant=match.group(2),
-                protocol=protocol,
-                n_queries=int(queries.replace(",", "")),
-                metrics={m: v for m, v in metrics.items() if v[0] is not None},
-                seconds=_number(seconds),
-                id=f"card-row-{i + 1}",
+        try:
+            date, benchmark, subset, protocol, queries, ndcg, r1, r10, mrr, seconds = cells
+            match = SUBSET.match(subset)
+            assert match is not None  # the pattern matches any text
+            value, _, interval = ndcg.partition(" [")
+            low, high = interval.rstrip("]").split(", ") if interval else ("–", "–")
+            metrics = {"ndcg_at_10": (_number(value), _number(low), _number(high))}
+            metrics |= {m: (_number(f), None, None) for m, f in zip(TABLE_METRICS, (r1, r10, mrr))}
+            found.append(
+                Evaluation(
+                    date=date,
+                    benchmark=benchmarks.get(benchmark, benchmark),
+                    subset=None if match.group(1) == "–" else match.group(1),
+                    variant=match.group(2),
+                    protocol=protocol,
+                    n_queries=int(queries.replace(",", "")),
+                    metrics={m: v for m, v in metrics.items() if v[0] is not None},
+                    seconds=_number(seconds),
+                    id=f"card-row-{i + 1}",
+                )
             )
-        )
+        except ValueError:
+            raise StorageError(
+                f"the model card's evaluation row {i + 1} is not as cpr-ray wrote it ({line}); "
+                "fix or remove it, then evaluate again"
+            ) from None
     index = (meta.get("model-index") or [{}])[0].get("results") or []
     for entry in index:
         for at in range(len(found) - 1, -1, -1):
