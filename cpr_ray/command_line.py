@@ -223,9 +223,10 @@ def job_parser(doc: str, table: Sequence[Flag], example: str) -> argparse.Argume
 
 
 def run_job(work: Callable[[], Iterable[str]]) -> int:
-    """A job's body: its summary lines on success (exit 0), or a user's mistake as the CLI's one
-    `error:` line on stderr (exit 2) so `ray job logs` shows it without a traceback; a bug as
-    `report_crash` tells it (exit 1), its cause the log's last line."""
+    """A job's body: its summary lines on success (exit 0; none from a job that printed its own),
+    or a user's mistake as the CLI's one `error:` line on stderr (exit 2) so `ray job logs` shows
+    it without a traceback; a bug as `report_crash` tells it (exit 1), its cause the log's last
+    line."""
     try:
         lines = list(work())
     except UserError as exc:
@@ -233,5 +234,6 @@ def run_job(work: Callable[[], Iterable[str]]) -> int:
         return 2
     except Exception as exc:
         return report_crash(exc)
-    print("\n".join(lines))
+    if lines:
+        print("\n".join(lines))
     return 0

@@ -1,14 +1,14 @@
 """The model card: the renderer (front matter that parses, the Hub's fields, model-index's shape),
-appending evaluations (history kept, hand edits kept, foreign cards untouched), what an export's
-card and stats give it, and end to end: `cpr train` on a tiny CPR export writes the card,
-`cpr eval --model` appends to it, and sentence-transformers loads the folder and applies the
-saved prompts in `encode_query` / `encode_document`; evaluations racing to append to one card,
-locally and on the loopback S3, keep every row."""
+its evaluations (history kept, hand edits kept, foreign cards untouched), what an export's card
+and stats give it, and end to end: `cpr train` on a tiny CPR export writes the card, `cpr eval
+--model` and `jobs/evaluate.py` each add a row (printing the same lines), and sentence-transformers
+loads the folder and applies the saved prompts in `encode_query` / `encode_document`. The ledger
+itself (concurrent writers, a card of the previous version) is tests/test_card_ledger.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,25 +19,23 @@ import yaml
 from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
-from cpr_ray import storage as storage_module
-from cpr_ray.dataset.card import dataset_card
-from cpr_ray.dataset.format import CPR_TRAIN
-from cpr_ray.errors import StorageError
-from cpr_ray.storage import Storage, StorageConfig, join
-from cpr_ray.train.model_card import (
+from cpr_ray.cards import ledger
+from cpr_ray.cards.dataset import dataset_card
+from cpr_ray.cards.model import (
+    BEGIN,
     END,
     CardFacts,
     DataFacts,
     Evaluation,
     HardwareFacts,
     ProcedureFacts,
-    add_evaluation,
-    export_facts,
-    record_evaluation,
-    recorded,
     render_card,
     split_card,
+    with_evaluations,
 )
+from cpr_ray.dataset.format import CPR_TRAIN, EXPORT_FILES
+from cpr_ray.storage import Storage, StorageConfig
+from cpr_ray.train.model_card import export_facts
 from tests import tiny_models
 from tests.test_evaluate_loaders import make_cpr_export
 
@@ -60,6 +58,7 @@ def _facts(**over) -> CardFacts:
         data=DataFacts(
             format="cpr",
             uri=f"s3://b/export/runs/{EXPORT_ID}",
+            table="cpr-train",
             export_id=EXPORT_ID,
             built="2025-06-01 12:00 UTC by cpr-ray 0.1.0",
             release="Semantic Scholar release 2025-05-20",
@@ -124,6 +123,21 @@ def _results(benchmark: str, ndcg: float, **over) -> dict:
     }
 
 
+def record(storage: Storage, model: str | None, results: dict) -> str | None:
+    """What the publisher does with a run's results for the model's card."""
+    return ledger.record(storage, model, Evaluation.from_results(results))
+
+
+def rows(card: str) -> list[str]:
+    """The evaluation table's rows of a card."""
+    table = card.split(BEGIN, 1)[1].split(END, 1)[0].strip().splitlines()
+    return table[2:]
+
+
+def model_index(card: str) -> list[dict]:
+    return (split_card(card)[0].get("model-index") or [{}])[0].get("results") or []
+
+
 def test_card_front_matter_has_the_hub_fields_and_the_body_its_sections():
     text = render_card(_facts())
     meta, body = split_card(text)
@@ -152,7 +166,10 @@ def test_card_front_matter_has_the_hub_fields_and_the_body_its_sections():
         assert section in body
     assert '| Query prompt | `"Instruct: find papers\\nQuery: "` |' in body  # exact, one line
     assert "| Document prompt | none |" in body and "model.encode_query(" in body
-    assert f"(export `{EXPORT_ID}`), built 2025-06-01 12:00 UTC by cpr-ray 0.1.0" in body
+    assert (
+        f"The `cpr-train` split of the CPR dataset export `s3://b/export/runs/{EXPORT_ID}` "
+        f"(export `{EXPORT_ID}`), built 2025-06-01 12:00 UTC by cpr-ray 0.1.0."
+    ) in body
     assert "| pairs trained on (query, positive) | 1,200 |" in body
     assert "- stage judge-analogy: run r7, model gpt-x, prompt v3" in body
     assert "| loss | InfoNCE, temperature 0.05 (scale 20) |" in body
@@ -177,10 +194,10 @@ def test_card_front_matter_has_the_hub_fields_and_the_body_its_sections():
     assert "`train.jsonl` (format `triplets`), at `/data/train.jsonl`." in body
 
 
-def test_evaluations_are_appended_and_a_rerender_keeps_them():
+def test_evaluations_are_rows_in_order_and_model_index_the_latest_of_each():
     card = render_card(_facts()).replace("## Framework", "My own note.\n\n## Framework")
-    card = add_evaluation(card, Evaluation.from_results(_results("cpr", 0.5)))
-    card = add_evaluation(card, Evaluation.from_results(_results("beir", 0.3)))
+    first = [Evaluation.from_results(_results(b, v)) for b, v in (("cpr", 0.5), ("beir", 0.3))]
+    card = with_evaluations(card, first)
     data = ModelCard(card).data
     assert [
         (r.dataset_type, r.dataset_config, r.metric_type, r.metric_value)
@@ -192,57 +209,58 @@ def test_evaluations_are_appended_and_a_rerender_keeps_them():
     ]
     index = yaml.safe_load(card.split("---\n")[1])["model-index"]
     assert index[0]["name"] == "Qwen3-Embedding-0.6B fine-tuned on CPR-train"
-    first = index[0]["results"][0]
-    assert first["task"] == {"type": "retrieval", "name": "Retrieval (dense)"}
-    assert first["dataset"] == {"name": "CPR-eval", "type": "cpr", "split": "test"}
-    assert first["metrics"][0] == {"type": "ndcg_at_10", "value": 0.5, "name": "nDCG@10"}
+    entry = index[0]["results"][0]
+    assert entry["task"] == {"type": "retrieval", "name": "Retrieval (dense)"}
+    assert entry["dataset"] == {"name": "CPR-eval", "type": "cpr", "split": "test"}
+    assert entry["metrics"][0] == {"type": "ndcg_at_10", "value": 0.5, "name": "nDCG@10"}
     # the same benchmark and protocol again: a dated row of its own; model-index the latest
-    again = _results("cpr", 0.6, created="2025-06-04T09:30:00+00:00")
-    card = add_evaluation(card, Evaluation.from_results(again))
-    rows, results = recorded(card)
-    assert [r.split(" | ")[0] for r in rows] == [
+    again = Evaluation.from_results(_results("cpr", 0.6, created="2025-06-04T09:30:00+00:00"))
+    card = with_evaluations(card, [*first, again])
+    assert [r.split(" | ")[0] for r in rows(card)] == [
         "| 2025-06-03 10:00",
         "| 2025-06-03 10:00",
         "| 2025-06-04 09:30",
     ]
-    assert rows[0] == (
+    assert rows(card)[0] == (
         "| 2025-06-03 10:00 | CPR-eval | – | dense | 300 | 0.5000 [0.400, 0.600] | 0.2500 | "
         "0.7000 | 0.4000 | 12.5 |"
     )
-    assert [(r["dataset"]["type"], r["metrics"][0]["value"]) for r in results] == [
+    assert [(r["dataset"]["type"], r["metrics"][0]["value"]) for r in model_index(card)] == [
         ("beir", 0.3),
         ("cpr", 0.6),
     ]
     # another protocol (a reranker) is another entry
     reranked = Evaluation.from_results(_results("cpr", 0.7, rerank="tournament"))
-    card = add_evaluation(card, reranked)
-    assert len(recorded(card)[1]) == 3 and "My own note." in card  # hand edits stay
-    assert card.count(END) == 1
-    # rendered again (a rerun finishing the run): the rows and entries are kept as they were
-    rows, results = recorded(card)
-    again = render_card(_facts(), rows, results)
-    assert recorded(again) == (rows, results) and len(rows) == 4
+    evaluations = [*first, again, reranked]
+    card = with_evaluations(card, evaluations)
+    assert len(model_index(card)) == 3 and "My own note." in card  # hand edits stay
+    assert card.count(END) == 1 and len(rows(card)) == 4
+    # rendered again (a rerun finishing the run) from the same evaluations: the same card
+    assert with_evaluations(card, evaluations) == card
+    fresh = render_card(_facts(), evaluations)
+    assert rows(fresh) == rows(card) and model_index(fresh) == model_index(card)
 
 
 def test_a_folder_without_a_cpr_ray_card_is_left_untouched(tmp_path: Path):
     results = _results("cpr", 0.5)
-    assert record_evaluation(STORAGE, "sentence-transformers/all-MiniLM-L6-v2", results) is None
-    assert record_evaluation(STORAGE, None, results) is None
+    assert record(STORAGE, "sentence-transformers/all-MiniLM-L6-v2", results) is None
+    assert record(STORAGE, None, results) is None
     bare = tmp_path / "bare"
     bare.mkdir()
-    assert record_evaluation(STORAGE, str(bare), results) is None
-    assert not (bare / "README.md").exists()
+    assert record(STORAGE, str(bare), results) is None
+    assert not (bare / "README.md").exists() and not (bare / ledger.LEDGER).exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     text = "---\nlibrary_name: sentence-transformers\ntags:\n- sentence-transformers\n---\n# x\n"
     (foreign / "README.md").write_text(text)
-    assert record_evaluation(STORAGE, str(foreign), results) is None
-    assert (foreign / "README.md").read_text() == text
+    assert record(STORAGE, str(foreign), results) is None
+    assert (foreign / "README.md").read_text() == text and not (foreign / ledger.LEDGER).exists()
     ours = tmp_path / "ours"
     ours.mkdir()
     (ours / "README.md").write_text(render_card(_facts(model_uri=str(ours))))
-    assert record_evaluation(STORAGE, str(ours), results) == str(ours / "README.md")
-    assert len(recorded((ours / "README.md").read_text())[0]) == 1
+    assert record(STORAGE, str(ours), results) == str(ours / "README.md")
+    assert len(rows((ours / "README.md").read_text())) == 1
+    assert len(json.loads((ours / ledger.LEDGER).read_text())["evaluations"]) == 1
 
 
 def _export_card(folder: Path, train_queries: int) -> None:
@@ -286,7 +304,8 @@ def _export_card(folder: Path, train_queries: int) -> None:
         "code_version": "0.1.0+abc",
     }
     (folder / "stats.json").write_text(json.dumps({**stats, "provenance": prov}))
-    (folder / "README.md").write_text(dataset_card(stats, prov, "2025-06-01 12:00 UTC"))
+    card = dataset_card(stats, prov, "2025-06-01 12:00 UTC", EXPORT_FILES)
+    (folder / "README.md").write_text(card)
 
 
 def test_export_facts_come_from_its_card_and_stats(tmp_path: Path):
@@ -330,8 +349,24 @@ def training_export(root: Path) -> Path:
     return folder
 
 
-def test_cpr_train_writes_the_card_and_cpr_eval_appends_to_it(
-    ray_session, minilm: str, tmp_path: Path
+def _evaluate_job():
+    """jobs/evaluate.py as `ray job submit` runs it (its `main`)."""
+    path = Path(__file__).resolve().parents[1] / "jobs" / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("evaluate_job", path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    return job
+
+
+def _after_table(output: str) -> list[str]:
+    """What an evaluation printed after its table: its summary line, then where it wrote."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("cpr dense: "))
+    return [line for line in lines[start:] if line.strip()]
+
+
+def test_cpr_train_writes_the_card_and_each_evaluation_adds_its_row(
+    ray_session, minilm: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ):
     from sentence_transformers import SentenceTransformer
 
@@ -380,20 +415,31 @@ def test_cpr_train_writes_the_card_and_cpr_eval_appends_to_it(
     assert not np.allclose(st.encode_query(texts), plain)
     np.testing.assert_allclose(st.encode_document(texts), plain)  # no document prompt
 
-    evaluate = ["eval", "--benchmark", "cpr", "--data", str(export), "--retriever", "dense"]
-    evaluate += ["--model", str(model), "--out", str(tmp_path / "results")]
-    for seed in ("0", "1"):
-        result = cli.invoke(app, [*evaluate, "--seed", seed, "--set", "eval.resamples=200"])
-        assert result.exit_code == 0, result.output
-        assert f"model card → {model / 'README.md'}" in result.output
+    # the same evaluation by `cpr eval` and by the job: each adds a row, both print the same
+    flags = ["--benchmark", "cpr", "--data", str(export), "--retriever", "dense"]
+    flags += ["--model", str(model), "--out", str(tmp_path / "results")]
+    flags += ["--seed", "0", "--set", "eval.resamples=200"]
+    result = cli.invoke(app, ["eval", *flags])
+    assert result.exit_code == 0, result.output
+    by_cli = _after_table(result.output)
+    capsys.readouterr()
+    assert _evaluate_job().main(flags) == 0
+    assert _after_table(capsys.readouterr().out) == by_cli
     (written,) = (tmp_path / "results").glob("*.json")
-    res = json.loads(written.read_text())  # the second run's
+    (mteb,) = (tmp_path / "results" / "_mteb").rglob("CPREval.json")
+    assert by_cli[1:] == [
+        f"results → {written}",
+        f"MTEB format → {mteb}",
+        f"model card → {model / 'README.md'}",
+    ]
+    res = json.loads(written.read_text())  # the job's
     card = (model / "README.md").read_text()
-    rows, results = recorded(card)
-    assert len(rows) == 2 and all("| CPR-eval | – | dense | 8 |" in r for r in rows)
-    assert len(results) == 1  # one benchmark, subset and protocol: its latest figures
-    ndcg = next(m for m in results[0]["metrics"] if m["type"] == "ndcg_at_10")
+    assert len(rows(card)) == 2 and all("| CPR-eval | – | dense | 8 |" in r for r in rows(card))
+    (entry,) = model_index(card)  # one benchmark, subset and protocol: its latest figures
+    ndcg = next(m for m in entry["metrics"] if m["type"] == "ndcg_at_10")
     assert ndcg["value"] == round(res["ndcg_at_10"]["value"], 4)
+    kept = json.loads((model / ledger.LEDGER).read_text())["evaluations"]
+    assert [e["results"] for e in kept] == [str(written)] * 2 and kept[0]["id"] != kept[1]["id"]
     assert ModelCard(card).data.eval_results[0].dataset_type == "cpr"
     assert "| loss | InfoNCE" in card  # the training sections are as they were
     # a finished run is not trained again, and its card keeps the evaluations
@@ -401,95 +447,3 @@ def test_cpr_train_writes_the_card_and_cpr_eval_appends_to_it(
     assert result.exit_code == 0 and "already trained" in result.output, result.output
     assert (model / "README.md").read_text() == card
     assert SentenceTransformer(str(model), device="cpu").prompts["query"] == "query: "
-
-
-def test_a_card_on_s3_gets_the_evaluation(s3_endpoint: str, s3_bucket: str):
-    storage = Storage(StorageConfig(s3_endpoint=s3_endpoint))
-    model = f"s3://{s3_bucket}/runs/r1/model"
-    storage.write_text(f"{model}/README.md", render_card(_facts(model_uri=model)))
-    assert record_evaluation(storage, model, _results("cpr", 0.5)) == f"{model}/README.md"
-    rows, results = recorded(storage.read_text(f"{model}/README.md"))
-    assert len(rows) == 1 and results[0]["dataset"]["type"] == "cpr"
-    assert 'SentenceTransformer("PATH/TO/A/LOCAL/COPY")' in storage.read_text(f"{model}/README.md")
-    assert record_evaluation(storage, f"s3://{s3_bucket}/none", _results("cpr", 0.5)) is None
-
-
-@pytest.fixture(params=["local", "s3"])
-def card_storage(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, str]:
-    """A storage and a model folder holding a fresh cpr-ray card, on each backend."""
-    if request.param == "local":
-        storage, model = STORAGE, str(tmp_path / "model")
-    else:
-        endpoint, bucket = (request.getfixturevalue(f) for f in ("s3_endpoint", "s3_bucket"))
-        storage, model = Storage(StorageConfig(s3_endpoint=endpoint)), f"s3://{bucket}/r1/model"
-    storage.write_text(join(model, "README.md"), render_card(_facts(model_uri=model)))
-    return storage, model
-
-
-def test_eight_evaluations_of_one_model_at_once_leave_eight_rows(card_storage):
-    """A job array of 8 benchmarks: each run's `record_evaluation` starts at the same moment."""
-    storage, model = card_storage
-    start, written = threading.Barrier(8), []
-
-    def evaluate(i: int) -> None:
-        results = _results("beir", 0.1 + i / 100, data=f"/data/set{i}")  # subset set{i}
-        start.wait()
-        written.append(record_evaluation(storage, model, results))
-
-    threads = [threading.Thread(target=evaluate, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert written == [join(model, "README.md")] * 8
-    rows, results = recorded(storage.read_text(join(model, "README.md")))
-    assert sorted(r.split(" | ")[2] for r in rows) == [f"set{i}" for i in range(8)]
-    assert sorted(r["dataset"]["config"] for r in results) == [f"set{i}" for i in range(8)]
-
-
-class LostReplies(Storage):
-    """S3 when a conditional write lands but its reply is lost: the client's retry of the same
-    request is refused, so the writer sees a conflict for a write of its own."""
-
-    def __init__(self, storage: Storage, lose: int) -> None:
-        super().__init__(storage.cfg)
-        self.lose = lose
-
-    def write_if(self, uri: str, data: bytes, *, tag: str | None = None) -> str | None:
-        landed = super().write_if(uri, data, tag=tag)
-        if self.lose:
-            self.lose -= 1
-            return None
-        return landed
-
-
-def test_a_write_that_landed_unseen_is_not_recorded_twice(card_storage):
-    storage, model = card_storage
-    assert record_evaluation(LostReplies(storage, 1), model, _results("cpr", 0.5))
-    rows, results = recorded(storage.read_text(join(model, "README.md")))
-    assert len(rows) == 1 and len(results) == 1
-
-
-class Overtaken(Storage):
-    """Another writer that changes the file just before each of our conditional writes."""
-
-    def __init__(self, storage: Storage) -> None:
-        super().__init__(storage.cfg)
-
-    def write_if(self, uri: str, data: bytes, *, tag: str | None = None) -> str | None:
-        self.write_text(uri, self.read_text(uri) + "\nanother writer's change\n")
-        return super().write_if(uri, data, tag=tag)
-
-
-def test_a_writer_that_keeps_losing_gives_up_naming_the_file(tmp_path, capsys, monkeypatch):
-    storage, model = STORAGE, str(tmp_path / "model")  # the loop is the same on either backend
-    uri = join(model, "README.md")
-    storage.write_text(uri, render_card(_facts(model_uri=model)))
-    with pytest.raises(StorageError, match=f"{uri}: changed by other writers 3 times"):
-        Overtaken(storage).update_text(uri, lambda text: f"{text}ours\n", tries=3)
-    assert not storage.read_text(uri).endswith("ours\n")
-    # an evaluation that keeps losing says so; its results stand (written before the card)
-    monkeypatch.setattr(storage_module, "UPDATE_BACKOFF_S", 0.0)
-    assert record_evaluation(Overtaken(storage), model, _results("cpr", 0.5)) is None
-    assert f"model card not updated: {uri}: changed by other writers" in capsys.readouterr().err
-    assert recorded(storage.read_text(uri))[0] == []

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray import duck
+from cpr_ray.cards.dataset import PAPER_SHARES, dataset_card, percent
 from cpr_ray.config import Config, license_code
 from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
-from cpr_ray.dataset.card import PAPER_SHARES, dataset_card, percent, provenance
 from cpr_ray.dataset.format import (
     CARD,
     CORPUS,
@@ -30,6 +30,7 @@ from cpr_ray.dataset.format import (
     CPR_EVAL,
     CPR_TRAIN,
     EVAL_TABLE,
+    EXPORT_FILES,
     POSITIVE,
     STATS,
     TRAIN_TABLE,
@@ -37,6 +38,7 @@ from cpr_ray.dataset.format import (
 )
 from cpr_ray.dataset.negatives import GROUPS, group_rank, split_fingerprint
 from cpr_ray.dataset.negatives import STAGE as NEGATIVES_STAGE
+from cpr_ray.dataset.provenance import provenance
 from cpr_ray.dataset.split import (
     EVAL,
     HELD_OUT,
@@ -274,7 +276,7 @@ def _export(
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     run.storage.write_json(join(run.out, STATS), {**stats, "provenance": prov})
     card_uri = join(run.out, CARD)
-    run.storage.write_text(card_uri, dataset_card(stats, prov, created))
+    run.storage.write_text(card_uri, dataset_card(stats, prov, created, EXPORT_FILES))
     tables["card"] = {"uri": card_uri, "format": "markdown", "rows": 1}
 
     ev, tr = stats["splits"][EVAL_TABLE], stats["splits"][TRAIN_TABLE]

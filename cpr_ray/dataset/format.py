@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from cpr_ray.cards.dataset import ExportFiles
+
 EVAL_TABLE, TRAIN_TABLE, CORPUS_TABLE = "cpr-eval", "cpr-train", "corpus"
 CARD, STATS = "README.md", "stats.json"
 POSITIVE = "positive"  # candidate_groups' label of the positive, always first
@@ -69,3 +71,13 @@ CPR_TRAIN = pa.schema(
 )
 
 SCHEMAS = {EVAL_TABLE: CPR_EVAL, TRAIN_TABLE: CPR_TRAIN, CORPUS_TABLE: CORPUS}
+
+# the export's tables and files as its dataset card lists them
+EXPORT_FILES = ExportFiles(
+    eval_table=EVAL_TABLE,
+    train_table=TRAIN_TABLE,
+    corpus_table=CORPUS_TABLE,
+    files={t: file_name(t) for t in SCHEMAS},
+    schemas=SCHEMAS,
+    stats=STATS,
+)

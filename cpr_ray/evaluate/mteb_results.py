@@ -3,8 +3,8 @@
 MTEB keeps results in a cache folder laid out as ``results/<model>/<revision>/<Task>.json``
 (a ``TaskResult``: ``task_name``, ``dataset_revision``, ``mteb_version``, ``evaluation_time``,
 ``scores`` per split, one entry per HF subset with ``main_score``, ``hf_subset`` and
-``languages``) with a ``model_meta.json`` beside it. `write_results` writes one such file for a
-CPR run (``cpr`` -> task ``CPREval``, ``cpr-full`` -> ``CPREvalFull``, the names of
+``languages``) with a ``model_meta.json`` beside it. The publisher (`publish.py`) writes one
+such file for a CPR run (``cpr`` -> task ``CPREval``, ``cpr-full`` -> ``CPREvalFull``, the names of
 `cpr_ray.evaluate.mteb_task`) under ``<folder of the results JSON>/_mteb``, so that
 ``mteb.ResultCache("<that folder>/_mteb").load_results()`` reads it. The leading ``_`` keeps
 `cpr report`, which reads every other ``*.json`` of a results folder, off MTEB's files.

@@ -114,13 +114,9 @@ def results_name(results: dict[str, Any]) -> str:
 
 def write_results(storage: Storage, out: str, results: dict[str, Any]) -> str:
     """Write to `out` when it names a .json file, else into the folder `out`; returns the URI.
-
-    A CPR run is also written in MTEB's result format beside it (`mteb_results`)."""
-    from cpr_ray.evaluate.mteb_results import write_mteb_results
-
+    (`publish.publish` writes a run's other files beside it.)"""
     uri = out if out.endswith(".json") else join(out, results_name(results))
     storage.write_json(uri, results)
-    write_mteb_results(storage, uri, results)
     return uri
 
 

@@ -95,7 +95,7 @@ def evaluate_export(
     With `keep` (a folder of the build), each evaluation's results are kept there with what
     they depend on, and a rerun over the same export and models reads them instead of encoding
     the corpus again: the dry run's promise that nothing is paid twice covers its evaluation."""
-    from cpr_ray.evaluate.commands import print_results
+    from cpr_ray.evaluate.publish import print_results
     from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.retrieval import make_retriever
     from cpr_ray.retrieval.spec import RetrieverOptions

@@ -1,87 +1,55 @@
 """The export's dataset card (`README.md`): what the dataset is, its counts and shares against
-the method's, licences, the leakage guarantee, and where every part came from (`provenance`)."""
+the method's, licences, the leakage guarantee, and where every part came from.
+
+A pure function of plain values: the export's statistics, its provenance
+(`cpr_ray.dataset.provenance` gathers it) and the export's files (`ExportFiles`, which
+`cpr_ray.dataset.format` fills in), so that this package imports no stage package.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from cpr_ray.config import Config
-from cpr_ray.dataset.format import (
-    CORPUS_TABLE,
-    EVAL_TABLE,
-    SCHEMAS,
-    STATS,
-    TRAIN_TABLE,
-    file_name,
-)
-from cpr_ray.dataset.negatives import STAGE as NEGATIVES_STAGE
-from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
-from cpr_ray.stage import code_version, read_manifest
-from cpr_ray.storage import Storage
+import pyarrow as pa
 
 PAPER_SHARES = {"crosses_field": 0.799, "crosses_domain": 0.453}
-BUILD_SECTIONS = ("input", "ingest", "mining", "llm", "pooling", "dataset")
 
 
-def provenance(cfg: Config, storage: Storage) -> dict[str, Any]:
-    """Where the data came from: inputs, the OpenAlex snapshot, each stage's run, model and
-    prompt version, the pooling settings, the build's config hash and the code version."""
-    ingest = read_manifest(storage, "ingest") or {}
-    stages = {}
-    for name in ("ingest", "venues", "mine", *POSITIVE_STAGES, "pool", NEGATIVES_STAGE):
-        m = read_manifest(storage, name)
-        if m is not None:
-            stages[name] = {
-                "run_id": m["run_id"],
-                "config_hash": m.get("config_hash"),
-                "model": m.get("stats", {}).get("model"),
-                "prompt_version": m.get("stats", {}).get("prompt_version"),
-            }
-    sections = [s for s in BUILD_SECTIONS if getattr(cfg, s) is not None]
-    return {
-        "s2": cfg.input.s2 if cfg.input else None,
-        "openalex": cfg.input.openalex if cfg.input else None,
-        "openalex_snapshot": (ingest.get("corpus") or {}).get("openalex_snapshot")
-        or ingest.get("stats", {}).get("openalex_snapshot"),
-        "s2_releases": s2_releases(ingest),
-        "input_fingerprints": ingest.get("inputs", {}),
-        "stages": stages,
-        "pooling": cfg.pooling.model_dump(mode="json"),
-        "open_licenses": list(cfg.dataset.open_licenses),
-        "config_hash": cfg.section_hash(*sections),
-        "config_sections": sections,
-        "code_version": code_version(),
-    }
+@dataclass(frozen=True)
+class ExportFiles:
+    """The export's tables and files as its format defines them, for the card to list."""
 
+    eval_table: str
+    train_table: str
+    corpus_table: str
+    files: Mapping[str, str]  # table -> its file's name
+    schemas: Mapping[str, pa.Schema]  # table -> its Arrow schema
+    stats: str  # the statistics file's name
 
-def s2_releases(ingest: dict[str, Any]) -> str:
-    """Which S2 releases the corpus covers: the bulk release and each refresh step applied."""
-    corpus = ingest.get("corpus")
-    if not corpus:
-        return "release of the bulk shards (not refreshed)"
-    steps = [s["step"] for s in corpus["applied"] if s["source"] == "s2"]
-    return f"release {corpus['release']} (bulk {corpus['base_release']}" + (
-        f", refreshed {'; '.join(steps)})" if steps else ")"
-    )
+    @property
+    def tables(self) -> tuple[str, str, str]:
+        return (self.eval_table, self.train_table, self.corpus_table)
 
 
 def percent(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> str:
+def dataset_card(
+    stats: dict[str, Any], prov: dict[str, Any], created: str, export: ExportFiles
+) -> str:
     """The export's README.md: what it is, counts, shares against the method's, licences,
     the leakage guarantee and provenance; its YAML header names the three tables as configs."""
-    ev, tr = stats["splits"][EVAL_TABLE], stats["splits"][TRAIN_TABLE]
+    eval_name, train_name = export.eval_table, export.train_table
+    ev, tr = stats["splits"][eval_name], stats["splits"][train_name]
     c = stats["corpus"]
     lines = [
         "---",
         "pretty_name: CPR (Cross-Pollination Retrieval)",
         "configs:",
-        *(
-            f"  - config_name: {t}\n    data_files: {file_name(t)}"
-            for t in (EVAL_TABLE, TRAIN_TABLE, CORPUS_TABLE)
-        ),
+        *(f"  - config_name: {t}\n    data_files: {export.files[t]}" for t in export.tables),
         "---",
         "",
         "# CPR: Cross-Pollination Retrieval",
@@ -103,7 +71,7 @@ def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> s
             f"| {name} | {s['queries']:,} | {s['base_papers']:,} | {s['positives']:,} | "
             f"{s['negatives']:,} | {s['negatives_per_query_mean']}, "
             f"{s['negatives_per_query_min']} | {s['queries_short_of_negatives']:,} |"
-            for name, s in ((EVAL_TABLE, ev), (TRAIN_TABLE, tr))
+            for name, s in ((eval_name, ev), (train_name, tr))
         ),
         "",
         f"Queries held out of CPR-train because their base paper or positive is in CPR-eval: "
@@ -111,19 +79,19 @@ def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> s
         "",
         "### Per field",
         "",
-        f"| field | {EVAL_TABLE} | {TRAIN_TABLE} |",
+        f"| field | {eval_name} | {train_name} |",
         "|---|---:|---:|",
         *_per_key_rows(ev["per_field"], tr["per_field"]),
         "",
         "### Per domain",
         "",
-        f"| domain | {EVAL_TABLE} | {TRAIN_TABLE} |",
+        f"| domain | {eval_name} | {train_name} |",
         "|---|---:|---:|",
         *_per_key_rows(ev["per_domain"], tr["per_domain"]),
         "",
         "## Positives from another field or domain",
         "",
-        f"| | all | {EVAL_TABLE} | {TRAIN_TABLE} | the method's dataset |",
+        f"| | all | {eval_name} | {train_name} | the method's dataset |",
         "|---|---:|---:|---:|---:|",
         *(
             f"| another {what} | {percent(stats[f'share_crosses_{what}'])} | "
@@ -137,8 +105,10 @@ def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> s
         "| file | columns |",
         "|---|---|",
         *(
-            f"| `{file_name(t)}` | " + ", ".join(f"`{f.name}` {f.type}" for f in SCHEMAS[t]) + " |"
-            for t in (EVAL_TABLE, TRAIN_TABLE, CORPUS_TABLE)
+            f"| `{export.files[t]}` | "
+            + ", ".join(f"`{f.name}` {f.type}" for f in export.schemas[t])
+            + " |"
+            for t in export.tables
         ),
         "",
         "`candidate_ids` is the positive followed by its hard negatives in pool order "
@@ -167,7 +137,7 @@ def dataset_card(stats: dict[str, Any], prov: dict[str, Any], created: str) -> s
         f"- Semantic Scholar input: `{prov['s2']}`; {prov['s2_releases']}",
         f"- OpenAlex input: `{prov['openalex']}` (topics from {prov['openalex_snapshot']})",
         f"- Input fingerprints: {_inline(prov['input_fingerprints'])}",
-        f"- Pooling: {_poolers(prov['pooling'])} (all settings in `{STATS}`)",
+        f"- Pooling: {_poolers(prov['pooling'])} (all settings in `{export.stats}`)",
         f"- Build config hash: `{prov['config_hash']}` "
         f"(sections {', '.join(prov['config_sections'])})",
         "",
