@@ -713,22 +713,23 @@ def test_the_gold_set_covers_every_rule_it_must():
 
 @pytest.mark.skipif(not GOLD_MERGED, reason="the shipped files change format at the gold merge")
 def test_gold_texts_are_abstract_sized_clean_and_answerable_by_the_scripted_rules():
-    """80–160 words per abstract; nothing an injection check flags; none of the markers that
-    make tests/scripted_llm.py answer otherwise than its passing default."""
+    """An invented abstract reads like a real one: 80–160 words (a real one is as its source
+    gives it); no text holds what an injection check flags, nor one of the markers that make
+    tests/scripted_llm.py answer otherwise than its passing default."""
     markers = ("SAME", "UNRELATED", "INCONSISTENT", "REJECT", "USELESS", "PLAINSCORE")
     for stage in FIRST_FOUR:
         for case in load_gold(stage):
             row = case.input
             if "passage" in row:
                 title, _, abstract = row["passage"].partition(". ")
-                texts = [title, abstract]
+                texts, abstracts = [title, abstract], [abstract]
             else:
                 texts = [row["q_title"], row["q_abstract"], row["d_title"], row["d_abstract"]]
                 texts += row["contexts"]
-                for side in ("q_abstract", "d_abstract"):
-                    assert 80 <= len(row[side].split()) <= 160, (case.id, side)
-            if "passage" in row:
-                assert 80 <= len(abstract.split()) <= 160, case.id
+                abstracts = [row["q_abstract"], row["d_abstract"]]
+            if case.synthetic:
+                for text in abstracts:
+                    assert 80 <= len(text.split()) <= 160, (case.id, text[:60])
             for text in texts:
                 assert not instruction_flags(text), (case.id, text[:60])
                 assert not any(m in text for m in markers), (case.id, text[:60])
