@@ -30,8 +30,6 @@ which). A sharded run's final ``model/`` is gathered whole on rank 0 and saved a
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import resource
 import signal
@@ -41,7 +39,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,17 +46,11 @@ import torch
 import torch.distributed as dist
 
 from cpr_ray import leases
-from cpr_ray.config import Config, EncoderConfig, TrainConfig
+from cpr_ray.config import Config, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
-from cpr_ray.retrieval.encoder import (
-    Encoder,
-    read_sentence_transformers_config,
-    refuses_remote_code,
-    remote_code_message,
-    with_model_prompts,
-)
-from cpr_ray.retrieval.model_source import LOAD_ERRORS, locate_model, unloadable
-from cpr_ray.retrieval.spec import EncoderSpec, preset
+from cpr_ray.retrieval.encoder import Encoder, with_instructions
+from cpr_ray.retrieval.model_source import model_config
+from cpr_ray.retrieval.spec import EncoderSpec, run_identity
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage, StorageConfig, join
 from cpr_ray.train.checkpoints import (
@@ -125,11 +116,9 @@ StepHook = Callable[[int, int], None]
 class TrainPlan:
     """Everything a worker needs, as plain values (it travels to the Ray Train workers)."""
 
-    model: str
-    pooling: str
-    query_prefix: str
-    doc_prefix: str
-    dtype: str
+    # the encoder trained: the base model, its pooling as configured, the weights' dtype, the
+    # loading settings, train.max_length, and the instructions it trains with and saves
+    spec: EncoderSpec
     out: str
     storage: StorageConfig
     train: TrainConfig
@@ -137,66 +126,18 @@ class TrainPlan:
     negatives: int  # hard-negative slots per query (the most any query has)
     steps_per_epoch: int
     total_steps: int  # steps this run trains (train.max_steps caps the schedule's)
-    trust_remote_code: bool = False  # encoder.trust_remote_code: run the model's own code
 
     @property
     def schedule_steps(self) -> int:
         return self.steps_per_epoch * self.train.epochs
 
-    def encoder(self, path: str) -> Encoder:
+    @property
+    def prefixes(self) -> tuple[str, str]:
+        return self.spec.query_prefix or "", self.spec.doc_prefix or ""
+
+    def encoder(self, path: str | None = None) -> Encoder:
         """The model at `path` (the base, or a checkpoint's) as this run trains it."""
-        return Encoder.build(
-            path,
-            self.pooling,
-            max_length=self.train.max_length,
-            dtype=self.dtype,
-            trust_remote_code=self.trust_remote_code,
-        )
-
-
-def check_model(model: str, *, trust_remote_code: bool = False) -> None:
-    """A model that cannot be found fails now, naming it, not after the workers started; so
-    does one whose own code `trust_remote_code` (encoder.trust_remote_code) does not allow."""
-    if locate_model(model, "encoder.model") == "folder":
-        config = Path(model).expanduser() / "config.json"
-        # a folder is read now only where it names its own code (auto_map): may that code run?
-        if trust_remote_code or "auto_map" not in config.read_text():
-            return
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
-    except ValueError as exc:
-        if not trust_remote_code and refuses_remote_code(exc):
-            raise ConfigError(remote_code_message(model)) from None
-        raise
-    except LOAD_ERRORS as exc:
-        raise unloadable(model, "encoder.model", exc) from None
-
-
-def instructions(model: str, encoder: EncoderConfig) -> tuple[str, str]:
-    """The query and document prefixes, chosen exactly as evaluation chooses them."""
-    spec = EncoderSpec.from_config(encoder, model)
-    if preset(model) is None and (encoder.query_prefix is None or encoder.doc_prefix is None):
-        st = read_sentence_transformers_config(model)
-        spec = with_model_prompts(spec, (st.query_prompt, st.document_prompt))
-    resolved = spec.resolved()
-    return resolved.query_prefix or "", resolved.doc_prefix or ""
-
-
-def run_identity(cfg: Config, examples_digest: str, prefixes: tuple[str, str]) -> str:
-    """What a resumed run must share with the run it resumes: data, model and the maths."""
-    payload = {
-        "examples": examples_digest,
-        "model": cfg.encoder.model,
-        "pooling": cfg.encoder.pooling,
-        "dtype": cfg.encoder.dtype,
-        # encoder.trust_remote_code is left out: it says whether the model's code may run, not
-        # what the model computes (the same model either way), so a resume may set it
-        "prefixes": prefixes,
-        "train": cfg.train.model_dump(mode="json", exclude=OPERATIONAL),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return Encoder.build(replace(self.spec, model=path) if path else self.spec)
 
 
 def _peak_memory_mb() -> float:
@@ -236,7 +177,7 @@ def train_worker(config: dict[str, Any]) -> None:
     sharded, adapted = tc.strategy == "fsdp", tc.lora is not None
     with tempfile.TemporaryDirectory(prefix="cpr-train-") as tmp:
         restored = newest_checkpoint(storage, plan.out, os.path.join(tmp, "restored"))
-        model_path = plan.model
+        model_path = None  # the base model
         # a restart, or a rerun of the same OUT; a LoRA run's base is always the base model
         if restored is not None and not sharded and not adapted:
             model_path = os.path.join(restored.folder, MODEL_DIR)
@@ -278,8 +219,8 @@ def train_worker(config: dict[str, Any]) -> None:
             optimizer,
             scheduler,
             StepOptions(
-                query_prefix=plan.query_prefix,
-                doc_prefix=plan.doc_prefix,
+                query_prefix=plan.prefixes[0],
+                doc_prefix=plan.prefixes[1],
                 chunk_size=tc.chunk_size,
                 max_grad_norm=tc.max_grad_norm,
                 cw_weighting=tc.cw_weighting,
@@ -310,20 +251,20 @@ def train_worker(config: dict[str, Any]) -> None:
                     tmp=tmp,
                     sharded=sharded,
                     adapted=adapted,
-                    prefixes=(plan.query_prefix, plan.doc_prefix),
+                    prefixes=plan.prefixes,
                 )
 
         peaks = [_peak_memory_mb()]
         if world > 1:
             peaks = [None] * world
             dist.all_gather_object(peaks, _peak_memory_mb())
-        # every worker sends its slices (LoRA: of the adapters; the base is plan.model's)
+        # every worker sends its slices (LoRA: of the adapters; the base is the base model's)
         whole = full_state_dict(model, trainable_only=adapted) if sharded else {}
         if rank == 0:
             final = os.path.join(tmp, "final")
             saved = encoder
             if sharded:  # the same weights, whole, in a plain encoder
-                saved = plan.encoder(plan.model)
+                saved = plan.encoder()
                 if tc.lora is not None:
                     add_adapters(saved, tc.lora, tc.seed)
                     load_trainable_state(Towers(saved), whole)
@@ -331,8 +272,9 @@ def train_worker(config: dict[str, Any]) -> None:
                     Towers(saved).load_state_dict(whole)
             if adapted:  # the output is a plain model: the adapters go into its weights
                 saved = merge(saved)
+            query_prefix, doc_prefix = plan.prefixes
             saved.save_sentence_transformers(
-                final, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
+                final, query_prefix=query_prefix, doc_prefix=doc_prefix
             )
             upload(storage, final, join(plan.out, MODEL_DIR))
             last = history[-1] if history else {}
@@ -447,9 +389,12 @@ def _own_sigint() -> Iterator[None]:
 def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any]]:
     """Check the inputs, write the examples and the run's identity; the plan the workers run."""
     cfg.require("train.data", "train.out", "encoder.model")
-    tc, model = cfg.train, cfg.encoder.model
-    assert model is not None and tc.out is not None
-    check_model(model, trust_remote_code=cfg.encoder.trust_remote_code)
+    tc = cfg.train
+    assert tc.out is not None
+    spec = EncoderSpec.from_config(cfg.encoder, max_length=tc.max_length)
+    # a model that cannot be found, or whose own code may not run, fails now, not after the
+    # workers started
+    model_config(spec)
     examples, stats = read_examples(storage, DataOptions.from_config(tc))
     if examples.num_rows < tc.batch_size:
         raise InputError(
@@ -457,8 +402,12 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
             f"batch (train.batch_size {tc.batch_size})"
         )
     out = storage.resolve(tc.out).uri
-    prefixes = instructions(model, cfg.encoder)
-    identity = run_identity(cfg, fingerprint(examples), prefixes)
+    spec = with_instructions(spec)
+    identity = run_identity(
+        spec,
+        examples=fingerprint(examples),
+        train=tc.model_dump(mode="json", exclude=OPERATIONAL),
+    )
     run_uri = join(out, RUN_FILE)
     if storage.exists(run_uri) and storage.read_json(run_uri)["identity"] != identity:
         raise ConfigError(
@@ -466,16 +415,12 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
             "--out, or the same data and train settings to resume it"
         )
     # before run.json is written: a rerun with the setting the check names is the same run
-    check_plan_fits(cfg, negatives=stats["max_negatives"])
+    check_plan_fits(spec, tc, negatives=stats["max_negatives"])
     steps_per_epoch = -(-examples.num_rows // tc.batch_size)  # the last batch wraps around
     total = steps_per_epoch * tc.epochs
     negatives = stats["max_negatives"]
     plan = TrainPlan(
-        model=model,
-        pooling=cfg.encoder.pooling,
-        query_prefix=prefixes[0],
-        doc_prefix=prefixes[1],
-        dtype=cfg.encoder.dtype,
+        spec=spec,
         out=out,
         storage=cfg.storage,
         train=tc,
@@ -483,16 +428,15 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
         negatives=negatives,
         steps_per_epoch=steps_per_epoch,
         total_steps=min(total, tc.max_steps or total),
-        trust_remote_code=cfg.encoder.trust_remote_code,
     )
     storage.write_parquet(examples, join(out, EXAMPLES_FILE))
     storage.write_json(
         run_uri,
         {
             "identity": identity,
-            "model": model,
-            "query_prefix": prefixes[0],
-            "doc_prefix": prefixes[1],
+            "model": spec.model,
+            "query_prefix": plan.prefixes[0],
+            "doc_prefix": plan.prefixes[1],
             "data": stats,
             "steps": plan.total_steps,
             "steps_per_epoch": steps_per_epoch,
@@ -578,9 +522,9 @@ def _train(
         "model": join(plan.out, MODEL_DIR),
         "metrics": join(plan.out, METRICS_FILE),
         "checkpoints": join(plan.out, RUN_NAME),
-        "base_model": plan.model,
-        "query_prefix": plan.query_prefix,
-        "doc_prefix": plan.doc_prefix,
+        "base_model": plan.spec.model,
+        "query_prefix": plan.prefixes[0],
+        "doc_prefix": plan.prefixes[1],
         "steps": plan.total_steps,
         "workers": cfg.train.workers,
         "cpus_per_worker": plan.train.cpus_per_worker,
