@@ -51,9 +51,9 @@ def unloadable(model: str, setting: str, exc: BaseException) -> ModelError:
     return ModelError(f"{setting}: model {model} cannot be loaded ({one_line(exc)})")
 
 
-def locate_model(model: str, setting: str) -> Literal["folder", "hub"]:
-    """How `model` (the value of `setting`, e.g. ``encoder.model``) will be read; ModelError
-    naming `setting` when it cannot be."""
+def locate_model(model: str, setting: str, revision: str | None = None) -> Literal["folder", "hub"]:
+    """How `model` (the value of `setting`, e.g. ``encoder.model``) will be read (a hub name at
+    `revision`, where one is pinned); ModelError naming `setting` when it cannot be."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
@@ -72,25 +72,27 @@ def locate_model(model: str, setting: str) -> Literal["folder", "hub"]:
         validate_repo_id(model)
     except HFValidationError:
         raise ModelError(f"{setting}: {model} (read as a folder): no such folder") from None
-    _require_hub_model(model, setting)
+    _require_hub_model(model, setting, revision)
     return "hub"
 
 
-def _require_hub_model(model: str, setting: str) -> None:
+def _require_hub_model(model: str, setting: str, revision: str | None) -> None:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.constants import is_offline_mode
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
-    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+    if isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
         return
-    where = f"{setting}: {model!r} is no folder here, and read as a hub name"
+    at = f" at revision {revision}" if revision else ""
+    where = f"{setting}: {model!r}{at} is no folder here, and read as a hub name"
     if is_offline_mode():
         raise ModelError(
             f"{where} it is not in the local hub cache, and HF_HUB_OFFLINE is set: give a model "
             "folder, or fetch the model where the hub can be reached"
         )
     try:  # one request, no retries (a download would retry an unreachable hub for ~25 s)
-        get_hf_file_metadata(hf_hub_url(model, "config.json"), timeout=HUB_TIMEOUT_S)
+        url = hf_hub_url(model, "config.json", revision=revision)
+        get_hf_file_metadata(url, timeout=HUB_TIMEOUT_S)
     except RepositoryNotFoundError:
         raise ModelError(
             f"{where} the hub has no such model (or it is private or gated: set HF_TOKEN)"
@@ -140,7 +142,7 @@ def remote_code_message(model: str) -> str:
 
 def locate(spec: EncoderSpec) -> Literal["folder", "hub"]:
     """`locate_model` of the spec's model, named by the setting the spec came from."""
-    return locate_model(spec.model, spec.setting)
+    return locate_model(spec.model, spec.setting, spec.revision)
 
 
 @contextmanager
@@ -170,7 +172,8 @@ def model_json(spec: EncoderSpec, filename: str) -> Any | None:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
-        return json.loads(Path(hf_hub_download(spec.model, filename)).read_text())
+        path = hf_hub_download(spec.model, filename, revision=spec.revision)
+        return json.loads(Path(path).read_text())
     except LocalEntryNotFoundError:  # offline and never fetched: unknown, not absent
         raise
     except EntryNotFoundError:

@@ -67,6 +67,9 @@ class EncoderSpec:
     # run the model repository's own code (transformers' trust_remote_code): how the model
     # loads, not what it computes, so not among VECTOR_KEYS
     trust_remote_code: bool = False
+    # a hub model's revision (branch, tag or commit): which weights, so part of the vector
+    # identity when set; a model folder ignores it
+    revision: str | None = None
     # the config key that named the model, for the one line a wrong name gives (not part of
     # what the spec is: two specs differing only in it are equal)
     setting: str = field(default="encoder.model", compare=False)
@@ -100,6 +103,7 @@ class EncoderSpec:
                 "device": enc.device,
                 "dtype": enc.dtype,
                 "trust_remote_code": enc.trust_remote_code,
+                "revision": enc.revision,
                 **overrides,
             }
         )
@@ -109,7 +113,8 @@ class EncoderSpec:
         """The loading settings as transformers' ``from_pretrained`` takes them (the loader,
         ``model_source``, passes them to every read of the model's files)."""
         # always a bool: None would have transformers prompt for it on the terminal
-        return {"trust_remote_code": bool(self.trust_remote_code)}
+        pin = {"revision": self.revision} if self.revision else {}
+        return {"trust_remote_code": bool(self.trust_remote_code), **pin}
 
     def resolved(self) -> EncoderSpec:
         """Fill unset pooling/prefixes from the preset matching the model name, if any.
@@ -164,8 +169,11 @@ def vector_identity(spec: EncoderSpec) -> dict[str, Any]:
     fingerprint of the model's files. Cached vectors (the vector store, the search index) are
     keyed by it, so retraining into the same folder never serves stale vectors."""
     settings = asdict(spec)
+    # a revision only when pinned: identities made before the setting existed stay valid
+    pin = {"revision": spec.revision} if spec.revision else {}
     return {
         **{k: settings[k] for k in VECTOR_KEYS},
+        **pin,
         "fingerprint": model_fingerprint(spec.model),
     }
 
