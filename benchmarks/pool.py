@@ -37,10 +37,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray.buckets import BucketLayout  # noqa: E402
 from cpr_ray.config import Config, load_config, minilm_dir  # noqa: E402
-from cpr_ray.pooling.embeddings import store_uri  # noqa: E402
+from cpr_ray.pooling.embeddings import vector_store  # noqa: E402
 from cpr_ray.pooling.poolers import plans  # noqa: E402
-from cpr_ray.pooling.rules import content_keys, doc_text  # noqa: E402
+from cpr_ray.pooling.rules import doc_text  # noqa: E402
 from cpr_ray.pooling.stage import pool  # noqa: E402
+from cpr_ray.retrieval.vector_store import text_keys  # noqa: E402
 from cpr_ray.schemas import PAPERS  # noqa: E402
 from cpr_ray.stage import manifest_uri  # noqa: E402
 from cpr_ray.storage import Storage, join  # noqa: E402
@@ -166,7 +167,7 @@ def prefill_store(storage: Storage, cfg: Config, world: dict, dim: int) -> None:
         if plan.spec is None:
             continue
         text = doc_text(papers["title"], papers["abstract"], plan.template)
-        columns = {"corpus_id": papers["corpus_id"], "key": content_keys(papers["corpus_id"], text)}
+        columns = {"corpus_id": papers["corpus_id"], "key": text_keys(text, papers["corpus_id"])}
         if plan.kind == "dense":
             vectors = rng.standard_normal((papers.num_rows, dim)).astype(np.float32)
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -182,7 +183,7 @@ def prefill_store(storage: Storage, cfg: Config, world: dict, dim: int) -> None:
             weights = pa.array(np.ones(len(flat), np.float32))
             columns["values"] = pa.ListArray.from_arrays(offsets, weights)
         storage.write_parquet(
-            pa.table(columns), join(store_uri(storage, plan), "prefilled.parquet")
+            pa.table(columns), join(vector_store(storage, plan).uri, "prefilled.parquet")
         )
 
 

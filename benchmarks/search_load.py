@@ -39,7 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search import synthetic_index  # noqa: E402
 
-from cpr_ray.search.index import encoder_record  # noqa: E402
+from cpr_ray.retrieval.spec import query_identity  # noqa: E402
 from cpr_ray.storage import join  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def main() -> None:
         root = os.path.join(tmp, "idx")
         synthetic_index(args.papers, root)
         manifest = json.loads(Path(join(root, "index.json")).read_text())
-        manifest["encoder"] = encoder_record(EncoderSpec(minilm))  # queries encoded by MiniLM
+        manifest["encoder"] = query_identity(EncoderSpec(minilm))  # queries encoded by MiniLM
         Path(join(root, "index.json")).write_text(json.dumps(manifest))
         port = free_port()
         log = open(os.path.join(tmp, "serve.log"), "w")

@@ -454,6 +454,11 @@ class EncoderConfig(_Section):
         "trust_remote_code): only for models whose code you trust. Needed by models whose "
         "architecture ships as code, such as nvidia/llama-embed-nemotron-8b.",
     )
+    revision: str | None = Field(
+        None,
+        description="A hub model's revision to load (a branch, tag or commit hash): pins its "
+        "weights and code. Ignored for a model folder.",
+    )
 
 
 Benchmark = Literal["cpr", "cpr-full", "beir", "analobench", "bright"]

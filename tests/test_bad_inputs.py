@@ -27,8 +27,8 @@ from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.retrieval.bm25 import BM25Retriever
 from cpr_ray.retrieval.encoder import DenseEncoder
 from cpr_ray.retrieval.model_source import locate_model
-from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.search.index import encoder_record, publish
+from cpr_ray.retrieval.spec import EncoderSpec, query_identity
+from cpr_ray.search.index import publish
 from cpr_ray.storage import Storage
 
 from .test_cli import error_line
@@ -75,7 +75,7 @@ def files(tmp_path: Path, tiny_bert: str, monkeypatch: pytest.MonkeyPatch) -> Pa
         docs,
         vectors,
         load_config(env={}).search,
-        encoder=encoder_record(EncoderSpec(str(gone))),
+        encoder=query_identity(EncoderSpec(str(gone))),
         source={"uri": "test", "kind": "beir"},
         generation=1,
         build={},

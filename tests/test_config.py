@@ -34,7 +34,8 @@ RECIPES = {
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_the_methods_training_recipes_are_profiles_on_the_cluster(name: str):
-    from cpr_ray.train.trainer import instructions
+    from cpr_ray.retrieval.encoder import with_instructions
+    from cpr_ray.retrieval.spec import EncoderSpec
 
     model, pooling, lr, warmup, floor, betas, decay = RECIPES[name]
     cfg = load_config(name, env={})
@@ -53,7 +54,8 @@ def test_the_methods_training_recipes_are_profiles_on_the_cluster(name: str):
     assert (tc.batch_size, tc.epochs, tc.max_grad_norm) == (128, 1, 1.0)
     assert tc.batch_size % tc.workers == 0 and tc.chunk_size  # a gradient cache, not accumulation
     assert tc.max_length == cfg.encoder.max_length == 1024
-    query, doc = instructions(model, cfg.encoder)
+    spec = with_instructions(EncoderSpec.from_config(cfg.encoder))
+    query, doc = spec.query_prefix, spec.doc_prefix
     assert query.startswith("Instruct: ") and query.endswith("\nQuery: ") and doc == ""
 
 

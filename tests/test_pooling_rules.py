@@ -287,8 +287,7 @@ def test_retraining_into_the_same_folder_gives_the_pooling_store_and_the_index_n
     """Cached vectors are keyed by the model's files, not its name: a model retrained into the
     same folder (same names and sizes, new weights) is encoded again by pooling and search."""
     from cpr_ray.pooling.poolers import PoolerPlan
-    from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
-    from cpr_ray.search.index import encoder_record
+    from cpr_ray.retrieval.spec import EncoderSpec, query_identity, vector_identity
 
     model = tmp_path / "model"
     model.mkdir()
@@ -296,13 +295,13 @@ def test_retraining_into_the_same_folder_gives_the_pooling_store_and_the_index_n
     (model / "model.safetensors").write_bytes(b"a" * 4096)
     spec = EncoderSpec(str(model))
     plan = PoolerPlan("m", "dense", "{title}. {abstract}", spec, 1, 1.0, 0.0)
-    key, record = plan.store_key, encoder_record(spec)
+    key, record = plan.store_key, query_identity(spec)
     assert record["fingerprint"] == vector_identity(spec)["fingerprint"]
     assert PoolerPlan("m", "dense", "{title}", spec, 2, 2.0, 0.0).store_key == key  # same vectors
     (model / "README.md").write_text("| an evaluation's new row |")  # the card, appended to
     (model / ".README.md.lock").write_text("")  # the card writer's lock
-    assert plan.store_key == key and encoder_record(spec) == record  # no vector changed
+    assert plan.store_key == key and query_identity(spec) == record  # no vector changed
 
     (model / "model.safetensors").write_bytes(b"b" * 4096)  # the retrained weights
     assert plan.store_key != key
-    assert encoder_record(spec)["fingerprint"] != record["fingerprint"]
+    assert query_identity(spec)["fingerprint"] != record["fingerprint"]

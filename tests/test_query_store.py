@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.queries.query_store import store_uri, stored
+from cpr_ray.queries.query_store import query_store, stored
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage
 
@@ -50,8 +50,8 @@ def test_a_vector_changing_setting_is_another_store(tmp_path):
     storage = Storage(load_config(env={}, overrides=[f"storage.root={tmp_path}"]).storage)
     plain = EncoderSpec(model="org/query-encoder")
     prefixed = EncoderSpec(model="org/query-encoder", query_prefix="query: ")
-    assert store_uri(storage, plain) != store_uri(storage, prefixed)
-    assert store_uri(storage, plain) != store_uri(storage, EncoderSpec(model="org/other"))
+    assert query_store(storage, plain).uri != query_store(storage, prefixed).uri
+    assert query_store(storage, plain).uri != query_store(storage, EncoderSpec("org/other")).uri
     calls: list[list[str]] = []
     stored(storage, plain, _encoder(calls))(["x"])
     stored(storage, prefixed, _encoder(calls))(["x"])

@@ -12,9 +12,9 @@ import torch
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, UserError
 from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
+from cpr_ray.retrieval.model_source import model_config
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, vector_identity
-from cpr_ray.train.memory_plan import architecture, load_model_config, model_name
-from cpr_ray.train.trainer import check_model
+from cpr_ray.train.memory_plan import architecture, model_name
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -68,15 +68,12 @@ def test_a_dense_encoder_from_the_config_encodes_with_the_setting(remote_code_mo
 
 def test_the_training_checks_name_the_setting(remote_code_model):
     with pytest.raises(ConfigError) as refused:
-        check_model(remote_code_model)  # before run.json is written and the workers start
+        # before run.json is written and the workers start, and by the memory plan
+        model_config(EncoderSpec(remote_code_model))
     _one_line_naming_the_setting(refused)
-    check_model(remote_code_model, trust_remote_code=True)
-
-    with pytest.raises(ConfigError) as refused:
-        load_model_config(remote_code_model)
-    _one_line_naming_the_setting(refused)
-    config = load_model_config(remote_code_model, trust_remote_code=True)
-    arch = architecture(config, model_name(remote_code_model), trust_remote_code=True)
+    trusted = EncoderSpec(remote_code_model, trust_remote_code=True)
+    config = model_config(trusted)
+    arch = architecture(config, model_name(remote_code_model), trusted)
     loaded = Encoder.load(remote_code_model, trust_remote_code=True)
     assert arch.parameters == sum(p.numel() for p in loaded.parameters())
 

@@ -191,7 +191,7 @@ def with_st_config(src: str, dest: Path, pooling: dict, modules: list[str] | Non
 
 
 def test_auto_pooling_resolves_from_the_sentence_transformers_config(minilm, tiny_models, tmp_path):
-    st = read_sentence_transformers_config(minilm)
+    st = read_sentence_transformers_config(EncoderSpec(minilm))
     assert (st.pooling, st.max_seq_length) == ("mean", 256)  # MiniLM's legacy boolean flags
     enc = Encoder.load(minilm)
     assert (enc.pooling, enc.max_length) == ("mean", 256)

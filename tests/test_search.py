@@ -118,7 +118,7 @@ def test_trust_remote_code_is_the_searchers_setting_not_the_indexs(built):
     assert "trust_remote_code" not in manifest["encoder"]
     storage = Storage(cfg.storage)
     assert not SearchIndex.load(storage, cfg.search.index).spec.trust_remote_code
-    trusted = SearchIndex.load(storage, cfg.search.index, trust_remote_code=True)
+    trusted = SearchIndex.load(storage, cfg.search.index, EncoderSpec("", trust_remote_code=True))
     assert trusted.spec.trust_remote_code
 
 

@@ -13,11 +13,12 @@ from cpr_ray.config import QUESTION_WORDS, load_config
 from cpr_ray.dataset.format import CORPUS, CPR_TRAIN
 from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
+from cpr_ray.retrieval.model_source import model_config
+from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.schemas import paper_text
 from cpr_ray.storage import Storage, StorageConfig
 from cpr_ray.train.data import read_examples
 from cpr_ray.train.examples import DataOptions
-from cpr_ray.train.trainer import check_model
 
 STORAGE = Storage(StorageConfig())
 
@@ -275,7 +276,7 @@ def test_malformed_parquet_and_missing_paths(tmp_path: Path):
     with pytest.raises(InputError, match="not a CPR export: no cpr-train or corpus"):
         _read("cpr", str(tmp_path))
     with pytest.raises(UserError, match=r"^encoder.model: /no/such/model \(read as a folder\)"):
-        check_model("/no/such/model")
+        model_config(EncoderSpec("/no/such/model"))
 
 
 def test_paper_text_and_content_words():

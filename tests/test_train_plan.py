@@ -15,6 +15,8 @@ from cpr_ray.config import LoRAConfig, TrainConfig, load_config
 from cpr_ray.errors import ConfigError
 from cpr_ray.queries.cw import content_word_counts
 from cpr_ray.retrieval.encoder import Encoder
+from cpr_ray.retrieval.model_source import model_config
+from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.train.examples import EXAMPLES
 from cpr_ray.train.formats.common import text_keys
 from cpr_ray.train.loss import InfoNCELoss
@@ -23,7 +25,6 @@ from cpr_ray.train.memory_plan import (
     architecture,
     check_plan_fits,
     format_count,
-    load_model_config,
     model_name,
     plan_memory,
 )
@@ -53,7 +54,8 @@ def tiny_qwen3(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _arch(model: str) -> Architecture:
-    return architecture(load_model_config(model), model_name(model))
+    spec = EncoderSpec(model)
+    return architecture(model_config(spec), model_name(model), spec)
 
 
 def test_parameters_from_the_config_equal_the_loaded_models(minilm, minilm_encoder, tiny_qwen3):
@@ -140,16 +142,20 @@ def _config(model: str, *settings: str):
     )
 
 
+def _check(cfg) -> None:
+    check_plan_fits(EncoderSpec.from_config(cfg.encoder), cfg.train)
+
+
 def test_check_names_the_setting_to_change(minilm):
     # MiniLM, 64 texts × 256 tokens a forward: a 2.2 GB peak, 0.96 GB with checkpointing
     with pytest.raises(ConfigError, match=r"set train\.gradient_checkpointing=true"):
-        check_plan_fits(_config(minilm, "train.gpu_memory_gb=2"))
-    check_plan_fits(_config(minilm, "train.gpu_memory_gb=2", "train.gradient_checkpointing=true"))
+        _check(_config(minilm, "train.gpu_memory_gb=2"))
+    _check(_config(minilm, "train.gpu_memory_gb=2", "train.gradient_checkpointing=true"))
     smaller = _config(minilm, "train.gpu_memory_gb=0.7", "train.gradient_checkpointing=true")
     with pytest.raises(ConfigError, match=r"set train\.chunk_size=\d+ or smaller"):
-        check_plan_fits(smaller)
+        _check(smaller)
     # a CPU run is not held to a GPU's memory
-    check_plan_fits(_config(minilm, "train.gpu_memory_gb=0.7", "train.use_gpu=false"))
+    _check(_config(minilm, "train.gpu_memory_gb=0.7", "train.use_gpu=false"))
 
 
 def test_check_suggests_fsdp_for_a_4b_model(tmp_path):
@@ -171,7 +177,7 @@ def test_check_suggests_fsdp_for_a_4b_model(tmp_path):
         "train.gradient_checkpointing=true",
     )
     with pytest.raises(ConfigError, match=r"Qwen3-Embedding-4B needs .* set train\.strategy=fsdp"):
-        check_plan_fits(cfg)
+        _check(cfg)
 
 
 # --- the plan against a measured step ---------------------------------------------------------

@@ -29,6 +29,7 @@ from cpr_ray.config import Config, load_config
 from cpr_ray.retrieval.encoder import DenseEncoder, Encoder
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage, StorageConfig
+from cpr_ray.train.checkpoints import newest_checkpoint
 from cpr_ray.train.lora import add_adapters, merge
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.step import (
@@ -41,7 +42,7 @@ from cpr_ray.train.step import (
     global_batch_rows,
     optimizer_for,
 )
-from cpr_ray.train.trainer import _newest_checkpoint, run_train
+from cpr_ray.train.trainer import run_train
 from tests import tiny_models
 from tests.test_cli import error_line
 from tests.test_train_step import TOPICS
@@ -284,7 +285,7 @@ def test_a_restart_restores_the_newest_whole_checkpoint(tmp_path: Path):
     state = {"step": 5, "adapter": True, "files": adapter}
     _checkpoint_folder(out, "checkpoint_5", state, {"adapter/adapter_config.json": 2})
 
-    restored = _newest_checkpoint(storage, str(out), str(tmp_path / "local"))
+    restored = newest_checkpoint(storage, str(out), str(tmp_path / "local"))
     assert restored is not None and restored.state["step"] == 2
     local = Path(restored.folder)
     assert sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file()) == [
@@ -295,13 +296,13 @@ def test_a_restart_restores_the_newest_whole_checkpoint(tmp_path: Path):
     assert (local / "sharded" / "__1_0.distcp").stat().st_size == 7
 
     storage.delete_dir(str(out / "run" / "checkpoint_2"))
-    restored = _newest_checkpoint(storage, str(out), str(tmp_path / "again"))
+    restored = newest_checkpoint(storage, str(out), str(tmp_path / "again"))
     assert restored is not None and restored.state["step"] == 1
     assert (Path(restored.folder) / "model" / "1_Pooling" / "config.json").exists()
 
     # the adapters' upload completed: a flat folder, copied whole
     (out / "run" / "checkpoint_5" / "adapter" / "adapter_model.safetensors").write_bytes(b"x" * 4)
-    restored = _newest_checkpoint(storage, str(out), str(tmp_path / "adapter"))
+    restored = newest_checkpoint(storage, str(out), str(tmp_path / "adapter"))
     assert restored is not None and restored.state["step"] == 5
     assert sorted(p.name for p in (Path(restored.folder) / "adapter").iterdir()) == sorted(adapter)
 

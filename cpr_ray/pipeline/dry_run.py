@@ -236,6 +236,7 @@ def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
 def search_export(cfg: Config, export: str, model: str | None) -> None:
     """The dry run's search step: the exported corpus indexed with the model just evaluated (a
     rerun encodes nothing again), and one CPR-eval query searched in other fields only."""
+    from cpr_ray.retrieval.spec import EncoderSpec
     from cpr_ray.search.commands import print_result
     from cpr_ray.search.engine import Query, SearchIndex
     from cpr_ray.search.index import build_index
@@ -257,7 +258,8 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     storage = Storage(search_cfg.storage)
     first = storage.read_parquet(join(export, "cpr-eval.parquet"), ["query_id", "query"])
     query = Query(first["query_id"][0].as_py(), first["query"][0].as_py())
-    index = SearchIndex.load(storage, out, trust_remote_code=search_cfg.encoder.trust_remote_code)
+    reader = EncoderSpec.from_config(search_cfg.encoder, device="cpu")
+    index = SearchIndex.load(storage, out, reader)
     opts = search_options(search_cfg, k=5, other_fields_only=True)
     print_result(run_search(index, [query], opts, search_cfg)[0])
     console.print(f'try: cpr search {out} "How to …" --other-fields-only', soft_wrap=True)

@@ -1,12 +1,11 @@
 """Document vectors of the candidate universe: encoded once, kept across runs, assembled per run.
 
-**The store** (``ROOT/_embeddings/{encoder key}/``) holds, per encoder (model and the settings
-that change a document's vector), Parquet parts of ``corpus_id``, ``key`` (of the exact text
-encoded: `rules.content_keys`) and the vector: ``embedding`` (dense, normalised float32) or
-``indices``/``values`` (SPLADE's nonzero vocabulary weights). A run encodes, on a Ray Data actor
-pool, only the universe papers whose key the store lacks, and appends them: a rerun, or a
-nightly refresh whose universe grew, pays GPU time for the new or changed texts only. Like the
-LLM cache, it sits outside the run folders, so publishing a run never deletes it.
+**The store** is the one vector store (`retrieval.vector_store`), its documents' side: per
+pooler encoder, rows of ``corpus_id``, ``key`` (of the paper and the exact text encoded) and the
+vector (dense, normalised float32; or SPLADE's nonzero vocabulary weights). A run encodes, on a
+Ray Data actor pool, only the universe papers whose key the store lacks, and appends them: a
+rerun, or a nightly refresh whose universe grew, pays GPU time for the new or changed texts
+only.
 
 **The index** of a run (``RUN/index/{pooler}/``) is its universe's vectors in search order
 (`search.Universe`): for dense poolers the saved form of a
@@ -27,19 +26,20 @@ import ray
 
 from cpr_ray.errors import StorageError
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
-from cpr_ray.pooling.rules import content_keys, doc_text
+from cpr_ray.pooling.rules import doc_text
 from cpr_ray.pooling.search import Universe
 from cpr_ray.ray_runtime import read_parquet_dataset
 from cpr_ray.retrieval.index import factory_for, save_vectors
+from cpr_ray.retrieval.vector_store import VectorStore, text_keys, vector_columns
 from cpr_ray.storage import Storage, StorageConfig, join
 
-STORE = "_embeddings"
 KEYS = pa.schema([("corpus_id", pa.int64()), ("key", pa.uint64())])
 
 
-def store_uri(storage: Storage, plan: PoolerPlan) -> str:
+def vector_store(storage: Storage, plan: PoolerPlan) -> VectorStore:
     """Where the pooler's encoder keeps its document vectors, shared by every run of the build."""
-    return join(storage.root, STORE, plan.store_key)
+    assert plan.spec is not None and plan.kind in ("dense", "splade"), f"{plan.name}: no vectors"
+    return VectorStore(storage, plan.spec, plan.kind)
 
 
 def key_column(template: str) -> str:
@@ -53,14 +53,14 @@ def with_keys(docs: pa.Table, templates: Sequence[str]) -> pa.Table:
     reads two columns instead of re-deriving every text."""
     for template in dict.fromkeys(templates):
         text = doc_text(docs["title"], docs["abstract"], template)
-        docs = docs.append_column(key_column(template), content_keys(docs["corpus_id"], text))
+        docs = docs.append_column(key_column(template), text_keys(text, docs["corpus_id"]))
     return docs
 
 
 def texts_to_encode(batch: pa.Table, template: str, stored: pa.Array) -> pa.Table:
     """(corpus_id, key, text) of the DOCS rows whose key the store does not hold yet."""
     text = doc_text(batch["title"], batch["abstract"], template)
-    keys = content_keys(batch["corpus_id"], text)
+    keys = text_keys(text, batch["corpus_id"])
     table = pa.table({"corpus_id": batch["corpus_id"], "key": keys, "text": text})
     return table.filter(pc.invert(pc.is_in(keys, value_set=stored)))
 
@@ -69,12 +69,6 @@ def gather(ds: ray.data.Dataset, schema: pa.Schema) -> pa.Table:
     """A dataset's (small) output on the driver, as one table of `schema`."""
     tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
     return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
-
-
-def _stored_keys(storage: Storage, uri: str) -> pa.Array:
-    if not storage.exists(uri) or not storage.list_files(uri, (".parquet",)):
-        return pa.array([], pa.uint64())
-    return storage.read_parquet(uri, ["key"])["key"].combine_chunks()
 
 
 def encode_missing(
@@ -89,8 +83,8 @@ def encode_missing(
     column = key_column(plan.template)
     keys = storage.read_parquet(docs_uri, ["corpus_id", column]).rename_columns(KEYS.names)
     keys = keys.cast(KEYS)
-    store = store_uri(storage, plan)
-    stored = _stored_keys(storage, store)
+    store = vector_store(storage, plan)
+    stored = store.keys()
     todo = int(pc.sum(pc.invert(pc.is_in(keys["key"], value_set=stored))).as_py() or 0)
     if todo == 0:
         return keys, 0
@@ -113,15 +107,10 @@ def encode_missing(
         num_gpus=plan.num_gpus,
         resources=plan.resources,
     )
-    assert plan.spec is not None and plan.kind in ("dense", "splade")
-    encoded = encode_dataset(missing, plan.spec, plan.kind, options)
-    sloc = storage.resolve(store)
+    encoded = encode_dataset(missing, store.spec, store.kind, options)
+    sloc = storage.resolve(store.uri)
     encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)
     return keys, todo
-
-
-def _vector_columns(kind: str) -> list[str]:
-    return ["embedding"] if kind == "dense" else ["indices", "values"]
 
 
 def assemble_index(
@@ -138,15 +127,13 @@ def assemble_index(
     texts (`keys`), in search order. Runs as a Ray task, off the driver."""
     storage = Storage(storage_cfg)
     universe = Universe(storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"]))
-    store = store_uri(storage, plan)
-    table = storage.read_parquet(store, ["corpus_id", "key", *_vector_columns(plan.kind)])
-    table = table.filter(pc.is_in(table["key"], value_set=keys["key"].combine_chunks()))
-    _, first = np.unique(table["key"].to_numpy(), return_index=True)  # one row per text
-    table = table.take(pa.array(first))
+    store = vector_store(storage, plan)
+    columns = ["corpus_id", "key", *vector_columns(plan.kind)]
+    table = store.read(keys["key"].combine_chunks(), columns)  # one row per text
     positions = universe.positions(table["corpus_id"].to_numpy())
     if table.num_rows != len(universe) or (positions < 0).any():
         raise StorageError(
-            f"embedding store {store} holds {table.num_rows:,} of this universe's "
+            f"embedding store {store.uri} holds {table.num_rows:,} of this universe's "
             f"{len(universe):,} document texts; rerun pool (cpr build --stages pool --force)"
         )
     table = table.take(pa.array(np.argsort(positions)))

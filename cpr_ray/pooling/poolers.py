@@ -10,8 +10,6 @@ document texts) and its query encoder once, then answers SEARCH_QUERIES batches 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,7 +22,8 @@ from cpr_ray.config import PoolingConfig
 from cpr_ray.pooling.rules import doc_text
 from cpr_ray.pooling.schemas import GROUPS, HITS
 from cpr_ray.pooling.search import Hits, QueryBatch, Universe, exact_hits, index_hits
-from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.vector_store import store_key
 from cpr_ray.storage import Storage, StorageConfig, join
 
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
@@ -46,11 +45,9 @@ class PoolerPlan:
 
     @property
     def store_key(self) -> str:
-        """The embedding store's key: what changes a document's vector (the text itself is in
-        each row's key), so poolers that differ only in query settings share a store."""
-        assert self.spec is not None, f"{self.name}: bm25 keeps no vectors"
-        payload = {"kind": self.kind, **vector_identity(self.spec)}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        """The key of its vector store: poolers that differ only in query settings share one."""
+        assert self.spec is not None and self.kind != "bm25", f"{self.name}: keeps no vectors"
+        return store_key(self.spec, self.kind)
 
 
 def plans(cfg: PoolingConfig) -> list[PoolerPlan]:

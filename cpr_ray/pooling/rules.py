@@ -114,14 +114,6 @@ def topic_group(c_topics: pa.Array, q_topics: pa.Array, p_topics: pa.Array) -> p
     return duck.query(sql, pairs=pairs)["g"].combine_chunks()
 
 
-def content_keys(corpus_ids: pa.Array, texts: pa.Array) -> pa.Array:
-    """A uint64 key of (paper, exact text encoded): an embedding is reused only for the same
-    text, so a corrected abstract is encoded again. MD5-based, so stable across versions."""
-    t = pa.table({"id": corpus_ids, "text": texts})
-    sql = "SELECT md5_number_lower(id::VARCHAR || chr(0) || text) AS key FROM t"
-    return duck.query(sql, t=t)["key"].combine_chunks()
-
-
 def build_queries(positives: pa.Table, papers: pa.Table, depth: int) -> tuple[pa.Table, pa.Table]:
     """(queries, search queries): one query per (base paper, positive) of score-positives.
 

@@ -41,7 +41,7 @@ from cpr_ray.pooling.rules import (
     universe_docs,
 )
 from cpr_ray.pooling.schemas import CANDIDATES, DOCS, GROUPS, HITS, REJECTED
-from cpr_ray.retrieval.model_source import locate_model
+from cpr_ray.retrieval.model_source import locate
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
@@ -154,7 +154,7 @@ def _pool(
     pool_plans = plans(cfg)
     for plan in pool_plans:  # a wrong model name fails now, not in an encoder or search actor
         if plan.spec is not None:
-            locate_model(plan.spec.model, plan.spec.setting)
+            locate(plan.spec)
     names = [p.name for p in pool_plans]
     docs_uri = join(run.out, "docs")
     with phase("prepare"):

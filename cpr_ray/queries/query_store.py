@@ -1,68 +1,57 @@
-"""Query vectors for the Q-D metrics, kept across runs (``ROOT/_embeddings/queries-{key}/``).
+"""Query vectors for the Q-D metrics, kept across runs: the queries' side of the one vector store
+(`retrieval.vector_store`).
 
 synthesize-queries reports Dist-Sim of its set and of the build's queries on every run, and a
 nightly refresh reruns it with nearly every query unchanged (its answers come from the LLM
-cache): encoding them all again was most of that stage's time. Like the pooling store of
-document vectors, the store is keyed by what changes a vector (the model's files, the settings
-that change a vector, the query prefix) and each row by the exact text, so a run encodes only
-texts no earlier run encoded. It sits outside the run folders, so publishing never deletes it.
+cache): encoding them all again was most of that stage's time. The store is keyed by the spec's
+query identity (the model's files, the settings that change a vector, the query prefix) and
+each row by the exact text, so a run encodes only texts no earlier run encoded.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import uuid
-
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pds
 
-from cpr_ray.pooling.embeddings import STORE
 from cpr_ray.queries.qd_metrics import Embed, embed_once
-from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
-from cpr_ray.storage import Storage, join
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.vector_store import VectorStore, text_keys
+from cpr_ray.storage import Storage
 
-VECTORS = pa.schema([("text", pa.string()), ("embedding", pa.list_(pa.float32()))])
 
-
-def store_uri(storage: Storage, spec: EncoderSpec) -> str:
+def query_store(storage: Storage, spec: EncoderSpec) -> VectorStore:
     """Where the query vectors of `spec` live, shared by every run of the build."""
-    payload = {"side": "query", "query_prefix": spec.query_prefix, **vector_identity(spec)}
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-    return join(storage.root, STORE, f"queries-{key}")
+    return VectorStore(storage, spec, "dense", "queries")
 
 
 def stored(storage: Storage, spec: EncoderSpec, encode: Embed) -> Embed:
     """`encode` (query texts → rows of vectors) backed by the store: each distinct text is
     looked up once per process (`embed_once`), and only texts the store lacks are encoded and
     appended."""
-    uri = store_uri(storage, spec)
+    store = query_store(storage, spec)
 
     def fetched(texts: list[str]) -> np.ndarray:  # distinct texts, none asked before here
         if not texts:
             return encode([])
-        found = _read(storage, uri, texts)
-        missing = [t for t in texts if t not in found]
+        keys = text_keys(pa.array(texts, pa.string())).to_numpy()
+        rows = store.read(pa.array(keys), ["key", "embedding"])
+        found = dict(zip(rows["key"].to_numpy(), _vectors(rows["embedding"]), strict=True))
+        missing = [t for t, k in zip(texts, keys, strict=True) if k not in found]
         if missing:
             vectors = np.asarray(encode(missing), dtype=np.float32)
-            table = pa.table({"text": missing, "embedding": list(vectors)}, schema=VECTORS)
-            storage.write_parquet(table, join(uri, f"part-{uuid.uuid4().hex[:12]}.parquet"))
-            found.update(zip(missing, vectors, strict=True))
-        return np.stack([found[t] for t in texts])
+            new = text_keys(pa.array(missing, pa.string()))
+            flat = pa.array(vectors.reshape(-1))
+            embedding = pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])
+            store.append(pa.table({"key": new, "embedding": embedding}))
+            found.update(zip(new.to_numpy(), vectors, strict=True))
+        return np.stack([found[k] for k in keys])
 
     return embed_once(fetched)
 
 
-def _read(storage: Storage, uri: str, texts: list[str]) -> dict[str, np.ndarray]:
-    parts = [f.path for f in storage.list_files(uri, (".parquet",), missing_ok=True)]
-    if not parts:
-        return {}
-    loc = storage.resolve(uri)
-    ds = pds.dataset(parts, filesystem=loc.fs, format="parquet", schema=VECTORS)
-    rows = ds.to_table(filter=pds.field("text").isin(texts))
-    vectors = rows["embedding"].to_pylist()
-    return {
-        t: np.asarray(v, dtype=np.float32)
-        for t, v in zip(rows["text"].to_pylist(), vectors, strict=True)
-    }
+def _vectors(column: pa.ChunkedArray) -> np.ndarray:
+    """(n, d) float32 of a fixed-size list column; (0, 0) when empty."""
+    if len(column) == 0:
+        return np.zeros((0, 0), np.float32)
+    values = column.combine_chunks()
+    return values.flatten().to_numpy().reshape(len(values), -1).astype(np.float32, copy=False)

@@ -14,10 +14,11 @@ what sentence-transformers itself does with a plain transformers checkpoint. Tha
 ``config_sentence_transformers.json`` prompts are the instructions of a model no preset names
 (a model this package fine-tuned and saved with ``Encoder.save_sentence_transformers``, which
 writes that same format, so ``SentenceTransformer(path)`` loads it as it was trained). ``splade``
-loads the masked-LM head instead and pools it into a vocabulary-sized vector. Models load with
-``from_pretrained``: a local folder, or a hub name where the hub can be reached. A model whose
-architecture ships as its own Python code (``auto_map`` in its config, e.g. llama-embed-nemotron)
-loads only with ``trust_remote_code`` (``encoder.trust_remote_code``), which runs that code.
+loads the masked-LM head instead and pools it into a vocabulary-sized vector. Models load
+through the loader (``model_source``), with the spec's loading settings: a local folder, or a
+hub name where the hub can be reached. A model whose architecture ships as its own Python code
+(``auto_map`` in its config, e.g. llama-embed-nemotron) loads only with ``trust_remote_code``
+(``encoder.trust_remote_code``), which runs that code.
 
 :class:`DenseEncoder` and :class:`SpladeEncoder` encode lists of texts in batches with the query
 and document instructions of an :class:`~cpr_ray.retrieval.spec.EncoderSpec`. The spec is what
@@ -37,7 +38,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from cpr_ray.retrieval.model_source import LOAD_ERRORS, ModelError, locate_model, unloadable
+from cpr_ray.retrieval.model_source import ModelError, loading_errors, model_json, pretrained
 from cpr_ray.retrieval.spec import POOLINGS, EncoderSpec, preset
 from cpr_ray.retrieval.token_pooling import pool, splade_pool
 
@@ -56,24 +57,6 @@ ST_POOLING_FLAGS = {
 # what Encoder reproduces of a sentence-transformers pipeline (normalising is EncoderSpec's)
 ST_MODULES = ("Transformer", "Pooling", "Normalize")
 SORT_CHUNK = 8192  # texts tokenised and length-sorted together
-
-
-REMOTE_CODE_KEY = "encoder.trust_remote_code"
-
-
-def refuses_remote_code(exc: BaseException) -> bool:
-    """Whether `exc` is transformers refusing to run a model's own code (trust_remote_code
-    off): its ValueError asks for that argument."""
-    return isinstance(exc, ValueError) and "trust_remote_code" in str(exc)
-
-
-def remote_code_message(model: str) -> str:
-    """One line naming the setting that lets `model`'s own code run."""
-    return (
-        f"model {model} ships its own modelling code (auto_map in its config), which runs only "
-        f"with {REMOTE_CODE_KEY}=true (a pooler's: trust_remote_code in its encoder); set it "
-        "only for a model whose code you trust"
-    )
 
 
 def position_limits(backbone: nn.Module, tokenizer: Any) -> list[int]:
@@ -96,23 +79,6 @@ class SentenceTransformersConfig:
     document_prompt: str | None = None
 
 
-def _model_json(model: str, filename: str) -> Any | None:
-    """A JSON file of a local model folder or hub repository; None when it has no such file."""
-    folder = Path(model)
-    if folder.is_dir():
-        path = folder / filename
-        return json.loads(path.read_text()) if path.is_file() else None
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
-
-    try:
-        return json.loads(Path(hf_hub_download(model, filename)).read_text())
-    except LocalEntryNotFoundError:  # offline and never fetched: unknown, not absent
-        raise
-    except EntryNotFoundError:
-        return None
-
-
 def _st_pooling(model: str, config: Mapping[str, Any]) -> str:
     mode = config.get("pooling_mode")
     if mode is None:
@@ -127,13 +93,15 @@ def _st_pooling(model: str, config: Mapping[str, Any]) -> str:
     return ST_POOLINGS[mode]
 
 
-def read_sentence_transformers_config(model: str) -> SentenceTransformersConfig:
-    """The pooling and maximum length a sentence-transformers checkpoint declares.
+def read_sentence_transformers_config(spec: EncoderSpec) -> SentenceTransformersConfig:
+    """The pooling and maximum length the spec's model declares as a sentence-transformers
+    checkpoint.
 
     A module this encoder would not reproduce (a Dense projection, say) raises, since the
     embeddings would silently differ from the model's.
     """
-    modules = _model_json(model, "modules.json")
+    model = spec.model
+    modules = model_json(spec, "modules.json")
     if modules is None:
         return SentenceTransformersConfig()
     pooling = None
@@ -146,9 +114,9 @@ def read_sentence_transformers_config(model: str) -> SentenceTransformersConfig:
                 "(the transformer at the model's root)"
             )
         if kind == "Pooling":
-            pooling = _st_pooling(model, _model_json(model, f"{module['path']}/config.json") or {})
-    bert = _model_json(model, "sentence_bert_config.json") or {}
-    prompts = (_model_json(model, "config_sentence_transformers.json") or {}).get("prompts") or {}
+            pooling = _st_pooling(model, model_json(spec, f"{module['path']}/config.json") or {})
+    bert = model_json(spec, "sentence_bert_config.json") or {}
+    prompts = (model_json(spec, "config_sentence_transformers.json") or {}).get("prompts") or {}
     return SentenceTransformersConfig(
         pooling=pooling,
         max_seq_length=bert.get("max_seq_length"),
@@ -183,81 +151,47 @@ class Encoder(nn.Module):
         self.prompts = prompts
 
     @classmethod
-    def build(
-        cls,
-        model_name_or_path: str,
-        pooling: str = "auto",
-        *,
-        normalize: bool = True,
-        max_length: int = 512,
-        dtype: str = "float32",
-        trust_remote_code: bool = False,
-        setting: str = "encoder.model",
-    ) -> Encoder:
-        """A trainable encoder: train mode, gradients on every parameter. `trust_remote_code`
-        runs the model's own code, for a model whose architecture ships as code; `setting` is
-        the config key that named the model, for the error a wrong name gives."""
-        enc = cls._from_pretrained(
-            model_name_or_path, pooling, normalize, max_length, dtype, trust_remote_code, setting
-        )
-        return enc.train()
+    def build(cls, model: EncoderSpec | str, pooling: str | None = None, **fields: Any) -> Encoder:
+        """A trainable encoder (train mode, gradients on every parameter) of `model`: a spec,
+        or a model name with the spec's `fields` (max_length, dtype, trust_remote_code, …).
+        `pooling` overrides the spec's; ``splade`` loads the masked-LM head instead. The spec's
+        device is for `load`: a trainable encoder stays where it loads (the CPU)."""
+        spec, splade = _spec_of(model, pooling, fields)
+        return cls._from_pretrained(spec, splade).train()
 
     @classmethod
-    def load(
-        cls, model_name_or_path: str, pooling: str = "auto", *, device: str = "cpu", **options: Any
-    ) -> Encoder:
-        """An encoder for inference: eval mode, no gradients, on `device` (auto: CUDA where
-        there is a GPU, else CPU); `options` as for `build`."""
-        enc = cls.build(model_name_or_path, pooling, **options)
+    def load(cls, model: EncoderSpec | str, pooling: str | None = None, **fields: Any) -> Encoder:
+        """An encoder for inference: eval mode, no gradients, on the spec's device (auto: CUDA
+        where there is a GPU, else CPU; a model name without `device` in `fields`: the CPU);
+        `model`, `pooling` and `fields` as for `build`."""
+        if not isinstance(model, EncoderSpec):
+            fields.setdefault("device", "cpu")
+        spec, splade = _spec_of(model, pooling, fields)
+        enc = cls._from_pretrained(spec, splade)
         enc.requires_grad_(False)
+        device = spec.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         return enc.to(device).eval()
 
     @classmethod
-    def _from_pretrained(
-        cls,
-        model: str,
-        pooling: str,
-        normalize: bool,
-        max_length: int,
-        dtype: str,
-        trust_remote_code: bool = False,
-        setting: str = "encoder.model",
-    ) -> Encoder:
-        from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
-
-        if pooling not in ("auto", *ENCODER_POOLINGS):
-            raise ValueError(
-                f"unknown pooling {pooling!r}; known: auto, {', '.join(ENCODER_POOLINGS)}"
-            )
-        locate_model(model, setting)
-        # always a bool: None would have transformers prompt for it on the terminal
-        remote = {"trust_remote_code": bool(trust_remote_code)}
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model, **remote)
-            prompts: tuple[str | None, str | None] = (None, None)
-            if pooling == "splade":
-                backbone = AutoModelForMaskedLM.from_pretrained(model, dtype=dtype, **remote)
-            else:
-                st = read_sentence_transformers_config(model)
-                if pooling == "auto":
-                    named = preset(model)
-                    pooling = st.pooling or (named[0] if named else "mean")
-                max_length = min(max_length, st.max_seq_length or max_length)
-                prompts = (st.query_prompt, st.document_prompt)
-                backbone = AutoModel.from_pretrained(model, dtype=dtype, **remote)
-        except ValueError as exc:
-            if not trust_remote_code and refuses_remote_code(exc):
-                raise ModelError(remote_code_message(model)) from None
-            raise
-        except LOAD_ERRORS as exc:
-            raise unloadable(model, setting, exc) from None
+    def _from_pretrained(cls, spec: EncoderSpec, splade: bool) -> Encoder:
+        tokenizer, backbone = pretrained(spec, masked_lm=splade)
+        pooling, max_length = ("splade" if splade else spec.pooling), spec.max_length
+        prompts: tuple[str | None, str | None] = (None, None)
+        if not splade:
+            with loading_errors(spec):
+                st = read_sentence_transformers_config(spec)
+            if pooling == "auto":
+                named = preset(spec.model)
+                pooling = st.pooling or (named[0] if named else "mean")
+            max_length = min(max_length, st.max_seq_length or max_length)
+            prompts = (st.query_prompt, st.document_prompt)
         return cls(
             backbone,
             tokenizer,
             pooling,
-            normalize=normalize,
+            normalize=spec.normalize,
             max_length=min([max_length, *position_limits(backbone, tokenizer)]),
             prompts=prompts,
         )
@@ -354,6 +288,17 @@ def batch_bounds(
     return bounds
 
 
+def _spec_of(
+    model: EncoderSpec | str, pooling: str | None, fields: dict[str, Any]
+) -> tuple[EncoderSpec, bool]:
+    """The spec `Encoder.build` and `Encoder.load` load, and whether as SPLADE."""
+    splade = pooling == "splade"
+    spec = (
+        replace(model, **fields) if isinstance(model, EncoderSpec) else EncoderSpec(model, **fields)
+    )
+    return (replace(spec, pooling=pooling) if pooling and not splade else spec), splade
+
+
 def with_model_prompts(spec: EncoderSpec, prompts: tuple[str | None, str | None]) -> EncoderSpec:
     """Unset instructions from the (query, document) prompts the model was saved with.
 
@@ -368,6 +313,19 @@ def with_model_prompts(spec: EncoderSpec, prompts: tuple[str | None, str | None]
         spec,
         query_prefix=query if spec.query_prefix is None else spec.query_prefix,
         doc_prefix=document if spec.doc_prefix is None else spec.doc_prefix,
+    )
+
+
+def with_instructions(spec: EncoderSpec) -> EncoderSpec:
+    """The spec with the query and document prefixes it encodes with, chosen exactly as a
+    `DenseEncoder` chooses them (set, the model's saved prompts, its preset, else none): what
+    training trains with and saves into its model. Its pooling stays as set."""
+    if preset(spec.model) is None and (spec.query_prefix is None or spec.doc_prefix is None):
+        st = read_sentence_transformers_config(spec)
+        spec = with_model_prompts(spec, (st.query_prompt, st.document_prompt))
+    resolved = spec.resolved()
+    return replace(
+        spec, query_prefix=resolved.query_prefix or "", doc_prefix=resolved.doc_prefix or ""
     )
 
 
@@ -429,16 +387,7 @@ class DenseEncoder(_TextEncoder):
 
     def __init__(self, spec: EncoderSpec) -> None:
         _torch_threads(spec)
-        model = Encoder.load(
-            spec.model,
-            spec.pooling,
-            normalize=spec.normalize,
-            max_length=spec.max_length,
-            dtype=spec.dtype,
-            device=spec.device,
-            trust_remote_code=spec.trust_remote_code,
-            setting=spec.setting,
-        )
+        model = Encoder.load(spec)
         spec = with_model_prompts(spec, model.prompts)
         super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
 
@@ -463,16 +412,7 @@ class SpladeEncoder(_TextEncoder):
     def __init__(self, spec: EncoderSpec) -> None:
         spec = replace(spec, query_prefix=spec.query_prefix or "", doc_prefix=spec.doc_prefix or "")
         _torch_threads(spec)
-        model = Encoder.load(
-            spec.model,
-            "splade",
-            max_length=spec.max_length,
-            dtype=spec.dtype,
-            device=spec.device,
-            trust_remote_code=spec.trust_remote_code,
-            setting=spec.setting,
-        )
-        super().__init__(spec, model)
+        super().__init__(spec, Encoder.load(spec, "splade"))
 
     def encode_queries(self, texts: Sequence[str]) -> sp.csr_matrix:
         return self._encode([self.spec.query_prefix + t for t in texts])

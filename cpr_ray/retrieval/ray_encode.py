@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import scipy.sparse as sp
 
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
-from cpr_ray.retrieval.model_source import locate_model
+from cpr_ray.retrieval.model_source import locate
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage, StorageConfig, join
 
@@ -125,7 +125,7 @@ def encode_dataset(
 
     # here, on the driver: an actor whose model cannot load is restarted by Ray Data, again and
     # again, where this is one line before any actor starts
-    locate_model(spec.model, spec.setting)
+    locate(spec)
     return ds.map_batches(
         EncodeDocs,
         fn_constructor_kwargs={"spec": spec, "kind": kind, "parts": parts},

@@ -11,6 +11,7 @@ hub name gets the prompt it was trained with; an empty string means "no prefix".
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -66,6 +67,9 @@ class EncoderSpec:
     # run the model repository's own code (transformers' trust_remote_code): how the model
     # loads, not what it computes, so not among VECTOR_KEYS
     trust_remote_code: bool = False
+    # a hub model's revision (branch, tag or commit): which weights, so part of the vector
+    # identity when set; a model folder ignores it
+    revision: str | None = None
     # the config key that named the model, for the one line a wrong name gives (not part of
     # what the spec is: two specs differing only in it are equal)
     setting: str = field(default="encoder.model", compare=False)
@@ -99,9 +103,18 @@ class EncoderSpec:
                 "device": enc.device,
                 "dtype": enc.dtype,
                 "trust_remote_code": enc.trust_remote_code,
+                "revision": enc.revision,
                 **overrides,
             }
         )
+
+    @property
+    def loading(self) -> dict[str, Any]:
+        """The loading settings as transformers' ``from_pretrained`` takes them (the loader,
+        ``model_source``, passes them to every read of the model's files)."""
+        # always a bool: None would have transformers prompt for it on the terminal
+        pin = {"revision": self.revision} if self.revision else {}
+        return {"trust_remote_code": bool(self.trust_remote_code), **pin}
 
     def resolved(self) -> EncoderSpec:
         """Fill unset pooling/prefixes from the preset matching the model name, if any.
@@ -147,15 +160,63 @@ def model_fingerprint(model: str) -> str:
     return digest.hexdigest()
 
 
+# Every identity of an encoder derives from its spec here: the vectors it makes (documents and
+# queries), the key of a store of them, and the encoder of a training run.
+
+
 def vector_identity(spec: EncoderSpec) -> dict[str, Any]:
     """Which vectors a spec makes: its settings that change a document's vector and the
-    fingerprint of the model's files. Cached vectors (the pooling embedding store, the search
-    index) are keyed by it, so retraining into the same folder never serves stale vectors."""
+    fingerprint of the model's files. Cached vectors (the vector store, the search index) are
+    keyed by it, so retraining into the same folder never serves stale vectors."""
     settings = asdict(spec)
+    # a revision only when pinned: identities made before the setting existed stay valid
+    pin = {"revision": spec.revision} if spec.revision else {}
     return {
         **{k: settings[k] for k in VECTOR_KEYS},
+        **pin,
         "fingerprint": model_fingerprint(spec.model),
     }
+
+
+def query_identity(spec: EncoderSpec) -> dict[str, Any]:
+    """Which query vectors a spec makes: its documents' identity and the query instruction (the
+    search index's manifest keeps it, and a reader encodes its queries as it says)."""
+    return {**vector_identity(spec), "query_prefix": spec.query_prefix}
+
+
+# how a spec runs, not what it computes: a reader of stored vectors runs them its own way
+OPERATIONAL = ("batch_size", "device", "threads", "token_budget", "trust_remote_code")
+
+
+def with_identity(identity: dict[str, Any], reader: EncoderSpec, setting: str) -> EncoderSpec:
+    """The spec that makes the vectors `identity` (a `query_identity`, as an index's manifest
+    keeps it) describes, run as `reader` says: its device, batch size and operational loading
+    settings, never the identity's (reading an index runs no model code its reader has not
+    allowed). `setting` names where the identity came from."""
+    fields = {k: v for k, v in identity.items() if k != "fingerprint"}
+    run = {k: getattr(reader, k) for k in OPERATIONAL}
+    return EncoderSpec(**fields, **run, setting=setting)
+
+
+def identity_key(identity: dict[str, Any]) -> str:
+    """A short stable key of an identity (a store's folder name, a training run's identity)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_identity(spec: EncoderSpec, **context: Any) -> str:
+    """What a resumed training run must share with the run it resumes: the encoder it trains
+    (the model, its pooling as configured, the weights' dtype and the instructions it is trained
+    with) and `context` (the data, the training maths). The loading settings are left out: they
+    say how the model loads, not what it computes, so a resume may change them."""
+    return identity_key(
+        {
+            "model": spec.model,
+            "pooling": spec.pooling,
+            "dtype": spec.dtype,
+            "prefixes": [spec.query_prefix, spec.doc_prefix],
+            **context,
+        }
+    )
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from cpr_ray.command_line import (
 )
 from cpr_ray.errors import InputError, UserError
 from cpr_ray.queries.judges import format_transfer_path
+from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage
 
 
@@ -193,12 +194,8 @@ def search_command(
                 hybrid=hybrid,
             )
             _quiet_model_loading()
-            idx = SearchIndex.load(
-                storage,
-                str(cfg.search.index),
-                device=cfg.encoder.device,
-                trust_remote_code=cfg.encoder.trust_remote_code,
-            )
+            reader = EncoderSpec.from_config(cfg.encoder)
+            idx = SearchIndex.load(storage, str(cfg.search.index), reader)
             results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
         except UserError as exc:
             fail(exc)
@@ -257,7 +254,8 @@ def serve_command(
         cfg = command_config(profile, config, set_, flags)
         # here, not in the replicas: a wrong path, or an index whose model has gone, is one
         # line, not a failed deployment
-        query_encoder_spec(require_index(Storage(cfg.storage), str(cfg.search.index)), index)
+        manifest = require_index(Storage(cfg.storage), str(cfg.search.index))
+        query_encoder_spec(manifest, index, EncoderSpec.from_config(cfg.encoder))
         run_locally(cfg)
     except UserError as exc:
         fail(exc)

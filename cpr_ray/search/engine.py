@@ -30,8 +30,8 @@ from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.retrieval.base import top_k_rows
 from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
 from cpr_ray.retrieval.index import VectorIndex
-from cpr_ray.retrieval.model_source import locate_model
-from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.model_source import locate
+from cpr_ray.retrieval.spec import EncoderSpec, with_identity
 from cpr_ray.search.index import require_index
 from cpr_ray.storage import Storage, StorageError, join
 
@@ -98,11 +98,16 @@ def majority_field(fields: Sequence[str | None], scores: Sequence[float]) -> str
     return max(count, key=lambda f: (count[f], weight[f]))
 
 
-def query_encoder_spec(manifest: dict[str, Any], uri: str, **options: Any) -> EncoderSpec:
-    """How the index at `uri` encodes queries: its manifest's encoder record, with the reader's
-    `options` (device, batch size, trust_remote_code). Its model is located now, so an index
-    whose model folder has gone is one line before anything loads (`cpr search`, and `cpr
-    serve` before a replica starts)."""
+# a searcher with no `encoder:` settings of its own: the CPU, the spec's defaults
+CPU_READER = EncoderSpec(model="", device="cpu")
+
+
+def query_encoder_spec(manifest: dict[str, Any], uri: str, reader: EncoderSpec) -> EncoderSpec:
+    """How the index at `uri` encodes queries: its manifest's encoder record (the
+    `query_identity` of the spec it was built with), run as the `reader`'s spec says (device,
+    batch size, loading settings). Its model is located now, so an index whose model folder has
+    gone is one line before anything loads (`cpr search`, and `cpr serve` before a replica
+    starts)."""
     enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
     unknown = sorted(set(enc) - {f.name for f in fields(EncoderSpec)})
     if unknown or "model" not in enc:
@@ -110,8 +115,8 @@ def query_encoder_spec(manifest: dict[str, Any], uri: str, **options: Any) -> En
             f"{uri}: its index.json records an encoder this version cannot read (keys "
             f"{', '.join(unknown) or 'without model'}): rebuild the index with this cpr index"
         )
-    spec = EncoderSpec(**enc, **options, setting=f"the model of the index {uri} (index.json)")
-    locate_model(spec.model, spec.setting)
+    spec = with_identity(enc, reader, f"the model of the index {uri} (index.json)")
+    locate(spec)
     return spec
 
 
@@ -137,22 +142,13 @@ class SearchIndex:
         self._masks: dict[tuple, np.ndarray | None] = {}
 
     @classmethod
-    def load(
-        cls,
-        storage: Storage,
-        uri: str,
-        *,
-        device: str = "cpu",
-        batch_size: int = 32,
-        trust_remote_code: bool = False,
-    ) -> SearchIndex:
+    def load(cls, storage: Storage, uri: str, reader: EncoderSpec = CPU_READER) -> SearchIndex:
         """The index at `uri`; its queries are encoded as its manifest's encoder record says,
-        the model loaded on `device` (`trust_remote_code`: the searcher's own setting, never
-        the index's, so reading an index runs no code its reader has not allowed)."""
+        run as the `reader`'s spec says (the searcher's `encoder:` section: device, batch size,
+        loading settings: the searcher's own, never the index's, so reading an index runs no
+        code its reader has not allowed)."""
         manifest = require_index(storage, uri)
-        spec = query_encoder_spec(
-            manifest, uri, device=device, batch_size=batch_size, trust_remote_code=trust_remote_code
-        )
+        spec = query_encoder_spec(manifest, uri, reader)
         docs = storage.read_parquet(join(uri, manifest["docs"]))
         shards = [VectorIndex.load(storage, join(uri, s["path"])) for s in manifest["shards"]]
         bm25 = None

@@ -46,9 +46,9 @@ from cpr_ray import leases
 from cpr_ray.config import Config, EncoderConfig, SearchConfig
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.retrieval.index import VECTORS, factory_for, save_vector_chunks
-from cpr_ray.retrieval.model_source import locate_model
+from cpr_ray.retrieval.model_source import locate
 from cpr_ray.retrieval.ray_encode import PartsTarget, RayEncodeOptions, encode_dataset
-from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, vector_identity
+from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, query_identity
 from cpr_ray.search.documents import Documents, content_hashes, load_documents
 from cpr_ray.storage import Storage, join
 
@@ -60,12 +60,6 @@ GENERATION = re.compile(r"g\d{4}")
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 progress_console = Console(stderr=True)
-
-
-def encoder_record(spec: EncoderSpec) -> dict[str, Any]:
-    """What decides the index's vectors and its queries' (device and batch size do not), as the
-    manifest keeps it."""
-    return {**vector_identity(spec), "query_prefix": spec.query_prefix}
 
 
 def read_manifest(storage: Storage, uri: str) -> dict[str, Any] | None:
@@ -273,8 +267,9 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
         docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
     if docs_in.table.num_rows == 0:
         raise InputError(f"{docs_in.uri} holds no documents: nothing to index")
-    locate_model(spec.model, spec.setting)  # before Ray starts: a typo is one line at once
-    record = encoder_record(spec)
+    locate(spec)  # before Ray starts: a typo is one line at once
+    # what decides the index's vectors and its queries' (device and batch size do not)
+    record = query_identity(spec)
     previous = read_manifest(storage, out_uri)
     prev_docs = None
     reason = "new index"

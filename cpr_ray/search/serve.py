@@ -279,6 +279,7 @@ def build_app(cfg: Config):
     )
     class SearchReplica:
         def __init__(self, config: str) -> None:
+            from cpr_ray.retrieval.spec import EncoderSpec
             from cpr_ray.search.engine import SearchIndex
             from cpr_ray.storage import Storage
 
@@ -286,8 +287,7 @@ def build_app(cfg: Config):
             self.index = SearchIndex.load(
                 Storage(self.cfg.storage),
                 str(self.cfg.search.index),
-                device=self.cfg.encoder.device,
-                trust_remote_code=self.cfg.encoder.trust_remote_code,
+                EncoderSpec.from_config(self.cfg.encoder),
             )
             self.index.encode(["warm-up"])  # the model loads before the first request
 

@@ -40,10 +40,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from cpr_ray.errors import ConfigError, InputError
+from cpr_ray.errors import ConfigError, InputError, UserError
 
 if TYPE_CHECKING:
     from cpr_ray.config import Config, LoRAConfig, TrainConfig
+    from cpr_ray.retrieval.spec import EncoderSpec
 
 Device = Literal["cuda", "cpu"]
 STRATEGIES = ("ddp", "fsdp")
@@ -102,38 +103,12 @@ def model_name(model: str) -> str:
     return f"{path.parent.name}/{path.name}"
 
 
-def load_model_config(model: str, *, trust_remote_code: bool = False) -> Any:
-    """The model's transformers config (its config.json only); ModelError naming the model and
-    encoder.model when it cannot be found or read, ConfigError naming encoder.trust_remote_code
-    when its config is the model's own code and `trust_remote_code` is off (with it on, that
-    code runs)."""
-    from transformers import AutoConfig
-
-    from cpr_ray.retrieval.encoder import refuses_remote_code, remote_code_message
-    from cpr_ray.retrieval.model_source import LOAD_ERRORS, locate_model, unloadable
-
-    if locate_model(model, "encoder.model") == "folder":
-        model = str(Path(model).expanduser())
-    try:
-        return AutoConfig.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
-    except ValueError as exc:
-        if not trust_remote_code and refuses_remote_code(exc):
-            raise ConfigError(remote_code_message(model)) from None
-        raise unloadable(model, "encoder.model", exc) from None
-    except LOAD_ERRORS as exc:
-        raise unloadable(model, "encoder.model", exc) from None
-
-
-def architecture(
-    config: Any, name: str, pooling: str = "auto", *, trust_remote_code: bool = False
-) -> Architecture:
-    """The model as `Encoder.build` would load it (AutoModel; the masked-LM model for SPLADE),
-    built on the meta device: exact shapes, no memory. `trust_remote_code`: build a model whose
-    architecture is its own code (the config's auto_map) with that code."""
+def architecture(config: Any, name: str, spec: EncoderSpec) -> Architecture:
+    """The model as `Encoder.build` loads the spec's model (AutoModel), built on the meta device
+    from its transformers `config` (``model_source.model_config``): exact shapes, no memory."""
     import torch
-    from transformers import AutoModel, AutoModelForMaskedLM
 
-    from cpr_ray.retrieval.encoder import refuses_remote_code, remote_code_message
+    from cpr_ray.retrieval.model_source import meta_model
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     try:
@@ -146,13 +121,11 @@ def architecture(
         ) from None
     kv_heads = getattr(text, "num_key_value_heads", None)
     head_dim = getattr(text, "head_dim", None) or hidden // heads
-    builder = AutoModelForMaskedLM if pooling == "splade" else AutoModel
     try:
-        with torch.device("meta"):
-            model = builder.from_config(config, trust_remote_code=bool(trust_remote_code))
+        model = meta_model(spec, config, name)
     except (ValueError, KeyError, TypeError) as exc:
-        if not trust_remote_code and refuses_remote_code(exc):
-            raise ConfigError(remote_code_message(name)) from None
+        if isinstance(exc, UserError):  # the setting that lets the model's own code run
+            raise
         raise InputError(
             f"model {name}: transformers cannot build it from its config ({exc})"
         ) from None
@@ -166,7 +139,7 @@ def architecture(
         raise InputError(f"model {name}: no list of {layers} transformer blocks found in it")
     block = blocks[0]
     block_names = {n for n, _ in block.named_modules()}
-    output = model.get_output_embeddings()  # SPLADE's vocabulary head: all-linear skips it
+    output = model.get_output_embeddings()  # a vocabulary head, where one is: never adapted
     linears = tuple(
         (n, m.in_features, m.out_features)
         for n, m in model.named_modules()
@@ -558,53 +531,60 @@ def advice(plan: MemoryPlan) -> str:
     return "use more workers (train.workers) with train.strategy=fsdp, or GPUs with more memory"
 
 
-def token_limit(model: str, pooling: str) -> int | None:
+def token_limit(spec: EncoderSpec) -> int | None:
     """The length a sentence-transformers model was trained at (its max_seq_length), which
-    `Encoder.build` caps train.max_length at; None where the model names none (or SPLADE)."""
-    if pooling == "splade":
-        return None
+    `Encoder.build` caps train.max_length at; None where the model names none."""
     from cpr_ray.retrieval.encoder import read_sentence_transformers_config
 
     try:
-        return read_sentence_transformers_config(model).max_seq_length
+        return read_sentence_transformers_config(spec).max_seq_length
     except (OSError, ValueError):  # unreadable: plan for train.max_length, the larger
         return None
+
+
+def spec_plan(
+    spec: EncoderSpec,
+    train: TrainConfig,
+    *,
+    negatives: int | None = None,
+    device: Device = "cuda",
+) -> MemoryPlan:
+    """The plan of training the spec's model (its pooling, weights' dtype and loading
+    settings) as `train` says."""
+    from cpr_ray.retrieval.model_source import model_config
+
+    arch = architecture(model_config(spec), model_name(spec.model), spec)
+    limit = token_limit(spec)
+    return plan_memory(
+        arch,
+        train,
+        weight_dtype=spec.dtype,
+        negatives=negatives,
+        device=device,
+        max_length=min(train.max_length, limit or train.max_length),
+    )
 
 
 def config_plan(
     cfg: Config, *, negatives: int | None = None, device: Device = "cuda"
 ) -> MemoryPlan:
-    """The plan of a whole config: its model (encoder.model), pooling, weights' dtype and train."""
+    """The plan of a whole config: its encoder (encoder.model) trained as train says."""
+    from cpr_ray.retrieval.spec import EncoderSpec
+
     cfg.require("encoder.model")
-    model = cfg.encoder.model
-    assert model is not None
-    remote = cfg.encoder.trust_remote_code
-    arch = architecture(
-        load_model_config(model, trust_remote_code=remote),
-        model_name(model),
-        cfg.encoder.pooling,
-        trust_remote_code=remote,
-    )
-    limit = token_limit(model, cfg.encoder.pooling)
-    return plan_memory(
-        arch,
-        cfg.train,
-        weight_dtype=cfg.encoder.dtype,
-        negatives=negatives,
-        device=device,
-        max_length=min(cfg.train.max_length, limit or cfg.train.max_length),
-    )
+    spec = EncoderSpec.from_config(cfg.encoder)
+    return spec_plan(spec, cfg.train, negatives=negatives, device=device)
 
 
-def check_plan_fits(cfg: Config, *, negatives: int | None = None) -> None:
+def check_plan_fits(spec: EncoderSpec, train: TrainConfig, *, negatives: int | None = None) -> None:
     """Stop a GPU run whose plan does not fit its GPUs before Ray Train starts: a ConfigError of
     one line naming the setting to change. CPU runs are not checked against GPU memory.
 
     `negatives`: the most hard negatives a query has in the data read (None: train.negatives,
     else the plan's assumption)."""
-    if not cfg.train.use_gpu:
+    if not train.use_gpu:
         return
-    plan = config_plan(cfg, negatives=negatives)
+    plan = spec_plan(spec, train, negatives=negatives)
     if plan.configured_fits:
         return
     configured = f"train.strategy={plan.strategy}" + (

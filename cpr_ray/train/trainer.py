@@ -10,17 +10,8 @@ the step it stopped at, on the same batches, and the dropout of each step is see
 
 Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``):
 
-- ``run/checkpoint_*/``: Ray Train checkpoints, the newest ``train.keep_checkpoints``. Under
-  ``train.strategy: ddp``: ``model/`` in sentence-transformers form and ``state.pt`` (optimiser,
-  schedule, step, metrics so far, and the size of each model file). Under ``fsdp``:
-  ``sharded/``, a ``torch.distributed.checkpoint`` of the model and optimiser state
-  (``__<rank>_0.distcp`` from each worker, ``.metadata`` the index), written by every worker
-  into one folder (Ray Train merges the workers' reports), and ``state.pt`` (schedule, step,
-  metrics, the size of every worker's files). With ``train.lora`` (``lora.py``) a checkpoint
-  holds the adapters, never the base weights: ``adapter/`` (peft's
-  ``adapter_model.safetensors`` and ``adapter_config.json``) in place of ``model/`` (ddp), or
-  only the adapters' slices and optimiser state in ``sharded/`` (fsdp); a restart loads the
-  base model (``encoder.model``) again, adds the adapters and loads theirs;
+- ``run/checkpoint_*/``: Ray Train checkpoints, the newest ``train.keep_checkpoints``: the model
+  (or a LoRA run's adapters, or fsdp's sharded state) and ``state.pt`` (``checkpoints.py``);
 - ``metrics.jsonl``: one line per step (loss, in-batch accuracy, lr, grad norm, pairs/s), written
   with every checkpoint; rank 0 also prints each step as it ends;
 - ``model/``: the final model, which ``SentenceTransformer(path)`` loads and ``cpr eval
@@ -32,17 +23,14 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
 
 Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
 one run a failed worker group (a lost node) restarts from it up to ``train.max_failures``
-times (`_newest_checkpoint` says why storage, not Ray Train's registry, decides which). A
-sharded run's final ``model/`` is gathered whole on rank 0 and saved as a DDP run's is.
+times (`checkpoints.newest_checkpoint` says why storage, not Ray Train's registry, decides
+which). A sharded run's final ``model/`` is gathered whole on rank 0 and saved as a DDP run's is.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
-import posixpath
 import resource
 import signal
 import tempfile
@@ -51,28 +39,30 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 
 from cpr_ray import leases
-from cpr_ray.config import Config, EncoderConfig, TrainConfig
+from cpr_ray.config import Config, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
-from cpr_ray.retrieval.encoder import (
-    Encoder,
-    read_sentence_transformers_config,
-    refuses_remote_code,
-    remote_code_message,
-    with_model_prompts,
-)
-from cpr_ray.retrieval.model_source import LOAD_ERRORS, locate_model, unloadable
-from cpr_ray.retrieval.spec import EncoderSpec, preset
+from cpr_ray.retrieval.encoder import Encoder, with_instructions
+from cpr_ray.retrieval.model_source import model_config
+from cpr_ray.retrieval.spec import EncoderSpec, run_identity
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.train.checkpoints import (
+    ADAPTER_DIR,
+    METRICS_FILE,
+    MODEL_DIR,
+    RUN_NAME,
+    SHARDED_DIR,
+    newest_checkpoint,
+    save_checkpoint,
+    upload,
+)
 from cpr_ray.train.data import read_examples
 from cpr_ray.train.examples import DataOptions, fingerprint
 from cpr_ray.train.lora import (
@@ -80,17 +70,14 @@ from cpr_ray.train.lora import (
     load_adapter,
     load_trainable_state,
     merge,
-    save_adapter,
 )
 from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.memory_plan import check_plan_fits
 from cpr_ray.train.model_card import device_name, write_training_card
 from cpr_ray.train.sharding import (
-    METADATA_FILE,
     FetchingReader,
     full_state_dict,
     load_sharded,
-    save_sharded,
     shard,
 )
 from cpr_ray.train.step import (
@@ -104,11 +91,8 @@ from cpr_ray.train.step import (
     optimizer_for,
 )
 
-RUN_NAME = "run"  # Ray Train's run folder under OUT: the same name resumes
-EXAMPLES_FILE, RUN_FILE, METRICS_FILE = "examples.parquet", "run.json", "metrics.jsonl"
-WORKERS_FILE, SUMMARY_FILE, MODEL_DIR = "workers.json", "train.json", "model"
-# in a checkpoint; sharded/: fsdp's state; adapter/: a LoRA run's adapters (ddp)
-STATE_FILE, SHARDED_DIR, ADAPTER_DIR = "state.pt", "sharded", "adapter"
+EXAMPLES_FILE, RUN_FILE = "examples.parquet", "run.json"
+WORKERS_FILE, SUMMARY_FILE = "workers.json", "train.json"
 # train keys that change how a run is carried out, not what it computes: a resumed run may
 # change them
 OPERATIONAL = {
@@ -132,11 +116,9 @@ StepHook = Callable[[int, int], None]
 class TrainPlan:
     """Everything a worker needs, as plain values (it travels to the Ray Train workers)."""
 
-    model: str
-    pooling: str
-    query_prefix: str
-    doc_prefix: str
-    dtype: str
+    # the encoder trained: the base model, its pooling as configured, the weights' dtype, the
+    # loading settings, train.max_length, and the instructions it trains with and saves
+    spec: EncoderSpec
     out: str
     storage: StorageConfig
     train: TrainConfig
@@ -144,66 +126,18 @@ class TrainPlan:
     negatives: int  # hard-negative slots per query (the most any query has)
     steps_per_epoch: int
     total_steps: int  # steps this run trains (train.max_steps caps the schedule's)
-    trust_remote_code: bool = False  # encoder.trust_remote_code: run the model's own code
 
     @property
     def schedule_steps(self) -> int:
         return self.steps_per_epoch * self.train.epochs
 
-    def encoder(self, path: str) -> Encoder:
+    @property
+    def prefixes(self) -> tuple[str, str]:
+        return self.spec.query_prefix or "", self.spec.doc_prefix or ""
+
+    def encoder(self, path: str | None = None) -> Encoder:
         """The model at `path` (the base, or a checkpoint's) as this run trains it."""
-        return Encoder.build(
-            path,
-            self.pooling,
-            max_length=self.train.max_length,
-            dtype=self.dtype,
-            trust_remote_code=self.trust_remote_code,
-        )
-
-
-def check_model(model: str, *, trust_remote_code: bool = False) -> None:
-    """A model that cannot be found fails now, naming it, not after the workers started; so
-    does one whose own code `trust_remote_code` (encoder.trust_remote_code) does not allow."""
-    if locate_model(model, "encoder.model") == "folder":
-        config = Path(model).expanduser() / "config.json"
-        # a folder is read now only where it names its own code (auto_map): may that code run?
-        if trust_remote_code or "auto_map" not in config.read_text():
-            return
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(model, trust_remote_code=bool(trust_remote_code))
-    except ValueError as exc:
-        if not trust_remote_code and refuses_remote_code(exc):
-            raise ConfigError(remote_code_message(model)) from None
-        raise
-    except LOAD_ERRORS as exc:
-        raise unloadable(model, "encoder.model", exc) from None
-
-
-def instructions(model: str, encoder: EncoderConfig) -> tuple[str, str]:
-    """The query and document prefixes, chosen exactly as evaluation chooses them."""
-    spec = EncoderSpec.from_config(encoder, model)
-    if preset(model) is None and (encoder.query_prefix is None or encoder.doc_prefix is None):
-        st = read_sentence_transformers_config(model)
-        spec = with_model_prompts(spec, (st.query_prompt, st.document_prompt))
-    resolved = spec.resolved()
-    return resolved.query_prefix or "", resolved.doc_prefix or ""
-
-
-def run_identity(cfg: Config, examples_digest: str, prefixes: tuple[str, str]) -> str:
-    """What a resumed run must share with the run it resumes: data, model and the maths."""
-    payload = {
-        "examples": examples_digest,
-        "model": cfg.encoder.model,
-        "pooling": cfg.encoder.pooling,
-        "dtype": cfg.encoder.dtype,
-        # encoder.trust_remote_code is left out: it says whether the model's code may run, not
-        # what the model computes (the same model either way), so a resume may set it
-        "prefixes": prefixes,
-        "train": cfg.train.model_dump(mode="json", exclude=OPERATIONAL),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        return Encoder.build(replace(self.spec, model=path) if path else self.spec)
 
 
 def _peak_memory_mb() -> float:
@@ -215,101 +149,6 @@ def _peak_memory_mb() -> float:
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
-
-
-def _upload(storage: Storage, local: str, uri: str) -> None:
-    storage.make_dirs(uri)
-    loc = storage.resolve(uri)
-    pafs.copy_files(local, loc.path, destination_filesystem=loc.folderless_fs())
-
-
-def _download(storage: Storage, uri: str, local: str) -> None:
-    """A file or a folder from storage to the local path `local`."""
-    loc = storage.resolve(uri)
-    # a folder's own: copy_files makes only the subfolders of the files it copies
-    folder = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
-    os.makedirs(local if folder else os.path.dirname(local), exist_ok=True)
-    pafs.copy_files(loc.path, local, source_filesystem=loc.fs)
-
-
-def _model_files(folder: str) -> dict[str, int]:
-    """Each file under a local folder, with its size: what a whole copy must hold."""
-    root = Path(folder)
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
-
-
-def _stored_files(storage: Storage, uri: str) -> dict[str, int]:
-    """Each file under a folder on storage, with its size, named as `_model_files` names it."""
-    loc = storage.resolve(uri)
-    infos = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
-    return {
-        posixpath.relpath(i.path, loc.path): i.size for i in infos if i.type == pafs.FileType.File
-    }
-
-
-@dataclass(frozen=True)
-class Restored:
-    """A whole checkpoint: where it is on storage, its local copy, its training state."""
-
-    uri: str
-    # state.pt; and model/ or adapter/ (ddp), or the sharded index sharded/.metadata (fsdp)
-    folder: str
-    state: dict[str, Any]
-
-    def fetch_sharded(self, storage: Storage, name: str) -> None:
-        """One file of the sharded state into the local copy (each worker fetches its own)."""
-        _download(
-            storage,
-            join(self.uri, SHARDED_DIR, name),
-            os.path.join(self.folder, SHARDED_DIR, name),
-        )
-
-
-def _content(state: dict[str, Any]) -> str:
-    """The folder of a checkpoint whose ``state.pt`` is `state` that holds its weights."""
-    if state.get("sharded"):
-        return SHARDED_DIR
-    return ADAPTER_DIR if state.get("adapter") else MODEL_DIR
-
-
-def _newest_checkpoint(storage: Storage, out: str, local: str) -> Restored | None:
-    """The newest whole checkpoint of the run under ``OUT/run``, its state copied under
-    `local`; None when there is none.
-
-    Ray Train hands a restarted worker group only the checkpoints its controller registered,
-    and it registers one once every worker's report has reached it: a node lost a moment
-    after a checkpoint was written (the common case on spot workers) made the run start again
-    from step 0. So the run restores from what storage holds: checkpoint folders are named by
-    time, and one counts when its ``state.pt`` loads and the files on storage have the sizes
-    the state lists (a copy cut short by the loss is passed over): the model's or the
-    adapters' files (ddp), or every worker's slices and the index (fsdp), since a sharded
-    checkpoint is whole only when each worker's upload is. Only a whole one is copied: the
-    model or the adapters (ddp), or the index (fsdp; each worker later fetches the slices it
-    reads)."""
-    run = join(out, RUN_NAME)
-    for uri in reversed(storage.list_dirs(run)):
-        name = uri.rsplit("/", 1)[-1]
-        if not name.startswith("checkpoint_"):
-            continue
-        folder = os.path.join(local, name)
-        try:
-            _download(storage, join(uri, STATE_FILE), os.path.join(folder, STATE_FILE))
-            state = torch.load(os.path.join(folder, STATE_FILE), weights_only=False)
-            content = _content(state)
-            if state.get("files") != _stored_files(storage, join(uri, content)):
-                continue
-            needed = posixpath.join(content, METADATA_FILE) if state.get("sharded") else content
-            _download(storage, join(uri, needed), os.path.join(folder, needed))
-        except (OSError, RuntimeError, EOFError, ValueError):
-            continue
-        return Restored(uri, folder, state)
-    return None
-
-
-def _write_metrics(storage: Storage, out: str, history: list[dict[str, Any]]) -> None:
-    loc = storage.resolve(join(out, METRICS_FILE))
-    with loc.fs.open_output_stream(loc.path) as f:
-        f.write("".join(json.dumps(row) + "\n" for row in history).encode())
 
 
 def _progress(row: dict[str, Any], total: int) -> str:
@@ -337,8 +176,8 @@ def train_worker(config: dict[str, Any]) -> None:
 
     sharded, adapted = tc.strategy == "fsdp", tc.lora is not None
     with tempfile.TemporaryDirectory(prefix="cpr-train-") as tmp:
-        restored = _newest_checkpoint(storage, plan.out, os.path.join(tmp, "restored"))
-        model_path = plan.model
+        restored = newest_checkpoint(storage, plan.out, os.path.join(tmp, "restored"))
+        model_path = None  # the base model
         # a restart, or a rerun of the same OUT; a LoRA run's base is always the base model
         if restored is not None and not sharded and not adapted:
             model_path = os.path.join(restored.folder, MODEL_DIR)
@@ -380,8 +219,8 @@ def train_worker(config: dict[str, Any]) -> None:
             optimizer,
             scheduler,
             StepOptions(
-                query_prefix=plan.query_prefix,
-                doc_prefix=plan.doc_prefix,
+                query_prefix=plan.prefixes[0],
+                doc_prefix=plan.prefixes[1],
                 chunk_size=tc.chunk_size,
                 max_grad_norm=tc.max_grad_norm,
                 cw_weighting=tc.cw_weighting,
@@ -402,19 +241,30 @@ def train_worker(config: dict[str, Any]) -> None:
             if on_step is not None:
                 on_step(s + 1, rank)
             if (s + 1) % tc.checkpoint_every == 0 or s + 1 == plan.total_steps:
-                _checkpoint(plan, storage, step, s + 1, history, rank, tmp)
+                save_checkpoint(
+                    storage,
+                    step,
+                    s + 1,
+                    history,
+                    out=plan.out,
+                    rank=rank,
+                    tmp=tmp,
+                    sharded=sharded,
+                    adapted=adapted,
+                    prefixes=plan.prefixes,
+                )
 
         peaks = [_peak_memory_mb()]
         if world > 1:
             peaks = [None] * world
             dist.all_gather_object(peaks, _peak_memory_mb())
-        # every worker sends its slices (LoRA: of the adapters; the base is plan.model's)
+        # every worker sends its slices (LoRA: of the adapters; the base is the base model's)
         whole = full_state_dict(model, trainable_only=adapted) if sharded else {}
         if rank == 0:
             final = os.path.join(tmp, "final")
             saved = encoder
             if sharded:  # the same weights, whole, in a plain encoder
-                saved = plan.encoder(plan.model)
+                saved = plan.encoder()
                 if tc.lora is not None:
                     add_adapters(saved, tc.lora, tc.seed)
                     load_trainable_state(Towers(saved), whole)
@@ -422,69 +272,14 @@ def train_worker(config: dict[str, Any]) -> None:
                     Towers(saved).load_state_dict(whole)
             if adapted:  # the output is a plain model: the adapters go into its weights
                 saved = merge(saved)
+            query_prefix, doc_prefix = plan.prefixes
             saved.save_sentence_transformers(
-                final, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
+                final, query_prefix=query_prefix, doc_prefix=doc_prefix
             )
-            _upload(storage, final, join(plan.out, MODEL_DIR))
+            upload(storage, final, join(plan.out, MODEL_DIR))
             last = history[-1] if history else {}
             workers = {"peak_memory_mb": peaks, "last": last, "device": device_name(encoder.device)}
             storage.write_json(join(plan.out, WORKERS_FILE), workers)
-
-
-def _checkpoint(
-    plan: TrainPlan,
-    storage: Storage,
-    step: ContrastiveStep,
-    done: int,
-    history: list[dict[str, Any]],
-    rank: int,
-    tmp: str,
-) -> None:
-    """The training state after `done` steps; every rank reports (a barrier).
-
-    ddp: rank 0 saves the model (LoRA: the adapters alone) and ``state.pt``, optimiser
-    included. fsdp: every rank saves its slices of the model (LoRA: of the adapters) and
-    optimiser into ``sharded/`` and reports its folder (Ray Train merges the ranks' folders
-    into one checkpoint on storage); rank 0's ``state.pt`` lists every rank's files with their
-    sizes, so a checkpoint missing any of them is not whole. The local copy goes once
-    uploaded: a large model's checkpoints would fill the disk."""
-    import ray.train
-
-    adapted = plan.train.lora is not None
-    folder = os.path.join(tmp, f"checkpoint-{done}")
-    state: dict[str, Any] = {
-        "scheduler": step.scheduler.state_dict(),
-        "step": done,
-        "history": history,
-    }
-    if plan.train.strategy == "fsdp":
-        sharded = os.path.join(folder, SHARDED_DIR)
-        save_sharded(step.model, step.optimizer, sharded, trainable_only=adapted)
-        files: list[dict[str, int]] = [{}] * dist.get_world_size()
-        dist.all_gather_object(files, _model_files(sharded))
-        state.update(sharded=True, files={k: v for part in files for k, v in part.items()})
-    elif rank == 0:
-        content = os.path.join(folder, ADAPTER_DIR if adapted else MODEL_DIR)
-        if adapted:
-            save_adapter(step.encoder, content)
-        else:
-            step.encoder.save_sentence_transformers(
-                content, query_prefix=plan.query_prefix, doc_prefix=plan.doc_prefix
-            )
-        state.update(
-            optimizer=step.optimizer.state_dict(), files=_model_files(content), adapter=adapted
-        )
-    if rank == 0:
-        torch.save(state, os.path.join(folder, STATE_FILE))
-        _write_metrics(storage, plan.out, history)
-    checkpoint = None
-    if rank == 0 or plan.train.strategy == "fsdp":
-        checkpoint = ray.train.Checkpoint.from_directory(folder)
-    ray.train.report(
-        {"step": done, **(history[-1] if history else {})},
-        checkpoint=checkpoint,
-        delete_local_checkpoint_after_upload=True,
-    )
 
 
 def _trainer(
@@ -594,9 +389,12 @@ def _own_sigint() -> Iterator[None]:
 def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any]]:
     """Check the inputs, write the examples and the run's identity; the plan the workers run."""
     cfg.require("train.data", "train.out", "encoder.model")
-    tc, model = cfg.train, cfg.encoder.model
-    assert model is not None and tc.out is not None
-    check_model(model, trust_remote_code=cfg.encoder.trust_remote_code)
+    tc = cfg.train
+    assert tc.out is not None
+    spec = EncoderSpec.from_config(cfg.encoder, max_length=tc.max_length)
+    # a model that cannot be found, or whose own code may not run, fails now, not after the
+    # workers started
+    model_config(spec)
     examples, stats = read_examples(storage, DataOptions.from_config(tc))
     if examples.num_rows < tc.batch_size:
         raise InputError(
@@ -604,8 +402,12 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
             f"batch (train.batch_size {tc.batch_size})"
         )
     out = storage.resolve(tc.out).uri
-    prefixes = instructions(model, cfg.encoder)
-    identity = run_identity(cfg, fingerprint(examples), prefixes)
+    spec = with_instructions(spec)
+    identity = run_identity(
+        spec,
+        examples=fingerprint(examples),
+        train=tc.model_dump(mode="json", exclude=OPERATIONAL),
+    )
     run_uri = join(out, RUN_FILE)
     if storage.exists(run_uri) and storage.read_json(run_uri)["identity"] != identity:
         raise ConfigError(
@@ -613,16 +415,12 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
             "--out, or the same data and train settings to resume it"
         )
     # before run.json is written: a rerun with the setting the check names is the same run
-    check_plan_fits(cfg, negatives=stats["max_negatives"])
+    check_plan_fits(spec, tc, negatives=stats["max_negatives"])
     steps_per_epoch = -(-examples.num_rows // tc.batch_size)  # the last batch wraps around
     total = steps_per_epoch * tc.epochs
     negatives = stats["max_negatives"]
     plan = TrainPlan(
-        model=model,
-        pooling=cfg.encoder.pooling,
-        query_prefix=prefixes[0],
-        doc_prefix=prefixes[1],
-        dtype=cfg.encoder.dtype,
+        spec=spec,
         out=out,
         storage=cfg.storage,
         train=tc,
@@ -630,16 +428,15 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
         negatives=negatives,
         steps_per_epoch=steps_per_epoch,
         total_steps=min(total, tc.max_steps or total),
-        trust_remote_code=cfg.encoder.trust_remote_code,
     )
     storage.write_parquet(examples, join(out, EXAMPLES_FILE))
     storage.write_json(
         run_uri,
         {
             "identity": identity,
-            "model": model,
-            "query_prefix": prefixes[0],
-            "doc_prefix": prefixes[1],
+            "model": spec.model,
+            "query_prefix": plan.prefixes[0],
+            "doc_prefix": plan.prefixes[1],
             "data": stats,
             "steps": plan.total_steps,
             "steps_per_epoch": steps_per_epoch,
@@ -725,9 +522,9 @@ def _train(
         "model": join(plan.out, MODEL_DIR),
         "metrics": join(plan.out, METRICS_FILE),
         "checkpoints": join(plan.out, RUN_NAME),
-        "base_model": plan.model,
-        "query_prefix": plan.query_prefix,
-        "doc_prefix": plan.doc_prefix,
+        "base_model": plan.spec.model,
+        "query_prefix": plan.prefixes[0],
+        "doc_prefix": plan.prefixes[1],
         "steps": plan.total_steps,
         "workers": cfg.train.workers,
         "cpus_per_worker": plan.train.cpus_per_worker,
