@@ -25,7 +25,7 @@ from cpr_ray.cli import app
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
-from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.pipeline.build import run_build
 from cpr_ray.pipeline.refresh import refresh, summary_lines
 from cpr_ray.sample.diffs import make_diff

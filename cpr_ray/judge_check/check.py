@@ -34,7 +34,7 @@ from cpr_ray.judge_check.projection import (
     rows_from_root,
 )
 from cpr_ray.llm.client import LLMClient, Usage, probe_endpoint
-from cpr_ray.llm.runner import LLMTask
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage
 

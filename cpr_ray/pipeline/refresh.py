@@ -26,7 +26,7 @@ from cpr_ray import failures, leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.refresh import INGEST, Refresher
 from cpr_ray.corpus.s2_api import S2DatasetsClient
-from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.llm.spend import counted_from_here
 from cpr_ray.pipeline.build import STAGES, run_build
 from cpr_ray.ray_runtime import user_errors_from_ray
