@@ -452,7 +452,7 @@ def test_diff_files_parse_to_rows_and_a_truncated_one_stops_in_one_line(ray_sess
     import gzip
 
     from cpr_ray.corpus import records
-    from cpr_ray.corpus.ingest import ParseRecords, parse_files
+    from cpr_ray.corpus.parsing import ParseRecords, parse_files
     from cpr_ray.storage import StorageConfig
 
     sample = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"

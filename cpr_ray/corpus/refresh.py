@@ -36,14 +36,9 @@ from cpr_ray import buckets
 from cpr_ray.buckets import BUCKET, write_partitions
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records, updates
-from cpr_ray.corpus.ingest import (
-    TEXT_SUFFIXES,
-    ParseRecords,
-    ParseWorks,
-    build_venues,
-    parse_files,
-    rows_schema,
-)
+from cpr_ray.corpus.ingest import build_venues
+from cpr_ray.corpus.inputs import TEXT_SUFFIXES
+from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, parse_files, rows_schema
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES
