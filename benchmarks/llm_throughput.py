@@ -40,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import ScriptedLLM, start_scripted_llm  # noqa: E402  (the scripted endpoint)
 
 from cpr_ray.config import LLMConfig  # noqa: E402
-from cpr_ray.llm.runner import KEY, AnswerSink, ask_pool  # noqa: E402
+from cpr_ray.llm.asking import ask_pool  # noqa: E402
+from cpr_ray.llm.ledger import AnswerSink  # noqa: E402
+from cpr_ray.llm.task import KEY  # noqa: E402
 from cpr_ray.queries.usefulness import UsefulnessGrader  # noqa: E402
 from cpr_ray.storage import StorageConfig  # noqa: E402
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import start_s2_standin, start_scripted_llm  # noqa: E402  (the stand-ins)
 
 from cpr_ray.config import Config, load_config  # noqa: E402
-from cpr_ray.llm.runner import ledger_summary  # noqa: E402
+from cpr_ray.llm.ledger import ledger_summary  # noqa: E402
 from cpr_ray.pipeline.build import run_build  # noqa: E402
 from cpr_ray.pipeline.refresh import refresh  # noqa: E402
 from cpr_ray.sample.diffs import make_diff  # noqa: E402

@@ -26,7 +26,7 @@ from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, StorageError, UserError
 from cpr_ray.evaluate.commands import eval_command, report_command
 from cpr_ray.judge_check.command import judge_check_command
-from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.pipeline.build import STAGES, manifests_table, resolve_stages, run_build
 from cpr_ray.pipeline.dry_run import run_dry_run
 from cpr_ray.pipeline.refresh import refresh as refresh_corpus

@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from cpr_ray.errors import InputError
-from cpr_ray.storage import TABLE_SUFFIXES, Storage
+from cpr_ray.storage import Storage
+from cpr_ray.table_files import TABLE_SUFFIXES
 
 
 @dataclass(frozen=True)

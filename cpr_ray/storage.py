@@ -7,31 +7,33 @@ loopback exercises exactly what runs against AWS. Credentials come from the stan
 
 from __future__ import annotations
 
-import fcntl
 import gzip
-import hashlib
-import io
 import json
 import os
 import posixpath
 import random
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from cpr_ray.errors import InputError, StorageError
+from cpr_ray.conditional_writes import (
+    boto_client,
+    boto_errors,
+    condition_outcome,
+    local_delete_if,
+    local_write_if,
+    md5,
+)
+from cpr_ray.errors import StorageError
 from cpr_ray.sections import Section
 
 if TYPE_CHECKING:
@@ -319,9 +321,15 @@ class Storage:
             raise StorageError(_explain(loc, exc)) from None
 
     def is_file(self, uri: str) -> bool:
+        return self._file_type(uri) == pafs.FileType.File
+
+    def is_dir(self, uri: str) -> bool:
+        return self._file_type(uri) == pafs.FileType.Directory
+
+    def _file_type(self, uri: str) -> pafs.FileType:
         loc = self.resolve(uri)
         try:
-            return loc.fs.get_file_info(loc.path).type == pafs.FileType.File
+            return loc.fs.get_file_info(loc.path).type
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
@@ -484,13 +492,13 @@ class Storage:
                 raise
             except OSError as exc:
                 raise StorageError(_explain(loc, exc)) from None
-            return data, _md5(data)
+            return data, md5(data)
         bucket, key = _bucket_key(loc)
         try:
             got = self._boto().get_object(Bucket=bucket, Key=key)
             return got["Body"].read(), got["ETag"].strip('"')
-        except _boto_errors() as exc:
-            if _conditional(exc) == "missing":
+        except boto_errors() as exc:
+            if condition_outcome(exc) == "missing":
                 raise FileNotFoundError(loc.uri) from None
             raise StorageError(_explain_boto(loc, exc)) from None
 
@@ -503,7 +511,7 @@ class Storage:
         loc = self.resolve(uri)
         if not loc.is_s3:
             try:
-                return _local_write_if(loc.path, data, tag)
+                return local_write_if(loc.path, data, tag)
             except OSError as exc:
                 raise StorageError(_explain(loc, exc)) from None
         bucket, key = _bucket_key(loc)
@@ -511,8 +519,8 @@ class Storage:
         try:
             put = self._boto().put_object(Bucket=bucket, Key=key, Body=data, **condition)
             return put["ETag"].strip('"')
-        except _boto_errors() as exc:
-            if _conditional(exc) in ("failed", "missing"):
+        except boto_errors() as exc:
+            if condition_outcome(exc) in ("failed", "missing"):
                 return None
             raise StorageError(_explain_boto(loc, exc)) from None
 
@@ -521,15 +529,15 @@ class Storage:
         loc = self.resolve(uri)
         if not loc.is_s3:
             try:
-                return _local_delete_if(loc.path, tag)
+                return local_delete_if(loc.path, tag)
             except OSError as exc:
                 raise StorageError(_explain(loc, exc)) from None
         bucket, key = _bucket_key(loc)
         try:
             self._boto().delete_object(Bucket=bucket, Key=key, IfMatch=f'"{tag}"')
             return True
-        except _boto_errors() as exc:
-            if _conditional(exc) in ("failed", "missing"):
+        except boto_errors() as exc:
+            if condition_outcome(exc) in ("failed", "missing"):
                 return False
             raise StorageError(_explain_boto(loc, exc)) from None
 
@@ -565,7 +573,7 @@ class Storage:
         )
 
     def _boto(self) -> Any:
-        return _boto_client(
+        return boto_client(
             self.cfg.s3_endpoint,
             self.cfg.s3_region,
             self.cfg.s3_virtual_addressing,
@@ -573,111 +581,13 @@ class Storage:
         )
 
 
-@cache
-def _boto_client(endpoint: str | None, region: str | None, virtual: bool, anonymous: bool) -> Any:
-    """One boto3 client per S3 setting, made from its own session (boto3's default session is
-    not thread-safe; a client is); the same timeouts as the pyarrow filesystem."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config as BotoConfig
-
-    config = BotoConfig(
-        connect_timeout=5,
-        read_timeout=60,
-        retries={"max_attempts": 3, "mode": "standard"},
-        s3={"addressing_style": "virtual" if virtual else "path"},
-        **({"signature_version": UNSIGNED} if anonymous else {}),
-    )
-    return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name=region, config=config
-    )
-
-
-def _boto_errors() -> tuple[type[Exception], ...]:
-    """botocore's errors (imported when an S3 call has failed, not with this module)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    return ClientError, BotoCoreError
-
-
 def _bucket_key(loc: Location) -> tuple[str, str]:
     bucket, _, key = loc.path.partition("/")
     return bucket, key
 
 
-def _conditional(exc: Exception) -> str | None:
-    """'failed' for a condition S3 refused (412, or 409: a conflicting conditional write in
-    flight, which the caller re-reads and judges again), 'missing' for no such key, else None."""
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return None
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    code = response.get("Error", {}).get("Code")
-    if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
-        return "failed"
-    if status == 404 or code in ("NoSuchKey", "404"):
-        return "missing"
-    return None
-
-
 def _explain_boto(loc: Location, exc: Exception) -> str:
     return _explain(loc, OSError(str(exc)))
-
-
-def _md5(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
-
-
-@contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    """An exclusive lock on `path` for a compare-and-replace, held on a hidden sidecar (listings
-    skip dot files) so the file itself can be replaced or removed under it."""
-    folder, name = os.path.split(path)
-    with open(os.path.join(folder, f".{name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _local_write_if(path: str, data: bytes, tag: str | None) -> str | None:
-    folder, name = os.path.split(path)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    try:
-        if tag is None:
-            try:
-                os.link(tmp, path)  # atomic, and only where the name is free
-            except FileExistsError:
-                return None
-            return _md5(data)
-        with _file_lock(path):
-            try:
-                with open(path, "rb") as f:
-                    if _md5(f.read()) != tag:
-                        return None
-            except FileNotFoundError:
-                return None
-            os.replace(tmp, path)
-            return _md5(data)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _local_delete_if(path: str, tag: str) -> bool:
-    with _file_lock(path):
-        try:
-            with open(path, "rb") as f:
-                if _md5(f.read()) != tag:
-                    return False
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-    return True
 
 
 def _rel_parts(root: str, path: str) -> list[str]:
@@ -723,86 +633,3 @@ def _explain(loc: Location, exc: OSError) -> str:
         hints.append("check the bucket name")
     hint = "; ".join(hints) or "check storage.s3_endpoint, the bucket name and the credentials"
     return f"cannot reach {loc.uri}: {text.splitlines()[0]} ({hint})"
-
-
-# -- table files of benchmarks, corpora and training data ----------------------------------
-
-TABLE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json")
-
-
-def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
-    """JSON lines with the given columns (others ignored; numbers in string columns become text).
-
-    Arrow's reader is tried first; files whose ids are sometimes numbers fall back to a
-    line-by-line parse that converts them.
-    """
-    data = storage.read_bytes(uri)
-    try:
-        return pajson.read_json(
-            io.BytesIO(data),
-            parse_options=pajson.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
-            ),
-        )
-    except pa.ArrowInvalid:
-        pass
-    cols: dict[str, list] = {name: [] for name in schema.names}
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{uri}: not UTF-8 text (byte {exc.start}): not a JSON lines file"
-        ) from None
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{uri}: line {n} is not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise InputError(f"{uri}: line {n} is not a JSON object")
-        for field in schema:
-            value = rec.get(field.name)
-            if value is not None and pa.types.is_string(field.type) and not isinstance(value, str):
-                if not isinstance(value, (int, float)):  # an id given as a number is text
-                    raise InputError(
-                        f"{uri}: line {n}: {field.name} is a JSON {type(value).__name__}, not text"
-                    )
-                value = str(value)
-            cols[field.name].append(value)
-    try:
-        return pa.table(cols, schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        fields = ", ".join(f"{f.name} ({f.type})" for f in schema)
-        raise InputError(f"{uri}: a value has the wrong type; expected {fields} ({exc})") from None
-
-
-def find_table(storage: Storage, root: str, name: str) -> str | None:
-    """`root/name.parquet`, `root/name.jsonl[.gz]` or a folder `root/name/`; None if absent."""
-    for suffix in TABLE_SUFFIXES:
-        uri = join(root, name + suffix)
-        if storage.is_file(uri):
-            return uri
-    folder = join(root, name)
-    loc = storage.resolve(folder)
-    try:
-        found = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
-    except OSError as exc:
-        raise StorageError(_explain(loc, exc)) from None
-    return folder if found else None
-
-
-def files_under(storage: Storage, uri: str, prefix: str) -> list[str]:
-    """Table files under `uri` whose path below it starts with `prefix` (a name or folder)."""
-    loc = storage.resolve(uri)
-    out = []
-    for info in storage.list_files(uri, TABLE_SUFFIXES):
-        rel = posixpath.relpath(info.path, loc.path)
-        if (
-            rel.startswith(prefix + "/")
-            or rel.startswith(prefix + "-")
-            or rel.startswith(prefix + ".")
-        ):
-            out.append(join(uri, rel))
-    return out

@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from cpr_ray import schemas
 from cpr_ray.corpus import updates
-from cpr_ray.corpus.ingest import ParseWorks, rows_schema
+from cpr_ray.corpus.parsing import ParseWorks, rows_schema
 from cpr_ray.corpus.records import SPECS
 from cpr_ray.corpus.refresh import record_schema
 from cpr_ray.corpus.shards import LINES

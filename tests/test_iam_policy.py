@@ -373,7 +373,7 @@ def test_the_snapshot_layout_reads_its_parts_and_not_its_manifest(tmp_path: Path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(part.read_bytes())
         (snapshot / entity / "manifest.json").write_text('{"entries": []}')
-    from cpr_ray.corpus.ingest import discover_inputs
+    from cpr_ray.corpus.inputs import discover_inputs
 
     cluster = load_config("cluster", env={})
     assert cluster.input.openalex == "s3://openalex/data/jsonl"

@@ -26,8 +26,9 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMConfigError, LLMStageError
+from cpr_ray.llm.ledger import ledger_uri
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
-from cpr_ray.llm.runner import LLMContext, TaskRun, ledger_uri, run_llm_task
+from cpr_ray.llm.runner import LLMContext, TaskRun, run_llm_task
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.storage import Storage
 

@@ -18,7 +18,8 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.llm.local_server import BUILD_FLAVOUR, MODEL_ALIAS, local_server
-from cpr_ray.llm.runner import run_llm_task, without_answer_columns
+from cpr_ray.llm.runner import run_llm_task
+from cpr_ray.llm.task import without_answer_columns
 from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.queries.writing import QueryWriter, WrittenQuery, query_rule_violations

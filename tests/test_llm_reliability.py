@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from cpr_ray.cli import app
 from cpr_ray.config import load_config
+from cpr_ray.llm.ledger import ledger_uri
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
-from cpr_ray.llm.runner import ledger_uri
 from cpr_ray.storage import Storage
 
 from .conftest import copy_build

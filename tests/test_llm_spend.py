@@ -11,7 +11,7 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import SpendCapError
-from cpr_ray.llm.runner import LEDGER, ledger_uri
+from cpr_ray.llm.ledger import LEDGER, ledger_uri
 from cpr_ray.llm.spend import Budget, counted_from_here
 from cpr_ray.storage import Storage, join
 

@@ -9,7 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.llm.runner import LLMStageError, ledger_uri, run_llm_task
+from cpr_ray.errors import LLMStageError
+from cpr_ray.llm.ledger import ledger_uri
+from cpr_ray.llm.runner import run_llm_task
 from cpr_ray.queries.judges import AnalogyJudge
 from cpr_ray.queries.stages import _dedup
 from cpr_ray.queries.usefulness import UsefulnessGrader

@@ -25,7 +25,7 @@ from cpr_ray.cli import app
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
-from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.pipeline.build import run_build
 from cpr_ray.pipeline.refresh import refresh, summary_lines
 from cpr_ray.sample.diffs import make_diff
@@ -441,7 +441,7 @@ def test_diff_files_parse_to_rows_and_a_truncated_one_stops_in_one_line(ray_sess
     import gzip
 
     from cpr_ray.corpus import records
-    from cpr_ray.corpus.ingest import ParseRecords, parse_files
+    from cpr_ray.corpus.parsing import ParseRecords, parse_files
     from cpr_ray.storage import StorageConfig
 
     sample = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"

@@ -15,17 +15,12 @@ with no records at all is an error that names it.
 
 from __future__ import annotations
 
-import hashlib
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
-import pyarrow.fs as pafs
 from rich.table import Table
 
 from cpr_ray import buckets, duck, schemas
@@ -41,18 +36,21 @@ from cpr_ray.buckets import (
 from cpr_ray.buckets import plan as plan_buckets
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
-from cpr_ray.corpus.records import RecordSpec, parse_lines
+from cpr_ray.corpus.inputs import InputSet, discover_inputs, snapshot_label
+from cpr_ray.corpus.parsing import (
+    ParseRecords,
+    ParseWorks,
+    corrupt_shards,
+    parse_input,
+    rows_schema,
+)
 from cpr_ray.corpus.s2orc import recover_contexts
-from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
+from cpr_ray.corpus.shards import LINES
 from cpr_ray.errors import InputError
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, read_manifest, run_stage
 from cpr_ray.storage import Storage, join
 
 STAGE = "ingest"
-TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
-# the OpenAlex snapshot's list of an entity's parts (data/jsonl/ENTITY/manifest.json), written
-# last: not a shard of records
-SNAPSHOT_MANIFEST = "manifest.json"
 # parsed inputs kept beside the corpus tables (not in the staging folder a run removes): the
 # refresh links new papers to OpenAlex through the key table and recounts venues from the lists
 KEPT_INPUTS = {
@@ -60,204 +58,6 @@ KEPT_INPUTS = {
     "publication-venues": "s2_venues",
     "sources": "openalex_sources",
 }
-
-
-@dataclass(frozen=True)
-class InputSet:
-    """One bulk dataset: where it lives, its shards (URIs), and whether a build can do without
-    it. Zero-byte shards are listed apart in `empty`: nothing to read, but counted."""
-
-    name: str
-    uri: str
-    required: bool
-    files: tuple[str, ...] = ()
-    fingerprint: str = ""
-    empty: tuple[str, ...] = ()
-
-
-def _input_sets(cfg: Config) -> list[InputSet]:
-    s2, oa = cfg.input.s2, cfg.input.openalex
-    return [
-        InputSet("papers", join(s2, "papers"), True),
-        InputSet("abstracts", join(s2, "abstracts"), False),
-        InputSet("citations", join(s2, "citations"), True),
-        InputSet("publication-venues", join(s2, "publication-venues"), False),
-        InputSet("s2orc", join(s2, "s2orc"), False),
-        InputSet("works", join(oa, "works"), True),
-        InputSet("sources", join(oa, "sources"), False),
-    ]
-
-
-def discover_inputs(cfg: Config, storage: Storage) -> dict[str, InputSet]:
-    """List every input shard once; fail early, naming the folder, when a required one is missing
-    or holds nothing but empty files. Needs no Ray, so a build checks its inputs in seconds."""
-    found: dict[str, InputSet] = {}
-    for item in _input_sets(cfg):
-        if not storage.exists(item.uri):
-            if item.required:
-                raise InputError(
-                    f"required input {item.name!r} not found at {item.uri} "
-                    f"(check input.s2 / input.openalex)"
-                )
-            console.print(f"  [yellow]note[/]: optional input {item.name!r} absent ({item.uri})")
-            found[item.name] = item
-            continue
-        listed = storage.list_files(item.uri, TEXT_SUFFIXES)
-        infos = [i for i in listed if i.base_name != SNAPSHOT_MANIFEST]
-        if not infos and item.required:
-            raise InputError(
-                f"no shards (*{', *'.join(TEXT_SUFFIXES)}) under {item.uri} for required input "
-                f"{item.name!r}"
-            )
-        nonempty = [i for i in infos if i.size]
-        if infos and not nonempty and item.required:
-            raise InputError(
-                f"required input {item.name!r} is empty: its {len(infos)} shard(s) under "
-                f"{item.uri} are all zero-byte files"
-            )
-        digest = hashlib.sha256()
-        for info in infos:
-            digest.update(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode())
-        loc = storage.resolve(item.uri)
-        found[item.name] = InputSet(
-            item.name,
-            item.uri,
-            item.required,
-            tuple(_uri(loc.is_s3, i.path) for i in nonempty),
-            digest.hexdigest()[:16],
-            tuple(_uri(loc.is_s3, i.path) for i in infos if not i.size),
-        )
-    return found
-
-
-def _uri(is_s3: bool, path: str) -> str:
-    """A listed file's filesystem path as the URI a message (and the rejects table) shows."""
-    return f"s3://{path}" if is_s3 else path
-
-
-def snapshot_label(cfg: Config, works: InputSet) -> str:
-    """Which OpenAlex snapshot the topics came from: config, else the newest partition date."""
-    if cfg.input.openalex_snapshot:
-        return cfg.input.openalex_snapshot
-    dates = sorted(
-        {m.group(1) for f in works.files for m in [re.search(r"updated_date=([\d-]+)", f)] if m}
-    )
-    return (
-        f"openalex updated_date<={dates[-1]}" if dates else "unknown (set input.openalex_snapshot)"
-    )
-
-
-@dataclass(frozen=True)
-class ParseRecords:
-    """Step: raw lines → typed rows with a `_bucket` column (see `records`)."""
-
-    spec: RecordSpec
-    num_buckets: int
-    raw_limit: int
-    threads: int = 1
-
-    def __call__(self, lines: pa.Table) -> pa.Table:
-        return parse_lines(lines, self.spec, self.num_buckets, self.raw_limit, self.threads)
-
-
-@dataclass(frozen=True)
-class ParseWorks(ParseRecords):
-    """Step: OpenAlex work lines → key rows with payload, bucketed by key hash."""
-
-    def __call__(self, lines: pa.Table) -> pa.Table:
-        return linking.work_keys(super().__call__(lines), self.num_buckets, self.threads)
-
-
-@dataclass(frozen=True)
-class ParseShard:
-    """One Ray task per shard: stream its lines, parse them in batches with DuckDB, and write
-    the rows straight into the bucket folders of `out` (`buckets.write_partitions`), so lines and
-    rows never pass through the object store. Parsed rows are held until about one file per
-    bucket is due. A retried task rewrites its own files (named by shard and part)."""
-
-    files: tuple[str, ...]
-    reader: ReadShards
-    step: ParseRecords
-    out: str
-    batch_lines: int
-    rows_per_file: int
-
-    def __call__(self, k: int) -> None:
-        parsed: list[pa.Table] = []
-        n_parsed = part = 0
-        flush_at = self.rows_per_file * (self.step.num_buckets + 2)
-        for rows in parsed_batches(self.reader, self.files[k], self.step, self.batch_lines):
-            parsed.append(rows)
-            n_parsed += rows.num_rows
-            if n_parsed >= flush_at:
-                self._write(k, part, parsed)
-                parsed, n_parsed, part = [], 0, part + 1
-        if parsed:
-            self._write(k, part, parsed)
-
-    def _write(self, k: int, part: int, parsed: list[pa.Table]) -> None:
-        name = f"{k:05d}-{part:04d}"  # a retried task rewrites its own files
-        write_partitions(pa.concat_tables(parsed), self.out, self.reader.storage, name)
-
-
-def parsed_batches(
-    reader: ReadShards, uri: str, step: ParseRecords, batch_lines: int
-) -> Iterator[pa.Table]:
-    """One shard's lines parsed about `batch_lines` at a time (DuckDB pays per call, so a few
-    large calls, and memory stays bounded by one batch)."""
-    lines: list[pa.Table] = []
-    n_lines = 0
-    for table in reader(pa.table({"path": [uri]})):
-        lines.append(table)
-        n_lines += table.num_rows
-        if n_lines >= batch_lines:
-            yield step(pa.concat_tables(lines))
-            lines, n_lines = [], 0
-    if lines:
-        yield step(pa.concat_tables(lines))
-
-
-def _parse_file(
-    k: int, *, files: tuple[str, ...], reader: ReadShards, step: ParseRecords, batch_lines: int
-) -> pa.Table:
-    parts = list(parsed_batches(reader, files[k], step, batch_lines))
-    return pa.concat_tables(parts) if parts else step(LINES.empty_table())
-
-
-def parse_files(
-    storage: Storage, files: Sequence[str], step: ParseRecords, batch_lines: int, cpus: float
-) -> pa.Table:
-    """Small shards (a refresh's diff files, new works partitions) → their parsed rows on the
-    driver, `_bucket` -1 for rejected and -2 for skipped lines: one plain task per file (a Ray
-    Data pipeline cost ~1 s to start, for each of a refresh's handful of small files)."""
-    reader = ReadShards(storage, "fail")
-    fn = partial(_parse_file, files=tuple(files), reader=reader, step=step, batch_lines=batch_lines)
-    tables = [t for t in run_buckets(len(files), fn, cpus) if t.num_rows]
-    return pa.concat_tables(tables) if tables else step(LINES.empty_table())
-
-
-def _parse_input(
-    run: StageRun, item: InputSet, step: ParseRecords, out: str, quarantined: Mapping[str, str]
-) -> None:
-    reader = ReadShards(run.storage, run.cfg.ingest.on_corrupt_shard, dict(quarantined))
-    batch = run.cfg.ingest.batch_size
-    parse = ParseShard(item.files, reader, step, out, batch, _rows_per_file(run.cfg))
-    run_buckets(len(item.files), parse, run.cfg.ingest.cpus_per_task)
-
-
-def _rows_per_file(cfg: Config) -> int:
-    return max(1000, cfg.ingest.batch_size)
-
-
-def _corrupt_shards(storage: Storage, uri: str) -> dict[str, str]:
-    """Shard URI → where it broke, for the shards a parse pass found corrupt (quarantine mode)."""
-    loc = storage.resolve(bucket_uri(uri, buckets.REJECTED))
-    if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
-        return {}
-    found = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table(
-        columns=["path", "raw"], filter=pc.field("reject_reason") == CORRUPT_SHARD
-    )
-    return dict(zip(found["path"].to_pylist(), found["raw"].to_pylist()))
 
 
 def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
@@ -318,17 +118,17 @@ class _Ingest:
             if not item.files:
                 continue
             console.print(f"  parsing {name}: {len(item.files)} shard(s) from {item.uri}")
-            _parse_input(self.run, item, step, self.stage_uri(name), {})
+            parse_input(self.run, item, step, self.stage_uri(name), {})
             if cfg.ingest.on_corrupt_shard == "fail":
                 continue  # a corrupt shard has failed the stage already
-            self.quarantined[name] = _corrupt_shards(storage, self.stage_uri(name))
+            self.quarantined[name] = corrupt_shards(storage, self.stage_uri(name))
             if self.quarantined[name]:
                 console.print(
                     f"  [yellow]quarantined[/] {len(self.quarantined[name])} corrupt shard(s) "
                     f"of {name} (listed in the rejects table); parsing it again without them"
                 )
                 storage.delete_dir(self.stage_uri(name))
-                _parse_input(self.run, item, step, self.stage_uri(name), self.quarantined[name])
+                parse_input(self.run, item, step, self.stage_uri(name), self.quarantined[name])
 
     def check_rejects(self) -> None:
         """Rejected lines into one table, and the reject-rate and empty-input checks."""
@@ -504,11 +304,6 @@ class _Ingest:
             },
             stats=stats,
         )
-
-
-def rows_schema(schema: pa.Schema) -> pa.Schema:
-    drop = {buckets.BUCKET, "reject_reason", "raw", "path"}
-    return pa.schema([f for f in schema if f.name not in drop])
 
 
 def _s2_keys_bucket(
@@ -770,4 +565,4 @@ def ingest(
     )
 
 
-__all__: Sequence[str] = ("ingest", "InputError", "discover_inputs", "ParseRecords", "ParseWorks")
+__all__: Sequence[str] = ("ingest", "InputError")

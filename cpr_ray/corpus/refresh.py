@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
@@ -37,18 +36,13 @@ from cpr_ray import buckets
 from cpr_ray.buckets import BUCKET, write_partitions
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records, updates
-from cpr_ray.corpus.ingest import (
-    KEPT_INPUTS,
-    TEXT_SUFFIXES,
-    ParseRecords,
-    ParseWorks,
-    build_venues,
-    parse_files,
-    rows_schema,
-)
+from cpr_ray.corpus.ingest import build_venues
+from cpr_ray.corpus.inputs import TEXT_SUFFIXES
+from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, parse_files, rows_schema
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES
+from cpr_ray.corpus.table_changes import CITATION_KEY, Corpus
 from cpr_ray.corpus.tables import INGEST
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.ray_runtime import ensure_ray
@@ -56,8 +50,6 @@ from cpr_ray.stage import console, manifest_uri, read_manifest
 from cpr_ray.storage import Storage, join
 
 DATASETS_ORDER = ("papers", "abstracts", "citations")
-CITATION_KEY = ["citing_id", "cited_id"]
-DELETE_CHUNK = 20_000  # ids per Lance delete predicate
 
 
 @dataclass
@@ -80,7 +72,7 @@ class StepReport:
 
 @dataclass
 class Applied:
-    """What `Refresher.apply` did: the corpus it leaves, and the steps it committed."""
+    """What `apply_diffs` did: the corpus it leaves, and the steps it committed."""
 
     corpus: Corpus
     start_release: str
@@ -110,104 +102,6 @@ def _split(parsed: pa.Table, name: str) -> tuple[pa.Table, pa.Table, int]:
     skipped = int(pc.sum(pc.equal(bucket, buckets.SKIPPED)).as_py() or 0)
     schema = record_schema(name)
     return kept.select(schema.names).cast(schema), rejected, skipped
-
-
-class Corpus:
-    """The Lance tables the ingest manifest points at, with the versions it records."""
-
-    def __init__(self, storage: Storage, manifest: dict[str, Any]) -> None:
-        self.storage = storage
-        self.manifest = manifest
-        self.opts = storage.lance_options()
-        tables = manifest["tables"]
-        missing = [t for t in KEPT_INPUTS.values() if t not in tables]
-        if missing:
-            raise StorageError(
-                f"the corpus under {storage.root} was built by a version of ingest that kept "
-                f"no {', '.join(missing)}: a refresh needs them; rebuild it once with "
-                "cpr build --stages ingest --force"
-            )
-        self.papers_uri = tables["papers"]["uri"]
-        self.citations_uri = tables["citations"]["uri"]
-        self.layouts = {
-            name: buckets.BucketLayout.from_dict(tables[name]["layout"])
-            for name in ("papers", "citations")
-            if "layout" in tables[name]
-        }
-
-    def bucket_layout(self, name: str) -> buckets.BucketLayout:
-        if name not in self.layouts:
-            raise StorageError(
-                f"the corpus under {self.storage.root} was ingested by a version that wrote no "
-                f"bucket layout for {name}; rebuild it once with cpr build --stages ingest --force"
-            )
-        return self.layouts[name]
-
-    def table(self, name: str) -> lance.LanceDataset:
-        uri = self.papers_uri if name == "papers" else self.citations_uri
-        return lance.dataset(uri, storage_options=self.opts)
-
-    def recorded_version(self, name: str) -> int | None:
-        return self.manifest["tables"][name].get("version")
-
-    def restore_unfinished(self) -> list[str]:
-        """Tables a killed refresh left past their recorded version, put back to it."""
-        restored = []
-        for name in ("papers", "citations"):
-            recorded = self.recorded_version(name)
-            ds = self.table(name)
-            if recorded is not None and ds.version != recorded:
-                ds.checkout_version(recorded).restore()
-                restored.append(f"{name} {ds.version} → {recorded}")
-        return restored
-
-    def rows_for(self, name: str, column: str, ids: pa.Array) -> pa.Table:
-        if not len(ids):
-            return self.table(name).schema.empty_table()
-        return self.table(name).to_table(filter=pc.field(column).isin(ids))
-
-    def upsert(self, name: str, rows: pa.Table) -> None:
-        if rows.num_rows:
-            on = "corpus_id" if name == "papers" else CITATION_KEY
-            (
-                self.table(name)
-                .merge_insert(on)
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute(rows)
-            )
-
-    def delete_keys(self, name: str, keys: pa.Table) -> None:
-        if keys.num_rows:
-            on = "corpus_id" if name == "papers" else CITATION_KEY
-            self.table(name).merge_insert(on).when_matched_delete().execute(keys)
-
-    def delete_citations_of(self, ids: pa.Array) -> None:
-        """Citations from or to deleted papers go with them."""
-        values = ids.to_pylist()
-        for start in range(0, len(values), DELETE_CHUNK):
-            chunk = ", ".join(str(int(v)) for v in values[start : start + DELETE_CHUNK])
-            self.table("citations").delete(f"citing_id IN ({chunk}) OR cited_id IN ({chunk})")
-
-    def versions(self) -> dict[str, int]:
-        return {name: self.table(name).version for name in ("papers", "citations")}
-
-    def changes(self, begin: dict[str, int]) -> dict[str, dict[str, int]]:
-        """Rows inserted, updated and deleted since `begin`, from Lance's change API."""
-        out = {}
-        for name in ("papers", "citations"):
-            ds = self.table(name)
-            if ds.version == begin[name]:
-                out[name] = {"inserted": 0, "updated": 0, "deleted": 0}
-                continue
-            delta = ds.delta(begin_version=begin[name], end_version=ds.version)
-            deleted = delta.get_deleted_row_ids()
-            out[name] = {
-                "inserted": delta.get_inserted_rows().read_all().num_rows,
-                "updated": delta.get_updated_rows().read_all().num_rows,
-                "deleted": sum(len(b) for b in deleted) if deleted is not None else 0,
-            }
-        return out
 
 
 # -- OpenAlex: partitions newer than the pinned snapshot -----------------------------------------
@@ -323,333 +217,374 @@ def _apply_citations(corpus: Corpus, citations: pa.Table) -> int:
     return rows.num_rows
 
 
-class Refresher:
-    """One refresh of one build root; `run` does it all."""
+@dataclass(frozen=True)
+class RefreshRun:
+    """One refresh of one build root: what every step below reads. The steps are functions over
+    it and over the manifest, corpus and release state each is handed and returns."""
 
-    def __init__(self, cfg: Config, client: S2DatasetsClient | None = None) -> None:
+    cfg: Config
+    storage: Storage
+    client: S2DatasetsClient
+    keyless: bool  # no API key in the environment: requests go without one
+    work: str  # ROOT/_refresh: the downloads and the rejects
+
+    @classmethod
+    def open(cls, cfg: Config, client: S2DatasetsClient | None = None) -> RefreshRun:
         cfg.require("storage.root", "input")
-        self.cfg = cfg
-        self.storage = Storage(cfg.storage)
+        storage = Storage(cfg.storage)
         rc = cfg.refresh
-        self.client = client or S2DatasetsClient(
-            rc.api_url,
-            os.environ.get(rc.api_key_env),
-            requests_per_second=rc.requests_per_second,
-            max_retries=rc.max_retries,
-            timeout_s=rc.timeout_s,
+        return cls(
+            cfg,
+            storage,
+            client
+            or S2DatasetsClient(
+                rc.api_url,
+                os.environ.get(rc.api_key_env),
+                requests_per_second=rc.requests_per_second,
+                max_retries=rc.max_retries,
+                timeout_s=rc.timeout_s,
+            ),
+            keyless=client is None and not os.environ.get(rc.api_key_env),
+            work=join(storage.root, "_refresh"),
         )
-        self.keyless = client is None and not os.environ.get(rc.api_key_env)
-        self.work = join(self.storage.root, "_refresh")
 
-    # -- state ---------------------------------------------------------------------------------
 
-    def _manifest(self) -> dict[str, Any]:
-        manifest = read_manifest(self.storage, INGEST)
-        if manifest is None:
-            raise StorageError(
-                f"no corpus under {self.storage.root}: a refresh updates a built one; run "
-                "cpr build --stages ingest first"
+# -- state -----------------------------------------------------------------------------------------
+
+
+def _manifest(run: RefreshRun) -> dict[str, Any]:
+    manifest = read_manifest(run.storage, INGEST)
+    if manifest is None:
+        raise StorageError(
+            f"no corpus under {run.storage.root}: a refresh updates a built one; run "
+            "cpr build --stages ingest first"
+        )
+    return manifest
+
+
+def _corpus_state(run: RefreshRun, manifest: dict[str, Any]) -> dict[str, Any]:
+    state = manifest.get("corpus")
+    if state:
+        return state
+    base = run.cfg.refresh.base_release
+    if not base:
+        raise ConfigError(
+            "refresh.base_release is not set: name the S2 release the bulk shards under "
+            "input.s2 come from (e.g. --set refresh.base_release=2026-11-25)"
+        )
+    return {
+        "base_release": base,
+        "release": base,
+        "applied": [],
+        "openalex_snapshot": manifest["stats"].get("openalex_snapshot"),
+    }
+
+
+def _commit(
+    run: RefreshRun,
+    manifest: dict[str, Any],
+    corpus: Corpus,
+    state: dict[str, Any],
+    report: StepReport,
+) -> dict[str, Any]:
+    """Publish what the tables now hold: the step is applied once this write lands."""
+    venues_uri = join(
+        manifest["output"], f"venues-{_slug(state['release'])}-{len(state['applied'])}.parquet"
+    )
+    papers = corpus.table("papers")
+    venues = build_venues(
+        run.storage,
+        buckets.plan(corpus.bucket_layout("papers"), run.storage, papers.uri, papers.version),
+        manifest["tables"]["s2_venues"]["uri"],
+        manifest["tables"]["openalex_sources"]["uri"],
+        run.cfg.ingest.cpus_per_task,
+    )
+    run.storage.write_parquet(venues, venues_uri)
+    tables = dict(manifest["tables"])
+    for name in ("papers", "citations"):
+        ds = corpus.table(name)
+        tables[name] = {
+            **tables[name],
+            "version": ds.version,
+            "rows": ds.count_rows(),
+            "layout": corpus.bucket_layout(name).as_dict(),
+        }
+    tables["venues"] = {**tables["venues"], "uri": venues_uri, "rows": venues.num_rows}
+    if report.label:
+        state = {**state, "applied": [*state["applied"], report.as_dict()]}
+    base_run = manifest["output"].rstrip("/").rsplit("/", 1)[1]
+    stamp = f"{base_run}+{state['release']}+{len(state['applied'])}"
+    new = {
+        **manifest,
+        "tables": tables,
+        "corpus": state,
+        "run_id": stamp,
+        "refreshed": dt.datetime.now(dt.timezone.utc).isoformat(),
+    }
+    # one writer: the refresh holds the root's lease (`pipeline.refresh`) while it commits
+    run.storage.write_json(manifest_uri(run.storage, INGEST), new)
+    corpus.manifest = new
+    return new
+
+
+# -- steps -----------------------------------------------------------------------------------------
+
+
+def _download(
+    run: RefreshRun, step_dir: str, name: str, kind: str, urls: Sequence[str]
+) -> list[str]:
+    """Diff files into the build root, each complete or absent; kept ones are reused by a
+    rerun of the same step (its URLs change, the files' order does not)."""
+    out, fetched, kept, started = [], 0, 0, time.perf_counter()
+    for i, url in enumerate(urls):
+        uri = join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz")
+        if run.storage.is_file(uri):
+            kept += 1
+        else:
+            with run.storage.atomic_output(uri) as sink:
+                fetched += run.client.download(url, sink)
+            console.print(
+                f"    {name} {kind} file {i + 1}/{len(urls)}: {fetched / 1e6:,.1f} MB in "
+                f"{time.perf_counter() - started:,.0f} s"
+                + (f" ({kept} kept from an earlier try)" if kept else ""),
+                highlight=False,
             )
+        out.append(uri)
+    return out
+
+
+def _records(
+    run: RefreshRun,
+    step_dir: str,
+    steps: dict[str, DiffStep],
+    name: str,
+    kind: str,
+    report: StepReport,
+) -> pa.Table:
+    """Parsed kept rows of one side of a dataset's step, rejects written and counted."""
+    step = steps.get(name)
+    if step is None:
+        return record_schema(name).empty_table()
+    urls = step.update_files if kind == "update" else step.delete_files
+    files = _download(run, step_dir, name, kind, urls)
+    parsed = _parse_files(run.cfg, run.storage, name, files)
+    kept, rejected, skipped = _split(parsed, name)
+    counts = report.records.setdefault(name, {})
+    counts[f"{kind}_records"] = kept.num_rows
+    counts[f"{kind}_rejected"] = rejected.num_rows
+    counts[f"{kind}_skipped"] = skipped
+    if rejected.num_rows:
+        run.storage.write_parquet(
+            rejected.select(["path", "reject_reason", "raw"]),
+            join(run.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}.parquet"),
+        )
+    total = kept.num_rows + rejected.num_rows + skipped
+    limit = run.cfg.ingest.max_reject_rate
+    if total and rejected.num_rows / total > limit:
+        raise InputError(
+            f"{rejected.num_rows:,} of {total:,} {kind} records of {name} in release step "
+            f"{step.from_release} → {step.to_release} were rejected (> "
+            f"ingest.max_reject_rate={limit:.1%}); reasons in {run.work}/rejects"
+        )
+    return kept
+
+
+def _apply_step(
+    run: RefreshRun, corpus: Corpus, steps: dict[str, DiffStep], report: StepReport
+) -> None:
+    one = next(iter(steps.values()))
+    step_dir = join(run.work, "downloads", _slug(one.to_release))
+    n = _key_buckets(run, corpus)
+    keys_uri = corpus.manifest["tables"]["openalex_keys"]["uri"]
+    papers = _records(run, step_dir, steps, "papers", "update", report)
+    abstracts = _records(run, step_dir, steps, "abstracts", "update", report)
+    gone_papers = _records(run, step_dir, steps, "papers", "delete", report)
+    gone_abstracts = _records(run, step_dir, steps, "abstracts", "delete", report)
+    console.print(f"  {report.label}: papers")
+    _apply_papers(
+        corpus,
+        keys_uri,
+        n,
+        papers,
+        abstracts,
+        pa.array([], pa.int64()),
+        gone_abstracts["corpus_id"],
+    )
+    citations = _records(run, step_dir, steps, "citations", "update", report)
+    gone_citations = _records(run, step_dir, steps, "citations", "delete", report)
+    console.print(f"  {report.label}: citations")
+    _apply_citations(corpus, citations)
+    corpus.delete_keys(
+        "citations", gone_citations.select(CITATION_KEY).group_by(CITATION_KEY).aggregate([])
+    )
+    if gone_papers.num_rows:
+        ids = _ids(gone_papers["corpus_id"]).unique()
+        corpus.delete_keys("papers", pa.table({"corpus_id": ids}))
+        corpus.delete_citations_of(ids)
+
+
+def _key_buckets(run: RefreshRun, corpus: Corpus) -> int:
+    """The key table's bucket count (its folders say), so new keys land where lookups look."""
+    loc = run.storage.resolve(corpus.manifest["tables"]["openalex_keys"]["uri"])
+    found = [
+        int(d.rsplit("=", 1)[1])
+        for d in run.storage.list_dirs(loc.uri)
+        if f"/{BUCKET}=" in d and int(d.rsplit("=", 1)[1]) >= 0
+    ]
+    return max(found) + 1 if found else run.cfg.ingest.num_buckets
+
+
+def _openalex(
+    run: RefreshRun, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any]
+) -> dict[str, Any]:
+    """Parse works partitions newer than the pinned snapshot into the key table; relink the
+    papers they match; pin the newer snapshot."""
+    pinned = snapshot_date(state.get("openalex_snapshot"))
+    files, newest = new_work_files(run.cfg, run.storage, pinned)
+    if not files:
         return manifest
+    label = f"openalex updated_date {pinned} → {newest}"
+    console.print(f"  {label}: {len(files)} new works shard(s)")
+    report = StepReport(label, source="openalex")
+    n = _key_buckets(run, corpus)
+    keys_uri = manifest["tables"]["openalex_keys"]["uri"]
+    step = ParseWorks(records.SPECS["works"], n, run.cfg.ingest.raw_line_limit)
+    ingest = run.cfg.ingest
+    parsed = parse_files(run.storage, files, step, ingest.batch_size, ingest.cpus_per_task)
+    good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
+    if good.num_rows:
+        # named for the snapshot: a retried refresh rewrites the same files
+        write_partitions(good, keys_uri, run.storage, f"openalex-{newest}")
+    relink = _relink_ids(corpus, good["key"].unique())
+    report.records["works"] = {
+        "update_records": good.num_rows,
+        "update_rejected": int(pc.sum(pc.equal(parsed[BUCKET], buckets.REJECTED)).as_py() or 0),
+    }
+    begin = corpus.versions()
+    _apply_papers(
+        corpus,
+        keys_uri,
+        n,
+        record_schema("papers").empty_table(),
+        record_schema("abstracts").empty_table(),
+        relink,
+        pa.array([], pa.int64()),
+    )
+    report.changes = corpus.changes(begin)
+    state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
+    return _commit(run, manifest, corpus, state, report)
 
-    def _corpus_state(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        state = manifest.get("corpus")
-        if state:
-            return state
-        base = self.cfg.refresh.base_release
-        if not base:
-            raise ConfigError(
-                "refresh.base_release is not set: name the S2 release the bulk shards under "
-                "input.s2 come from (e.g. --set refresh.base_release=2026-11-25)"
-            )
-        return {
-            "base_release": base,
-            "release": base,
-            "applied": [],
-            "openalex_snapshot": manifest["stats"].get("openalex_snapshot"),
-        }
 
-    def _commit(
-        self, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any], report: StepReport
-    ) -> dict[str, Any]:
-        """Publish what the tables now hold: the step is applied once this write lands."""
-        venues_uri = join(
-            manifest["output"], f"venues-{_slug(state['release'])}-{len(state['applied'])}.parquet"
-        )
-        papers = corpus.table("papers")
-        venues = build_venues(
-            self.storage,
-            buckets.plan(corpus.bucket_layout("papers"), self.storage, papers.uri, papers.version),
-            manifest["tables"]["s2_venues"]["uri"],
-            manifest["tables"]["openalex_sources"]["uri"],
-            self.cfg.ingest.cpus_per_task,
-        )
-        self.storage.write_parquet(venues, venues_uri)
-        tables = dict(manifest["tables"])
-        for name in ("papers", "citations"):
-            ds = corpus.table(name)
-            tables[name] = {
-                **tables[name],
-                "version": ds.version,
-                "rows": ds.count_rows(),
-                "layout": corpus.bucket_layout(name).as_dict(),
+# -- the whole refresh -----------------------------------------------------------------------------
+
+
+def plan(run: RefreshRun, release: str) -> tuple[str, list[dict[str, DiffStep]]]:
+    """S2's latest release and the steps to it, each step's datasets together."""
+    latest = run.client.latest()
+    if latest == release:
+        return latest, []
+    per_dataset = {
+        name: run.client.diffs(release, latest, name) for name in run.cfg.refresh.datasets
+    }
+    order: list[tuple[str, str]] = []
+    for steps in per_dataset.values():
+        for s in steps:
+            if (s.from_release, s.to_release) not in order:
+                order.append((s.from_release, s.to_release))
+    order.sort(key=lambda pair: pair[1])
+    grouped = []
+    for pair in order:
+        grouped.append(
+            {
+                name: s
+                for name, steps in per_dataset.items()
+                for s in steps
+                if (s.from_release, s.to_release) == pair
             }
-        tables["venues"] = {**tables["venues"], "uri": venues_uri, "rows": venues.num_rows}
-        if report.label:
-            state = {**state, "applied": [*state["applied"], report.as_dict()]}
-        base_run = manifest["output"].rstrip("/").rsplit("/", 1)[1]
-        stamp = f"{base_run}+{state['release']}+{len(state['applied'])}"
-        new = {
-            **manifest,
-            "tables": tables,
-            "corpus": state,
-            "run_id": stamp,
-            "refreshed": dt.datetime.now(dt.timezone.utc).isoformat(),
-        }
-        # one writer: the refresh holds the root's lease (`pipeline.refresh`) while it commits
-        self.storage.write_json(manifest_uri(self.storage, INGEST), new)
-        corpus.manifest = new
-        return new
-
-    # -- steps ---------------------------------------------------------------------------------
-
-    def _download(self, step_dir: str, name: str, kind: str, urls: Sequence[str]) -> list[str]:
-        """Diff files into the build root, each complete or absent; kept ones are reused by a
-        rerun of the same step (its URLs change, the files' order does not)."""
-        out, fetched, kept, started = [], 0, 0, time.perf_counter()
-        for i, url in enumerate(urls):
-            uri = join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz")
-            if self.storage.is_file(uri):
-                kept += 1
-            else:
-                with self.storage.atomic_output(uri) as sink:
-                    fetched += self.client.download(url, sink)
-                console.print(
-                    f"    {name} {kind} file {i + 1}/{len(urls)}: {fetched / 1e6:,.1f} MB in "
-                    f"{time.perf_counter() - started:,.0f} s"
-                    + (f" ({kept} kept from an earlier try)" if kept else ""),
-                    highlight=False,
-                )
-            out.append(uri)
-        return out
-
-    def _records(
-        self, step_dir: str, steps: dict[str, DiffStep], name: str, kind: str, report: StepReport
-    ) -> pa.Table:
-        """Parsed kept rows of one side of a dataset's step, rejects written and counted."""
-        step = steps.get(name)
-        if step is None:
-            return record_schema(name).empty_table()
-        urls = step.update_files if kind == "update" else step.delete_files
-        files = self._download(step_dir, name, kind, urls)
-        parsed = _parse_files(self.cfg, self.storage, name, files)
-        kept, rejected, skipped = _split(parsed, name)
-        counts = report.records.setdefault(name, {})
-        counts[f"{kind}_records"] = kept.num_rows
-        counts[f"{kind}_rejected"] = rejected.num_rows
-        counts[f"{kind}_skipped"] = skipped
-        if rejected.num_rows:
-            self.storage.write_parquet(
-                rejected.select(["path", "reject_reason", "raw"]),
-                join(self.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}.parquet"),
-            )
-        total = kept.num_rows + rejected.num_rows + skipped
-        limit = self.cfg.ingest.max_reject_rate
-        if total and rejected.num_rows / total > limit:
-            raise InputError(
-                f"{rejected.num_rows:,} of {total:,} {kind} records of {name} in release step "
-                f"{step.from_release} → {step.to_release} were rejected (> "
-                f"ingest.max_reject_rate={limit:.1%}); reasons in {self.work}/rejects"
-            )
-        return kept
-
-    def _apply_step(self, corpus: Corpus, steps: dict[str, DiffStep], report: StepReport) -> None:
-        one = next(iter(steps.values()))
-        step_dir = join(self.work, "downloads", _slug(one.to_release))
-        n = self._key_buckets(corpus)
-        keys_uri = corpus.manifest["tables"]["openalex_keys"]["uri"]
-        papers = self._records(step_dir, steps, "papers", "update", report)
-        abstracts = self._records(step_dir, steps, "abstracts", "update", report)
-        gone_papers = self._records(step_dir, steps, "papers", "delete", report)
-        gone_abstracts = self._records(step_dir, steps, "abstracts", "delete", report)
-        console.print(f"  {report.label}: papers")
-        _apply_papers(
-            corpus,
-            keys_uri,
-            n,
-            papers,
-            abstracts,
-            pa.array([], pa.int64()),
-            gone_abstracts["corpus_id"],
         )
-        citations = self._records(step_dir, steps, "citations", "update", report)
-        gone_citations = self._records(step_dir, steps, "citations", "delete", report)
-        console.print(f"  {report.label}: citations")
-        _apply_citations(corpus, citations)
-        corpus.delete_keys(
-            "citations", gone_citations.select(CITATION_KEY).group_by(CITATION_KEY).aggregate([])
-        )
-        if gone_papers.num_rows:
-            ids = _ids(gone_papers["corpus_id"]).unique()
-            corpus.delete_keys("papers", pa.table({"corpus_id": ids}))
-            corpus.delete_citations_of(ids)
+    return latest, grouped
 
-    def _key_buckets(self, corpus: Corpus) -> int:
-        """The key table's bucket count (its folders say), so new keys land where lookups look."""
-        loc = self.storage.resolve(corpus.manifest["tables"]["openalex_keys"]["uri"])
-        found = [
-            int(d.rsplit("=", 1)[1])
-            for d in self.storage.list_dirs(loc.uri)
-            if f"/{BUCKET}=" in d and int(d.rsplit("=", 1)[1]) >= 0
-        ]
-        return max(found) + 1 if found else self.cfg.ingest.num_buckets
 
-    def _openalex(
-        self, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Parse works partitions newer than the pinned snapshot into the key table; relink the
-        papers they match; pin the newer snapshot."""
-        pinned = snapshot_date(state.get("openalex_snapshot"))
-        files, newest = new_work_files(self.cfg, self.storage, pinned)
-        if not files:
-            return manifest
-        label = f"openalex updated_date {pinned} → {newest}"
-        console.print(f"  {label}: {len(files)} new works shard(s)")
-        report = StepReport(label, source="openalex")
-        n = self._key_buckets(corpus)
-        keys_uri = manifest["tables"]["openalex_keys"]["uri"]
-        step = ParseWorks(records.SPECS["works"], n, self.cfg.ingest.raw_line_limit)
-        ingest = self.cfg.ingest
-        parsed = parse_files(self.storage, files, step, ingest.batch_size, ingest.cpus_per_task)
-        good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
-        if good.num_rows:
-            # named for the snapshot: a retried refresh rewrites the same files
-            write_partitions(good, keys_uri, self.storage, f"openalex-{newest}")
-        relink = _relink_ids(corpus, good["key"].unique())
-        report.records["works"] = {
-            "update_records": good.num_rows,
-            "update_rejected": int(pc.sum(pc.equal(parsed[BUCKET], buckets.REJECTED)).as_py() or 0),
-        }
-        begin = corpus.versions()
-        _apply_papers(
-            corpus,
-            keys_uri,
-            n,
-            record_schema("papers").empty_table(),
-            record_schema("abstracts").empty_table(),
-            relink,
-            pa.array([], pa.int64()),
-        )
-        report.changes = corpus.changes(begin)
-        state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
-        return self._commit(manifest, corpus, state, report)
-
-    # -- the whole refresh -----------------------------------------------------------------------
-
-    def plan(self, release: str) -> tuple[str, list[dict[str, DiffStep]]]:
-        """S2's latest release and the steps to it, each step's datasets together."""
-        latest = self.client.latest()
-        if latest == release:
-            return latest, []
-        per_dataset = {
-            name: self.client.diffs(release, latest, name) for name in self.cfg.refresh.datasets
-        }
-        order: list[tuple[str, str]] = []
-        for steps in per_dataset.values():
-            for s in steps:
-                if (s.from_release, s.to_release) not in order:
-                    order.append((s.from_release, s.to_release))
-        order.sort(key=lambda pair: pair[1])
-        grouped = []
-        for pair in order:
-            grouped.append(
-                {
-                    name: s
-                    for name, steps in per_dataset.items()
-                    for s in steps
-                    if (s.from_release, s.to_release) == pair
-                }
-            )
-        return latest, grouped
-
-    def apply(self) -> Applied:
-        """Bring the corpus to S2's latest release (and OpenAlex's newest partitions), committing
-        each step; a step an earlier, killed refresh began is restored and applied again."""
-        storage = self.storage
-        manifest = self._manifest()
-        corpus = Corpus(storage, manifest)
-        state = self._corpus_state(manifest)
-        restored = corpus.restore_unfinished()
-        if restored:
-            console.print(
-                "[bold]refresh[/]: an earlier refresh stopped before its commit; tables back to "
-                f"their published versions ({', '.join(restored)}), applying its step again"
-            )
-        if self.keyless:
-            console.print(
-                f"  [yellow]note[/]: ${self.cfg.refresh.api_key_env} is empty: requests go "
-                "without an API key"
-            )
-        start_release = state["release"]
-        latest, steps = self.plan(start_release)
+def apply_diffs(run: RefreshRun) -> Applied:
+    """Bring the corpus to S2's latest release (and OpenAlex's newest partitions), committing
+    each step; a step an earlier, killed refresh began is restored and applied again."""
+    storage = run.storage
+    manifest = _manifest(run)
+    corpus = Corpus(storage, manifest)
+    state = _corpus_state(run, manifest)
+    restored = corpus.restore_unfinished()
+    if restored:
         console.print(
-            f"[bold]refresh[/]: corpus at S2 release {start_release}; latest {latest}; "
-            f"{len(steps)} release step(s) to apply"
+            "[bold]refresh[/]: an earlier refresh stopped before its commit; tables back to "
+            f"their published versions ({', '.join(restored)}), applying its step again"
         )
-        ensure_ray(self.cfg.ray)
-        before = len(state["applied"])
-        manifest = self._openalex(manifest, corpus, state)
-        state = manifest.get("corpus", state)
-        for group in steps:
-            one = next(iter(group.values()))
-            report = StepReport(f"{one.from_release} → {one.to_release}")
-            begin = corpus.versions()
-            self._apply_step(corpus, group, report)
-            report.changes = corpus.changes(begin)
-            state = {**state, "release": one.to_release}
-            manifest = self._commit(manifest, corpus, state, report)
-            state = manifest["corpus"]
-            storage.delete_dir(join(self.work, "downloads", _slug(one.to_release)))
-            _print_step(report)
-        reports = state["applied"][before:]
-        if reports and self._rebucket(corpus):
-            manifest = self._commit(manifest, corpus, state, StepReport(""))
-        return Applied(corpus, start_release, state, reports, restored)
+    if run.keyless:
+        console.print(
+            f"  [yellow]note[/]: ${run.cfg.refresh.api_key_env} is empty: requests go "
+            "without an API key"
+        )
+    start_release = state["release"]
+    latest, steps = plan(run, start_release)
+    console.print(
+        f"[bold]refresh[/]: corpus at S2 release {start_release}; latest {latest}; "
+        f"{len(steps)} release step(s) to apply"
+    )
+    ensure_ray(run.cfg.ray)
+    before = len(state["applied"])
+    manifest = _openalex(run, manifest, corpus, state)
+    state = manifest.get("corpus", state)
+    for group in steps:
+        one = next(iter(group.values()))
+        report = StepReport(f"{one.from_release} → {one.to_release}")
+        begin = corpus.versions()
+        _apply_step(run, corpus, group, report)
+        report.changes = corpus.changes(begin)
+        state = {**state, "release": one.to_release}
+        manifest = _commit(run, manifest, corpus, state, report)
+        state = manifest["corpus"]
+        storage.delete_dir(join(run.work, "downloads", _slug(one.to_release)))
+        _print_step(report)
+    reports = state["applied"][before:]
+    if reports and _rebucket(run, corpus):
+        manifest = _commit(run, manifest, corpus, state, StepReport(""))
+    return Applied(corpus, start_release, state, reports, restored)
 
-    def _rebucket(self, corpus: Corpus) -> bool:
-        """Rewrite each table whose appended, bucket-mixing fragments passed
-        `refresh.rebucket_share` back into one-bucket fragments (`buckets.rewrite`); the next
-        commit records the new layout. Lance's own compaction would merge fragments of
-        different buckets, so it is not used."""
-        rewritten = False
-        for name in ("papers", "citations"):
-            found = corpus.bucket_layout(name)
-            ds = corpus.table(name)
-            p = buckets.plan(found, self.storage, ds.uri, ds.version)
-            if not p.mixed or p.mixed_rows <= self.cfg.refresh.rebucket_share * p.rows:
-                continue
-            console.print(
-                f"  {name}: {p.mixed_rows:,} of {p.rows:,} rows in fragments that mix buckets "
-                f"(> refresh.rebucket_share={self.cfg.refresh.rebucket_share:.0%}); rewriting "
-                f"the table into its {found.num_buckets} key buckets"
-            )
-            corpus.layouts[name] = buckets.rewrite(
-                p,
-                self.storage,
-                fragment_rows=self.cfg.ingest.lance_fragment_rows,
-                cpus=self.cfg.ingest.cpus_per_task,
-            )
-            rewritten = True
-        return rewritten
 
-    def remove_old_versions(self, corpus: Corpus) -> dict[str, int]:
-        """Table versions older than `refresh.retain_versions_days` (the caller checks that no
-        reader is reading them)."""
-        older_than = dt.timedelta(days=self.cfg.refresh.retain_versions_days)
-        return {
-            name: corpus.table(name).cleanup_old_versions(older_than=older_than).old_versions
-            for name in ("papers", "citations")
-        }
+def _rebucket(run: RefreshRun, corpus: Corpus) -> bool:
+    """Rewrite each table whose appended, bucket-mixing fragments passed
+    `refresh.rebucket_share` back into one-bucket fragments (`buckets.rewrite`); the next
+    commit records the new layout. Lance's own compaction would merge fragments of
+    different buckets, so it is not used."""
+    rewritten = False
+    for name in ("papers", "citations"):
+        found = corpus.bucket_layout(name)
+        ds = corpus.table(name)
+        p = buckets.plan(found, run.storage, ds.uri, ds.version)
+        if not p.mixed or p.mixed_rows <= run.cfg.refresh.rebucket_share * p.rows:
+            continue
+        console.print(
+            f"  {name}: {p.mixed_rows:,} of {p.rows:,} rows in fragments that mix buckets "
+            f"(> refresh.rebucket_share={run.cfg.refresh.rebucket_share:.0%}); rewriting "
+            f"the table into its {found.num_buckets} key buckets"
+        )
+        corpus.layouts[name] = buckets.rewrite(
+            p,
+            run.storage,
+            fragment_rows=run.cfg.ingest.lance_fragment_rows,
+            cpus=run.cfg.ingest.cpus_per_task,
+        )
+        rewritten = True
+    return rewritten
+
+
+def remove_old_versions(run: RefreshRun, corpus: Corpus) -> dict[str, int]:
+    """Table versions older than `refresh.retain_versions_days` (the caller checks that no
+    reader is reading them)."""
+    older_than = dt.timedelta(days=run.cfg.refresh.retain_versions_days)
+    return {
+        name: corpus.table(name).cleanup_old_versions(older_than=older_than).old_versions
+        for name in ("papers", "citations")
+    }
 
 
 def _slug(release: str) -> str:
@@ -673,4 +608,4 @@ def _print_step(report: StepReport) -> None:
     console.print(f"  applied {report.label}: records {rec or 'none'} → {ch}")
 
 
-__all__ = ("Applied", "Refresher", "public_url", "snapshot_date")
+__all__ = ("Applied", "RefreshRun", "apply_diffs", "public_url", "snapshot_date")

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from cpr_ray import duck
 from cpr_ray.buckets import BUCKET
-from cpr_ray.corpus.ingest import TEXT_SUFFIXES
+from cpr_ray.corpus.inputs import TEXT_SUFFIXES
 from cpr_ray.corpus.records import S2_ABSTRACTS, parse_lines
 from cpr_ray.corpus.shards import read_shard
 from cpr_ray.dataset.format import CORPUS, CORPUS_TABLE, file_name

@@ -28,7 +28,8 @@ from cpr_ray.config import Config, DatasetConfig
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
 from cpr_ray.errors import InputError
-from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task, write_failures
+from cpr_ray.llm.ledger import write_failures
+from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader
 from cpr_ray.schemas import passages
 from cpr_ray.stage import StageOutput, StageRun, chained_stage, console

@@ -32,7 +32,8 @@ from typing import Any
 
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.retrieval.model_source import model_label
-from cpr_ray.storage import Storage, find_table, join
+from cpr_ray.storage import Storage, join
+from cpr_ray.table_files import find_table
 
 # benchmark -> MTEB task name (`mteb_task.CPREval` / `CPREvalFull` carry the same names)
 TASK_NAMES = {"cpr": "CPREval", "cpr-full": "CPREvalFull"}

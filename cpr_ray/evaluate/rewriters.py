@@ -22,7 +22,8 @@ from cpr_ray.errors import ConfigError
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import LLMTask, endpoint_url, run_llm_task
+from cpr_ray.llm.runner import endpoint_url, run_llm_task
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.retrieval.llm_judge import EVAL_STEPS, eval_context
 

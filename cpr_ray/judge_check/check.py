@@ -40,7 +40,7 @@ from cpr_ray.judge_check.metrics import agreement, binary_report, bootstrap, coh
 from cpr_ray.judge_check.projection import Measured, project_build, volumes, volumes_from_root
 from cpr_ray.judge_check.tasks import judged_label, make_task
 from cpr_ray.llm.client import LLMClient, Usage, probe_endpoint
-from cpr_ray.llm.runner import LLMTask
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage
 

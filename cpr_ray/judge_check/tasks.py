@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import LLMTask
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.writing import QueryWriter, citing_paper
 
 

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from cpr_ray import failures, leases
 from cpr_ray.config import Config
-from cpr_ray.corpus.ingest import discover_inputs, ingest
+from cpr_ray.corpus.ingest import ingest
+from cpr_ray.corpus.inputs import discover_inputs
 from cpr_ray.dataset.export import export
 from cpr_ray.dataset.negatives import judge_negatives
 from cpr_ray.errors import ConfigError, StorageError

@@ -24,9 +24,9 @@ from typing import Any
 
 from cpr_ray import failures, leases
 from cpr_ray.config import Config
-from cpr_ray.corpus.refresh import INGEST, Refresher
+from cpr_ray.corpus.refresh import INGEST, RefreshRun, apply_diffs, remove_old_versions
 from cpr_ray.corpus.s2_api import S2DatasetsClient
-from cpr_ray.llm.runner import ledger_summary
+from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.llm.spend import counted_from_here
 from cpr_ray.pipeline.build import STAGES, run_build
 from cpr_ray.ray_runtime import user_errors_from_ray
@@ -36,8 +36,8 @@ from cpr_ray.storage import Storage, join
 
 def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:
     """Apply S2's diffs since the last refresh and rerun what depends on the corpus."""
-    updater = Refresher(cfg, client)
-    storage = updater.storage
+    run = RefreshRun.open(cfg, client)
+    storage = run.storage
     with ExitStack() as stack:
         try:
             owner = stack.enter_context(leases.owner(storage, "refresh"))
@@ -46,7 +46,7 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         ledger_before = _ledger_rows(storage)
         secrets = failures.secret_names(cfg)
         with failures.recorded(storage, "refresh", secrets), user_errors_from_ray():
-            applied = updater.apply()
+            applied = apply_diffs(run)
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
             with counted_from_here(storage, cfg.llm):  # the caps count this night's spend
@@ -56,7 +56,7 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         cleaned: dict[str, int] | str = (
             f"skipped: {len(readers)} reader(s) hold a lease ({', '.join(r.id for r in readers)})"
             if readers
-            else updater.remove_old_versions(applied.corpus)
+            else remove_old_versions(run, applied.corpus)
         )
         ledger_after = _ledger_rows(storage)
     summary = {

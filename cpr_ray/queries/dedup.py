@@ -23,7 +23,7 @@ from pydantic import Field, create_model
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import LLMTask
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.judges import format_contexts, format_mappings
 from cpr_ray.queries.writing import mask_citations
 

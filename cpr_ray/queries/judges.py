@@ -12,7 +12,7 @@ import pyarrow as pa
 from cpr_ray.llm import prompts
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.injection import input_flags
-from cpr_ray.llm.runner import LLMTask
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.analogy import (
     EXCLUSIONS,
     AnalogyJudgment,

@@ -13,13 +13,9 @@ import pyarrow.compute as pc
 from cpr_ray import duck
 from cpr_ray.config import Config
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
-from cpr_ray.llm.runner import (
-    TaskRun,
-    endpoint_url,
-    run_llm_task,
-    without_answer_columns,
-    write_failures,
-)
+from cpr_ray.llm.ledger import write_failures
+from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task
+from cpr_ray.llm.task import without_answer_columns
 from cpr_ray.queries.analogy import analogy_passed
 from cpr_ray.queries.dedup import (
     SameProblemJudge,

@@ -22,7 +22,8 @@ from cpr_ray.config import Config
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import LLMContext, LLMTask, endpoint_url, run_llm_task
+from cpr_ray.llm.runner import LLMContext, endpoint_url, run_llm_task
+from cpr_ray.llm.task import LLMTask
 from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.schemas import passage
 from cpr_ray.storage import Storage

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 from cpr_ray.columns import ID, INT, INTS, TEXT, TEXTS, Column, check_columns
 from cpr_ray.evaluate.benchmark import Benchmark, require_unique
 from cpr_ray.retrieval.base import PAD, document_texts
-from cpr_ray.storage import Storage, StorageError, find_table
+from cpr_ray.storage import Storage, StorageError
+from cpr_ray.table_files import find_table
 
 GROUPS = ("positive", "shares_query_topic", "shares_positive_topic", "other")
 # present and typed; a record with a null or inconsistent value is rejected with its reason below

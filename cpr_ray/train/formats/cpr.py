@@ -13,7 +13,8 @@ from cpr_ray.columns import INT, INTS, TEXT, Column, data_files, read_checked, w
 from cpr_ray.dataset.format import CORPUS_TABLE, TRAIN_TABLE
 from cpr_ray.errors import InputError
 from cpr_ray.schemas import paper_text
-from cpr_ray.storage import Storage, find_table
+from cpr_ray.storage import Storage
+from cpr_ray.table_files import find_table
 from cpr_ray.train.examples import RAW
 from cpr_ray.train.formats.common import (
     as_strings,

@@ -1,0 +1,65 @@
+"""The `refresh:` section: the nightly refresh from Semantic Scholar's diffs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from cpr_ray.sections import Section as _Section
+
+
+class RefreshConfig(_Section):
+    """The nightly refresh from Semantic Scholar's incremental diffs (`cpr refresh`)."""
+
+    operational: ClassVar[frozenset[str]] = frozenset(
+        {"api_url", "api_key_env", "requests_per_second", "max_retries", "timeout_s"}
+    )
+
+    base_release: str | None = Field(
+        None,
+        description="The S2 release the bulk shards under input.s2 are (e.g. 2026-11-25): where "
+        "the first refresh starts. Later refreshes start from the release they applied last.",
+    )
+    api_url: str = Field(
+        "https://api.semanticscholar.org/datasets/v1",
+        description="Semantic Scholar Datasets API base URL.",
+    )
+    api_key_env: str = Field(
+        "S2_API_KEY",
+        description="Environment variable holding the API key (sent as x-api-key, never logged).",
+    )
+    datasets: tuple[Literal["papers", "abstracts", "citations"], ...] = Field(
+        ("papers", "abstracts", "citations"), description="Datasets whose diffs are applied."
+    )
+    requests_per_second: float = Field(
+        1.0, gt=0, description="API request rate; S2 allows 1/s per key."
+    )
+    max_retries: int = Field(5, ge=0, description="Retries of a 429/5xx/unreachable request.")
+    timeout_s: float = Field(120.0, gt=0, description="Seconds per HTTP request.")
+    downstream: bool = Field(
+        True,
+        description="After the corpus, rerun the build's later stages (they pay only for what "
+        "changed); false applies the diffs only.",
+    )
+    rebucket_share: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Rewrite a corpus table into its key-bucket fragments (which also compacts "
+        "it) once the fragments refreshes appended, which mix buckets and which every mining "
+        "bucket scans, hold more than this share of its rows; 0: after every refresh, 1: never.",
+    )
+    retain_versions_days: float = Field(
+        7.0,
+        ge=0,
+        description="Corpus table versions older than this are removed after a refresh (never "
+        "while a build holds a live lease on the build root).",
+    )
+
+    @field_validator("base_release", mode="before")
+    @classmethod
+    def _release_id(cls, value: Any) -> Any:
+        """YAML reads an unquoted 2026-11-25 as a date; S2 release ids are strings."""
+        return value.isoformat() if isinstance(value, dt.date) else value

@@ -1,0 +1,82 @@
+"""The `search:` section: the index, `cpr search` and the service's limits."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, model_validator
+
+from cpr_ray.sections import Section as _Section
+
+
+class ServeConfig(_Section):
+    """The search service (`cpr serve`): limits that keep an overloaded service answering."""
+
+    host: str = Field("127.0.0.1", description="Address the HTTP proxy listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the HTTP proxy.")
+    max_ongoing_requests: int = Field(
+        8, ge=1, description="Requests a replica runs at once (Ray Serve max_ongoing_requests)."
+    )
+    max_queued_requests: int = Field(
+        16,
+        ge=1,
+        description="Requests waiting for a replica; past it the service answers 503 at once "
+        "instead of queueing without bound.",
+    )
+    min_replicas: int = Field(1, ge=1, description="Replicas kept up (autoscaling floor).")
+    max_replicas: int = Field(1, ge=1, description="Replicas at most (autoscaling ceiling).")
+    target_ongoing_requests: float = Field(
+        4.0, gt=0, description="Ongoing requests per replica the autoscaler aims at."
+    )
+    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs each replica reserves.")
+    max_body_bytes: int = Field(
+        65_536, ge=256, description="Largest request body; bigger ones get 413."
+    )
+    max_queries: int = Field(32, ge=1, description="Queries per request at most.")
+    api_key_env: str | None = Field(
+        None,
+        description="Environment variable holding the key clients send as X-API-Key; unset: "
+        "no key is asked for.",
+    )
+
+    @model_validator(mode="after")
+    def _replicas(self) -> ServeConfig:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        return self
+
+
+class SearchConfig(_Section):
+    """Cross-field search: the index `cpr index` builds and what `cpr search`/`cpr serve` do."""
+
+    operational: ClassVar[frozenset[str]] = frozenset({"serve", "query_batch"})
+
+    corpus: str | None = Field(
+        None,
+        description="What `cpr index` encodes: an export folder (its corpus table), a build "
+        "root or its Lance papers table, or a BEIR corpus.jsonl (path or s3://…).",
+    )
+    out: str | None = Field(None, description="Where `cpr index` writes the index.")
+    index: str | None = Field(None, description="The index `cpr search`/`cpr serve` read.")
+    shard_size: int = Field(
+        1_000_000, ge=1, description="Vectors per faiss shard; a bigger corpus gets several."
+    )
+    ivf_min_vectors: int = Field(
+        2_000_000,
+        ge=1,
+        description="Shards this big get an IVF index (nprobe lists searched); smaller are Flat "
+        "(exact).",
+    )
+    nprobe: int = Field(32, ge=1, description="Inverted lists an IVF shard searches per query.")
+    bm25: bool = Field(False, description="Build a BM25 index beside the dense one (--hybrid).")
+    k: int = Field(10, ge=1, description="Hits per query.")
+    max_k: int = Field(1000, ge=1, description="Largest k a query may ask for.")
+    infer_field_k: int = Field(
+        20, ge=1, description="Nearest papers whose majority field is the query's own field."
+    )
+    hybrid_depth: int = Field(
+        100, ge=1, description="Hits of each retriever fused by --hybrid (reciprocal rank fusion)."
+    )
+    rerank_depth: int = Field(30, ge=2, description="Candidates the --rerank llm tournament ranks.")
+    query_batch: int = Field(256, ge=1, description="Queries encoded and searched together.")
+    serve: ServeConfig = ServeConfig()

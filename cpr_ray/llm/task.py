@@ -1,0 +1,89 @@
+"""The contract of one LLM step: which inputs key a request, what it asks, what it returns."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.prompts import Prompt
+
+KEY = "request_key"
+
+
+# what every answered row carries beside the task's own columns
+ANSWER_COLUMNS = (
+    KEY,
+    "status",
+    "error",
+    "model",
+    "prompt_version",
+    "prompt_tokens",
+    "completion_tokens",
+)
+
+
+def without_answer_columns(table: pa.Table) -> pa.Table:
+    """A stage's output ready to be the next stage's input (its own answer columns dropped)."""
+    return table.drop_columns([c for c in ANSWER_COLUMNS if c in table.column_names])
+
+
+class LLMTask(ABC):
+    """One LLM step: which inputs define a request, what it asks, what columns it returns.
+
+    `output_schema` holds what the model answered (that is what the cache keeps); `derive` turns
+    answers into decisions after every cache read, so a changed rule applies to old answers
+    without re-asking and can never be served stale from the cache.
+    """
+
+    stage: str
+    prompts: tuple[Prompt, ...]
+    key_columns: tuple[str, ...]
+    output_schema: pa.Schema
+
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """Columns `run` reads from a row: checked before any call."""
+        return self.key_columns
+
+    def derive(self, table: pa.Table) -> pa.Table:
+        """Decision columns computed from the answer columns (none by default)."""
+        return table
+
+    @abstractmethod
+    async def run(
+        self, client: LLMClient, row: dict[str, Any], usage: Usage
+    ) -> tuple[dict[str, Any], Status, str | None]:
+        """Ask, check, decide: (output columns, status, reason when not ok)."""
+
+    @property
+    def prompt_version(self) -> str:
+        return "+".join(p.id for p in self.prompts)
+
+    def empty_output(self) -> dict[str, Any]:
+        return {f.name: None for f in self.output_schema}
+
+    @property
+    def schema_version(self) -> str:
+        """A fingerprint of the answer's shape: an answer of another shape is another question."""
+        return hashlib.sha256(str(self.output_schema).encode()).hexdigest()[:12]
+
+    def request_key(
+        self, model: str, row: dict[str, Any], pin: Mapping[str, Any] | None = None
+    ) -> str:
+        payload = {
+            "stage": self.stage,
+            "model": model,
+            "prompts": self.prompt_version,
+            "schema": self.schema_version,
+            "inputs": {c: row.get(c) for c in self.key_columns},
+        }
+        if pin:  # a pinned answer is another question (absent otherwise: keys stay as they were)
+            payload["pin"] = dict(pin)
+        blob = json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
