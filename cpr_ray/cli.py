@@ -148,13 +148,27 @@ def stats(
     config: Annotated[
         Path | None, typer.Option("--config", help="Config whose llm.prices give the cost.")
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Follow a running build or refresh (state, rows done of rows to do, ETA, LLM "
+            "spend so far) until it ends; reads the root only, no Ray connection.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.1, help="Seconds between looks (--watch).")
+    ] = 5.0,
 ) -> None:
     """Row counts, timings and statistics of a build's published stages, LLM spend, and each
-    stage's last failure that no success followed."""
+    stage's last failure that no success followed; with --watch, a running build's progress."""
     from cpr_ray import failures
     from cpr_ray.storage import StorageConfig
 
     storage = Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint))
+    if watch:
+        _watch(storage, interval)
+        return
     try:
         llm_cfg = load_config(file=config).llm if config else None
         manifests = {n: m for n in STAGES if (m := read_manifest(storage, n)) is not None}
@@ -200,6 +214,31 @@ def stats(
             soft_wrap=True,
             highlight=False,
         )
+
+
+def _watch(storage: Storage, interval: float) -> None:
+    """Redraw the build's progress every `interval` seconds until no build or refresh owns
+    the root (then once more: the final state)."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from cpr_ray.pipeline.watch import snapshot, spend_line, watch_table
+
+    names = list(STAGES)
+
+    def view() -> tuple[Any, bool]:
+        snap = snapshot(storage, names)
+        return Group(watch_table(snap, names), spend_line(snap)), snap.running
+
+    try:
+        shown, running = view()
+        with Live(shown, console=console, auto_refresh=False) as live:
+            while running:
+                time.sleep(interval)
+                shown, running = view()
+                live.update(shown, refresh=True)
+    except UserError as exc:
+        fail(exc)
 
 
 @app.command()

@@ -278,6 +278,15 @@ def check_owner(storage: Storage) -> None:
         raise RootBusy(storage.root, found[0], "stage")
 
 
+def current_owner(storage: Storage) -> Lease | None:
+    """The live build or refresh that owns the root now, if any (what `cpr stats --watch`
+    follows: a lease gone or stale is a run that ended or was killed)."""
+    found = _read(storage, owner_uri(storage))
+    if found and found[0] is not None and found[0].alive():
+        return found[0]
+    return None
+
+
 def _leases(storage: Storage) -> list[Lease]:
     is_s3 = storage.resolve(storage.root).is_s3
     out = []

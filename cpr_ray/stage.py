@@ -23,6 +23,7 @@ from rich.console import Console
 
 from cpr_ray import __version__, leases
 from cpr_ray.config import Config, LLMConfig
+from cpr_ray.progress import ProgressWriter
 from cpr_ray.storage import Storage, StorageError, join
 
 MANIFEST = "_MANIFEST.json"
@@ -70,6 +71,7 @@ class StageRun:
     out: str  # the run folder: write here, nowhere else
     cfg: Config
     storage: Storage
+    progress: ProgressWriter | None = None  # what `cpr stats --watch` reads as it runs
 
     @property
     def llm(self) -> LLMConfig:
@@ -203,7 +205,13 @@ def run_stage(
     out = join(storage.root, name, "runs", run_id)
     started = time.time()
     console.print(f"[bold]{name}[/]: running (run {run_id}) → {out}")
-    result = fn(StageRun(name, run_id, out, cfg, storage))
+    progress = ProgressWriter(storage, name, run_id)
+    progress.start()
+    try:
+        result = fn(StageRun(name, run_id, out, cfg, storage, progress))
+    except BaseException:
+        progress.finish("failed")
+        raise
     seconds = round(time.time() - started, 2)
     manifest = {
         "stage": name,
@@ -221,6 +229,7 @@ def run_stage(
     leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
     # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
     storage.write_json(manifest_uri(storage, name), manifest)
+    progress.finish("done")
     _remove_old_runs(storage, name, keep=run_id)
     return manifest
 

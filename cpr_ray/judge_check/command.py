@@ -23,6 +23,7 @@ from cpr_ray.errors import ConfigError, UserError
 from cpr_ray.judge_check.check import below, below_precision, check_judges
 from cpr_ray.judge_check.gold import JUDGE_STAGES, gold_path, load_gold
 from cpr_ray.judge_check.gold_report import gold_lines, gold_summary
+from cpr_ray.judge_check.projection import store_report
 from cpr_ray.judge_check.report import report_lines
 
 
@@ -140,6 +141,9 @@ def judge_check_command(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         console.print(f"report written to {out}", soft_wrap=True)
+    if root is not None:  # what `cpr stats ROOT --watch` sets the build's spend against
+        stored = store_report(cfg, root, report)
+        console.print(f"report stored with the build → {stored}", soft_wrap=True)
     failing = below(report, min_kappa) if min_kappa is not None else []
     if min_precision is not None:
         failing += below_precision(report, min_precision)

@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cpr_ray.config import DatasetConfig, LLMConfig
+from cpr_ray.config import Config, DatasetConfig, LLMConfig
 from cpr_ray.errors import StorageError
 from cpr_ray.judge_check.gold import build_stage
 from cpr_ray.stage import read_manifest
-from cpr_ray.storage import Storage
+from cpr_ray.storage import Storage, join
 
 # the stages a build asks an LLM, in build order (strongest: the dedup stage's second call)
 BUILD_ORDER: tuple[str, ...] = (
@@ -243,3 +243,15 @@ def project_build(llm: LLMConfig, measured: dict[str, Measured], vol: Volumes) -
         },
         "max_usd": llm.max_usd,
     }
+
+
+STORED_REPORT = "_judge_check/report.json"  # under a build root: what its watchers compare to
+
+
+def store_report(cfg: Config, root: str, report: dict[str, Any]) -> str:
+    """Keep a judge-check report measured for a build beside it (`--root`), where
+    `cpr stats ROOT --watch` sets the spend so far against its projection."""
+    storage = Storage(cfg.storage.model_copy(update={"root": root}))
+    uri = join(root, STORED_REPORT)
+    storage.write_json(uri, report)
+    return uri

@@ -106,6 +106,8 @@ def run_llm_task(
         + ("" if not todo.num_rows else " from this process" if inline else "")
     )
 
+    if isinstance(run, StageRun) and run.progress is not None and todo.num_rows:
+        run.progress.step(task.stage, 0, todo.num_rows)
     # the spend caps of a build stage (evaluation's and search's LLM steps are not capped)
     budget = Budget.open(cfg, storage, task.stage) if isinstance(run, StageRun) else None
     if todo.num_rows:
@@ -140,6 +142,8 @@ def run_llm_task(
             spent += cost_usd(cfg, out)
             done = sum(counts.values())
             last = done >= todo.num_rows
+            if isinstance(run, StageRun) and run.progress is not None:
+                run.progress.step(task.stage, done, todo.num_rows, spent)
             if budget is not None and not last:  # the last answers are paid: keep them
                 budget.check(spent)
             if done - reported < report_every and not last:
