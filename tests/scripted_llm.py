@@ -3,8 +3,9 @@
 It stands in for the external LLM service only (the client, actors and stages under test are
 real). Answers are deterministic functions of the request, chosen by the requested schema's
 name; markers in the prompt pick special behaviour (SAME → same problem, UNRELATED → not an
-analogy, INCONSISTENT → a decision that always contradicts the rest of the answer, REJECT →
-reject verdict,
+analogy, OFFGOAL → mappings made, then found off q's goal (kept, not an analogy),
+INCONSISTENT → a decision that always contradicts the rest of the answer, REJECT → reject
+verdict,
 BADQUERY → a rule-breaking query, BADFORM → a query the schema refuses until an objection is
 given, USELESS → usefulness 1, PLAINSCORE → a non-JSON grader reply; the strongest-analogy judge
 picks the candidate titled STRONGEST, else the first, and names no candidate for a citing paper
@@ -108,6 +109,15 @@ def analogy(prompt: str) -> dict[str, Any]:
         }
     if "UNRELATED" in title:
         return REJECTING
+    if "OFFGOAL" in title:
+        return ACCEPTING | {
+            "off_goal_mapping": True,
+            "structural_analogy": False,
+            "transfer_holds": False,
+            "transferable": False,
+            "reason": "the mapped process does not serve q's goal",
+            "decision": "not_analogy",
+        }
     if "INCONSISTENT" in title:
         return ACCEPTING | {"decision": "not_analogy"}
     return ACCEPTING

@@ -21,6 +21,17 @@ def test_profiles_load_and_validate():
     assert cluster.storage.root.startswith("s3://")
 
 
+def test_pairs_need_a_citing_sentence_everywhere_but_the_dry_run():
+    """The method builds from papers with full text: a pair without a citing sentence is dropped
+    by default and by every profile but the dry run's, whose bundled sample has few."""
+    assert load_config(env={}).mining.keep_pairs_without_context is False
+    kept = {
+        name for name in profile_names()
+        if load_config(name, env={}).mining.keep_pairs_without_context
+    }  # fmt: skip
+    assert kept == {"dry-run"}
+
+
 # App. I / Table 13 of the method: (model, pooling, lr, warm-up, floor, betas, weight decay)
 QWEN3 = ("last_token", 6e-6, 0, 0, (0.9, 0.95), 0.1)
 RECIPES = {

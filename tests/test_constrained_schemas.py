@@ -22,7 +22,7 @@ from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate import rewriters
 from cpr_ray.llm import answers
 from cpr_ray.llm.answers import constrained_schema
-from cpr_ray.llm.client import response_format
+from cpr_ray.llm.client import parse_answer, response_format
 from cpr_ray.pipeline.build import preflight
 from cpr_ray.queries import analogy, dedup, synthesis, usefulness, writing
 from cpr_ray.queries.analogy import (
@@ -108,11 +108,13 @@ def test_bounds_of_the_models_are_in_every_branch(model):
                 continue
             bounds = {type(c).__name__: c for c in fields[name].metadata}
             if "MaxLen" in bounds:
-                key = "maxItems" if prop.get("type") == "array" else "maxLength"
                 options = [o for o in prop.get("anyOf", [prop]) if o.get("type") != "null"]
-                assert all(o[key] <= bounds["MaxLen"].max_length for o in options), name
+                # a list's alternatives (relation arguments) are arrays each, a string is not
+                keys = ["maxItems" if o.get("type") == "array" else "maxLength" for o in options]
+                sizes = [o[key] for o, key in zip(options, keys, strict=True)]
+                assert all(size <= bounds["MaxLen"].max_length for size in sizes), name
                 seen = widest.get((obj["title"], name), 0)
-                widest[(obj["title"], name)] = max(seen, *(o[key] for o in options))
+                widest[(obj["title"], name)] = max(seen, *sizes)
             if "Ge" in bounds:
                 assert prop["minimum"] == bounds["Ge"].ge and prop["type"] == "integer"
             if "Le" in bounds:
@@ -131,6 +133,17 @@ MAPPINGS = [
 ]
 
 
+# map, then falsify: a judge that maps first and then finds the mappings off Q's goal keeps
+# them on record and decides not_analogy, nothing holding
+POST_MAPPING_EXCLUSION = scripted_llm.ACCEPTING | {
+    "off_goal_mapping": True,
+    "structural_analogy": False,
+    "transfer_holds": False,
+    "transferable": False,
+    "decision": "not_analogy",
+}
+
+
 def _relations(n: int) -> list[dict[str, Any]]:
     """n shared relations over the first two mappings (grounded when they exist)."""
     return [{"predicate": f"Converts{i}", "arguments": [1, 2]} for i in range(n)]
@@ -138,7 +151,7 @@ def _relations(n: int) -> list[dict[str, Any]]:
 
 def _judgment(
     same: bool,
-    excluded: bool,
+    excluded: str | None,
     kind: str,
     mappings: int,
     relations: int,
@@ -150,7 +163,7 @@ def _judgment(
     return {
         "same_problem": same,
         **scripted_llm.NO_EXCLUSION,
-        "surface_similarity": excluded,
+        **({excluded: True} if excluded else {}),
         "object_mappings": MAPPINGS[:mappings],
         "shared_relations": _relations(relations),
         "structural_analogy": structural,
@@ -167,7 +180,7 @@ ALL_JUDGMENTS = [  # relations need two mappings to be grounded: the schema's bl
     _judgment(same, excluded, kind, m, r, *rest)
     for same, excluded, kind, m, r, *rest in itertools.product(
         (False, True),
-        (False, True),
+        (None, "surface_similarity", "off_goal_mapping"),  # none; before mapping; after it
         ("method", "none", "same_problem"),
         (0, 1, 2, 3),
         (0, 1, 2),
@@ -181,18 +194,20 @@ ALL_JUDGMENTS = [  # relations need two mappings to be grounded: the schema's bl
 
 
 def test_the_analogy_schema_accepts_exactly_the_consistent_judgments():
-    """Every combination of same problem, an exclusion, transfer type, booleans, decision and
-    list sizes (with grounded relations): the schema and the rule checks agree on each one."""
+    """Every combination of same problem, an exclusion (one that needs no mapping, one that
+    judges them), transfer type, booleans, decision and list sizes (with grounded relations):
+    the schema and the rule checks agree on each one."""
     consistent = 0
     for value in ALL_JUDGMENTS:
         problems = analogy_problems(AnalogyJudgment.model_validate(value))
         assert fits(AnalogyJudgment, value) == (not problems), (problems, value)
         consistent += not problems
-    # same problem (type same_problem, nothing mapped): 2 (with or without another exclusion);
-    # an exclusion: 2 types (method, none); no exclusion and no structural analogy: 2 types x 8
-    # list sizes x 3 (holds, transferable); a structural analogy: 4 list sizes x (observed and
-    # potential with a contribution, not_analogy with either type)
-    assert (consistent, len(ALL_JUDGMENTS)) == (2 + 2 + 48 + 16, 2304)
+    # same problem (type same_problem, nothing mapped): 3 (with no other exclusion or either);
+    # an exclusion before mapping: 2 types (method, none), nothing mapped; one after mapping: 2
+    # types x 8 list sizes, the mappings kept, nothing holding; no exclusion and no structural
+    # analogy: 2 types x 8 list sizes x 3 (holds, transferable); a structural analogy: 4 list
+    # sizes x (observed and potential with a contribution, not_analogy with either type)
+    assert (consistent, len(ALL_JUDGMENTS)) == (3 + 2 + 16 + 48 + 16, 3456)
 
 
 @pytest.mark.parametrize(
@@ -202,8 +217,9 @@ def test_the_analogy_schema_accepts_exactly_the_consistent_judgments():
         scripted_llm.REJECTING,
         scripted_llm.analogy("Q title: SAME task"),
         scripted_llm.ACCEPTING | {"decision": "potential_analogy", "transfer_holds": False},
+        POST_MAPPING_EXCLUSION,
     ],
-    ids=["observed", "not-analogy", "same-problem", "potential"],
+    ids=["observed", "not-analogy", "same-problem", "potential", "falsified-after-mapping"],
 )
 def test_the_scripted_judgments_the_rules_accept_fit(value):
     assert analogy_problems(AnalogyJudgment.model_validate(value)) == []
@@ -217,10 +233,11 @@ def test_the_scripted_judgments_the_rules_accept_fit(value):
         (scripted_llm.ACCEPTING | {"transferable": False}, "so transferable must be true"),
         (scripted_llm.ACCEPTING | {"same_problem": True}, "same_problem is true"),
         (  # tests/test_llm_decisions.py: a structural analogy without mappings
-            _judgment(False, False, "method", 0, 0, True, False, True, "potential_analogy"),
+            _judgment(False, None, "method", 0, 0, True, False, True, "potential_analogy"),
             "at least two mappings",
         ),
-        (scripted_llm.ACCEPTING | {"off_goal_mapping": True}, "off_goal_mapping is true"),
+        (scripted_llm.ACCEPTING | {"off_goal_mapping": True}, "the mappings stay, but"),
+        (POST_MAPPING_EXCLUSION | {"background_only": True}, "mappings and relations must be"),
         (scripted_llm.ACCEPTING | {"transfer_type": "tool_as_is"}, "contribution of D"),
         (scripted_llm.ACCEPTING | {"transfer_type": "same_problem"}, "exactly when same_problem"),
     ],
@@ -229,7 +246,8 @@ def test_the_scripted_judgments_the_rules_accept_fit(value):
         "holds-not-transferable",
         "same-problem",
         "no-mappings",
-        "exclusion",
+        "exclusion-after-mapping-yet-holding",
+        "exclusion-before-mapping-with-mappings",
         "no-contribution",
         "same-problem-type",
     ],
@@ -239,13 +257,37 @@ def test_judgments_the_rules_reject_do_not_fit(value, problem):
     assert not fits(AnalogyJudgment, value)
 
 
-@pytest.mark.parametrize("arguments", [[1], [], [1, 2, 3, 4], [0, 1], [1, 9]])
+@pytest.mark.parametrize(
+    "arguments", [[1], [], [1, 2, 3, 4], [0, 1], [1, 9], [1, 1], [2, 1, 2], [1, 2, 2]]
+)
 def test_a_relation_holds_over_two_or_three_mapping_numbers(arguments):
-    """A property of one object is not a relation; an argument is a mapping's number."""
+    """A property of one object is not a relation, nor is a predicate naming one mapping twice
+    ([1, 1]); an argument is a mapping's number."""
     value = scripted_llm.ACCEPTING | {
         "shared_relations": [{"predicate": "P", "arguments": arguments}]
     }
     assert not fits(AnalogyJudgment, value) and parses(AnalogyJudgment, value) is None
+
+
+def test_every_ordered_choice_of_distinct_mappings_fits_and_a_repeat_is_sent_back():
+    """The constrained form spells distinctness out (no grammar enforces uniqueItems) and leaves
+    no relation out; the plain form keeps the short list schema; a repeated mapping that reaches
+    the contract (a plain-form endpoint) is refused with the rule, which the re-ask quotes."""
+    mappings = [{"q_object": f"q{i}", "d_object": f"d{i}", "role": "r"} for i in range(1, 9)]
+    for n in (2, 3):
+        for arguments in itertools.permutations(range(1, 9), n):
+            value = scripted_llm.ACCEPTING | {
+                "object_mappings": mappings,
+                "shared_relations": [{"predicate": "P", "arguments": list(arguments)}],
+            }
+            assert fits(AnalogyJudgment, value), arguments
+    plain = AnalogyJudgment.model_json_schema()["$defs"]["SharedRelation"]["properties"]
+    assert plain["arguments"]["type"] == "array" and "anyOf" not in plain["arguments"]
+    repeated = scripted_llm.ACCEPTING | {
+        "shared_relations": [{"predicate": "P", "arguments": [1, 1]}]
+    }
+    value, problem = parse_answer(json.dumps(repeated), AnalogyJudgment)
+    assert value is None and "distinct mappings: [1, 1] names one mapping twice" in problem
 
 
 def test_an_ungrounded_relation_is_only_caught_after_arrival():
@@ -377,8 +419,9 @@ def test_response_format_per_endpoint_form():
     constrained = response_format(AnalogyJudgment, "json_schema")
     assert constrained["type"] == "json_schema"
     assert constrained["json_schema"]["name"] == "AnalogyJudgment"
-    # same problem; an exclusion; no structural analogy (2); a structural analogy (3)
-    assert len(constrained["json_schema"]["schema"]["anyOf"]) == 7
+    # same problem; an exclusion before mapping, one after; no structural analogy (2); a
+    # structural analogy (3)
+    assert len(constrained["json_schema"]["schema"]["anyOf"]) == 8
     plain = response_format(AnalogyJudgment, "json_schema_plain")["json_schema"]["schema"]
     assert plain == AnalogyJudgment.model_json_schema() and "anyOf" not in plain
     legacy = response_format(AnalogyJudgment, "json_object_schema")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from cpr_ray.config import load_config
 from cpr_ray.dataset.negatives import (
     GROUPS,
+    NegativeGrader,
     eligible_candidates,
     judge_negatives,
     mark_kept,
@@ -24,6 +25,7 @@ from cpr_ray.dataset.negatives import (
     walk,
 )
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
+from cpr_ray.queries.usefulness import UsefulnessGrader, grader_reference
 from cpr_ray.schemas import PAPERS, passage, passages
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, join
@@ -172,6 +174,25 @@ def test_the_graders_passage_is_the_title_and_the_abstract_cut_at_2000_character
     assert got[3] == "T. " + "é" * 2000  # B.5: the abstract is cut, in characters
     assert got[4] == "é" * 2100 + ". x"  # the title is read whole
     assert passage("T", "é" * 2500) == got[3]
+
+
+def test_a_positive_grader_reads_a_neutral_reference_and_a_negative_grader_none():
+    """B.5/B.6: the positive's mappings come as a candidate correspondence that may not apply
+    (its note a prompt file of its own, in the cache key), never as an earlier judge's proposal;
+    the negative's prompt has no block and no note, and its key does not follow the note."""
+    reference = grader_reference(
+        [{"q_object": "sensor", "d_object": "neuron", "role": "signal source"}],
+        [{"predicate": "Feeds", "q_arguments": ["a", "b"], "d_arguments": ["c", "d"]}],
+    )
+    row = {"query": "how to recover sparse signals?", "passage": "A passage."}
+    positive = UsefulnessGrader().render(row | {"mappings": reference})
+    negative = NegativeGrader().render(row | {"mappings": None})
+    assert "candidate correspondence" in positive and "may not apply" in positive
+    assert "sensor -> neuron (signal source)" in positive
+    assert "earlier judge" not in positive and "proposed" not in positive
+    assert "correspondence" not in negative and "Mappings:" not in negative
+    assert UsefulnessGrader().prompt_version == "usefulness.v2+usefulness_reference.v1"
+    assert NegativeGrader().prompt_version == "usefulness.v2"
 
 
 # -- a fake build: ingest's papers and pool's tables ----------------------------------------------

@@ -190,12 +190,20 @@ def _pairs(titles: list[str]) -> pa.Table:
 
 @pytest.mark.usefixtures("ray_session")
 def test_a_changed_analogy_rule_reaches_cached_answers_without_a_call(tmp_path, llm, monkeypatch):
-    pairs = _pairs(["diffusion sampling", "UNRELATED queues", "score matching"])
+    pairs = _pairs(["diffusion sampling", "UNRELATED queues", "score matching", "OFFGOAL flows"])
     first = run_llm_task(_run(tmp_path, llm), AnalogyJudge(), pairs, base_url=llm.base_url)
     assert first.table["decision"].to_pylist() == [
-        "observed_analogy", "not_analogy", "observed_analogy",
+        "observed_analogy", "not_analogy", "observed_analogy", "not_analogy",
     ]  # fmt: skip
-    assert first.table["passed"].to_pylist() == [True, False, True]
+    assert first.table["passed"].to_pylist() == [True, False, True, False]
+    # map, then falsify: an exclusion found before mapping leaves nothing mapped; one that
+    # judges the mappings keeps them (and their relations) on record
+    assert first.table["exclusions"].to_pylist()[1:] == [
+        ["surface_similarity"], [], ["off_goal_mapping"],
+    ]  # fmt: skip
+    mapped = [len(m) for m in first.table["object_mappings"].to_pylist()]
+    related = [len(r) for r in first.table["shared_relations"].to_pylist()]
+    assert (mapped, related) == ([2, 0, 2, 2], [1, 0, 1, 1])
     calls = llm.stats()["total"]
 
     def stricter(answers: pa.Table) -> pa.ChunkedArray:
@@ -205,9 +213,9 @@ def test_a_changed_analogy_rule_reaches_cached_answers_without_a_call(tmp_path, 
     monkeypatch.setattr("cpr_ray.queries.judges.analogy_decision", stricter)
     again = run_llm_task(_run(tmp_path, llm), AnalogyJudge(), pairs, base_url=llm.base_url)
     assert llm.stats()["total"] == calls and again.stats["asked"] == 0
-    assert again.stats["cached"] == 3
+    assert again.stats["cached"] == 4
     assert again.table["decision"].to_pylist() == [
-        "potential_analogy", "not_analogy", "potential_analogy",
+        "potential_analogy", "not_analogy", "potential_analogy", "not_analogy",
     ]  # fmt: skip
     assert again.table["model_decision"].to_pylist() == first.table["model_decision"].to_pylist()
 
@@ -217,7 +225,7 @@ def test_a_changed_analogy_rule_reaches_cached_answers_without_a_call(tmp_path, 
     monkeypatch.setattr("cpr_ray.queries.judges.analogy_decision", nothing_passes)
     last = run_llm_task(_run(tmp_path, llm), AnalogyJudge(), pairs, base_url=llm.base_url)
     assert llm.stats()["total"] == calls
-    assert last.table["passed"].to_pylist() == [False, False, False]
+    assert last.table["passed"].to_pylist() == [False, False, False, False]
 
 
 @pytest.mark.usefixtures("ray_session")

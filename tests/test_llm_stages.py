@@ -244,7 +244,7 @@ def test_dedup_asks_the_model_for_the_strongest_and_falls_back_to_the_ranking(tm
     assert (stats["comparisons"], stats["same_problem_links"], stats["groups"]) == (7, 4, 2)
     assert (stats["groups_chosen_by_model"], stats["groups_chosen_by_rule"]) == (1, 1)
     assert stats["rows"] == 7 + 2 and stats["strongest"]["new_invalid"] == 1
-    assert stats["prompt_version"] == "dedup.v2+strongest.v1+strongest_candidate.v1"
+    assert stats["prompt_version"] == "dedup.v3+strongest.v1+strongest_candidate.v1"
     choices = pq.read_table(out.tables["strongest"]["uri"]).to_pylist()
     assert [(c["chosen_cited_id"], c["chosen_by"]) for c in choices] == [
         (13, "model"),
@@ -270,3 +270,28 @@ def test_identical_requests_are_asked_once_and_every_row_answered(tmp_path, llm)
     assert out.stats["asked"] == 3 and llm.stats()["Usefulness"] == 3
     assert out.table["query"].to_pylist() == rows["query"].to_pylist()  # input order kept
     assert out.table["usefulness"].to_pylist() == [3, 1, 3, 3, 3]
+
+
+def test_every_shipped_prompt_is_one_a_task_asks():
+    """Prompt versions a task no longer loads are retired and do not ship: a prompt file in the
+    package is a prompt some stage sends."""
+    from importlib import resources
+
+    from cpr_ray.dataset.negatives import NegativeGrader
+    from cpr_ray.evaluate.rewriters import RewriteTask
+    from cpr_ray.queries.dedup import SameProblemJudge, StrongestAnalogyJudge
+    from cpr_ray.queries.judges import TransferVerifier
+    from cpr_ray.queries.synthesis import QuerySynthesizer
+    from cpr_ray.retrieval.llm_judge import ChooseTask, ScoreTask
+    from cpr_ray.search.llm_steps import ExplainHit
+
+    tasks = [
+        AnalogyJudge(), TransferVerifier(), QueryWriter(), SameProblemJudge(),
+        StrongestAnalogyJudge(), UsefulnessGrader(), NegativeGrader(), ExplainHit(),
+        *(RewriteTask(kind) for kind in ("hyde", "query2doc", "rag-fusion")),
+        *(QuerySynthesizer(mode, 2) for mode in ("diverse", "paraphrase")),
+        ChooseTask(), ScoreTask(),
+    ]  # fmt: skip
+    asked = {f"{p.id}.txt" for task in tasks for p in task.prompts}
+    folder = resources.files("cpr_ray.llm") / "prompts"
+    assert {f.name for f in folder.iterdir() if f.name.endswith(".txt")} == asked

@@ -64,7 +64,7 @@ def synthetic(tmp_path_factory):
     return raw
 
 
-def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path):
+def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path, capfd):
     overrides = [
         f"storage.root={tmp_path}",
         f"input.s2={synthetic}/s2",
@@ -117,10 +117,17 @@ def test_mine_equals_one_duckdb_query_and_context_switch(synthetic, tmp_path):
         ],
         env={},
     )
+    capfd.readouterr()
     rerun = mine(strict, storage)  # a mining knob changed: mine reruns, ingest is reused
     assert rerun["run_id"] != manifest["run_id"]
     strict_pairs = _read(storage, rerun["tables"]["pairs"]["uri"])
-    assert rerun["stats"]["pairs_without_context_dropped"] == len(got) - len(with_context)
+    dropped = len(got) - len(with_context)
+    assert rerun["stats"]["pairs_without_context_dropped"] == dropped
+    printed = " ".join(capfd.readouterr().err.split())  # the console wraps at its width
+    assert (
+        f"{dropped:,} of {len(got):,} cross-topic pairs dropped for having no citing sentence"
+        in printed
+    )
     assert (
         set(zip(strict_pairs["base_id"].to_pylist(), strict_pairs["cited_id"].to_pylist()))
         == with_context

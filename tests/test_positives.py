@@ -46,7 +46,8 @@ def test_sample_build_through_every_llm_stage_then_zero_calls(sample_positives, 
     row = positives.to_pylist()[0]
     assert row["query"].startswith("How to ") and row["decision"] == "observed_analogy"
     assert row["model_decision"] == "observed_analogy" and row["input_flags"] == []
-    assert row["model"] == "scripted" and row["prompt_version"] == "usefulness.v2"
+    assert row["model"] == "scripted"
+    assert row["prompt_version"] == "usefulness.v2+usefulness_reference.v1"
     assert stats["score-positives"]["failures"] == 0
     calls = llm.stats().get("total", 0)
 

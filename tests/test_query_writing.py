@@ -357,5 +357,9 @@ def test_the_dry_runs_same_problem_pin_still_holds_with_the_strongest_answer():
     check_pin({"same_problem": False})
     check_pins(load_config("dry-run", env={}).llm, ["dedup"])
     assert "same_problem" not in json.dumps(constrained_schema(strongest_answer(2)))
-    assert SameProblemJudge.prompts[0].id == "dedup.v2"
-    assert "wording alone" in SameProblemJudge.prompts[0].template
+    assert SameProblemJudge.prompts[0].id == "dedup.v3"
+    # the method's test, not a narrower one: the same problem in another setting is the same
+    template = " ".join(SameProblemJudge.prompts[0].template.split())
+    assert "would a paper that answers one of them also answer the other?" in template
+    assert "another dataset, population, language or setting" in template
+    assert "a condition that one question needs and the other does not" not in template

@@ -36,7 +36,10 @@ class MiningConfig(_Section):
         "or recovered from S2ORC full text).",
     )
     keep_pairs_without_context: bool = Field(
-        True, description="Keep pairs with no citing sentence (flagged has_context=false)."
+        False,
+        description="Keep pairs with no citing sentence (flagged has_context=false). The method "
+        "builds from papers with full text: the analogy judge reads how q cites d, so by default "
+        "such pairs are dropped (and counted).",
     )
     seed: int = Field(0, description="Seed of the per-field sampling order.")
 

@@ -74,9 +74,11 @@ def group_rank(column: str = '"group"') -> str:
 
 class NegativeGrader(UsefulnessGrader):
     """N2: the positives' usefulness grader (B.5) without mappings (B.6), as its own stage, so
-    it has its own cache, ledger lines and `llm.stages.judge-negatives` model."""
+    it has its own cache, ledger lines and `llm.stages.judge-negatives` model. It reads no
+    reference block, so it is not keyed by the note that introduces one."""
 
     stage = STAGE
+    prompts = UsefulnessGrader.prompts[:1]
 
 
 # -- pure steps ----------------------------------------------------------------------------------

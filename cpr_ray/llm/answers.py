@@ -48,6 +48,10 @@ class _Answer(BaseModel):
     # model's schema as it is). Rules that compare values (an argument is a mapped object)
     # cannot be said in a schema and are only checked after arrival.
     branches: ClassVar[tuple[Branch, ...]] = ()
+    # property schemas the constrained form sends in place of a field's own: a rule JSON Schema
+    # can spell only at length (distinct relation arguments), which a grammar enforces; the
+    # plain form (`json_schema_plain`, for providers that refuse such schemas) keeps the field's
+    constrained_properties: ClassVar[Mapping[str, dict[str, Any]]] = {}
 
     @classmethod
     def constrained_schema(cls, pin: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -70,6 +74,9 @@ class _Answer(BaseModel):
         cls, schema: dict[str, Any], pin: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         pin = pin or {}
+        if cls.constrained_properties:
+            properties = {**schema["properties"], **cls.constrained_properties}
+            schema = {**schema, "properties": properties}
         unknown = set(pin) - set(schema["properties"])
         if unknown:
             raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)} to pin")

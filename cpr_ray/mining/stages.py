@@ -387,18 +387,29 @@ def _print_mining(stats: dict[str, Any]) -> None:
             f"{p.get('share_crossing_domain', 0):.0%}",
         )
     console.print(table)
-    if stats.get("pairs"):
-        console.print(
-            f"  {stats['pairs']:,} pairs from {stats['base_papers_with_pairs']:,} of "
-            f"{stats['base_papers']:,} base papers; crossing field "
-            f"{stats['share_crossing_field']:.1%}, domain {stats['share_crossing_domain']:.1%} "
-            "(the paper's final positives: 79.9% / 45.3%); with a citing sentence "
-            f"{stats['share_with_context']:.1%} ({stats['pairs_without_context']:,} without, "
-            f"{stats['pairs_without_context_dropped']:,} of them dropped); pooling universe "
-            f"{stats['universe']:,} papers"
-        )
-    else:
-        console.print(f"  no pairs; pooling universe {stats['universe']:,} papers")
+    console.print(f"  {mining_summary(stats)}")
+
+
+def mining_summary(stats: dict[str, Any]) -> str:
+    """The line under the per-field table: pairs kept, crossings, citing sentences (and how many
+    pairs were dropped for want of one: the method reads how q cites d), the pooling universe."""
+    dropped = stats.get("pairs_without_context_dropped", 0)
+    context = (
+        f"{dropped:,} of {stats['cross_topic_citations']:,} cross-topic pairs dropped for having "
+        "no citing sentence (mining.keep_pairs_without_context: false)"
+        if dropped
+        else f"{stats.get('pairs_without_context', 0):,} pairs without a citing sentence kept"
+    )
+    universe = f"pooling universe {stats['universe']:,} papers"
+    if not stats.get("pairs"):
+        return f"no pairs; {context}; {universe}"
+    return (
+        f"{stats['pairs']:,} pairs from {stats['base_papers_with_pairs']:,} of "
+        f"{stats['base_papers']:,} base papers; crossing field "
+        f"{stats['share_crossing_field']:.1%}, domain {stats['share_crossing_domain']:.1%} "
+        "(the paper's final positives: 79.9% / 45.3%); with a citing sentence "
+        f"{stats['share_with_context']:.1%}; {context}; {universe}"
+    )
 
 
 def mine(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:

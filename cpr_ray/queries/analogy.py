@@ -7,11 +7,12 @@ instead (`cpr_ray/llm/injection.py`).
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from cpr_ray.llm.answers import Branch, Items, _Answer
 
@@ -38,18 +39,32 @@ NOT_SAME_PROBLEM = tuple(t for t in get_args(TransferType) if t != "same_problem
 Decision = Literal["observed_analogy", "potential_analogy", "not_analogy"]
 PASSING: tuple[Decision, ...] = ("observed_analogy", "potential_analogy")
 
-# The method's "reject before accepting" list, past the same-problem test: each a boolean the
-# model sets before it maps anything; any one set ends the judgment (nothing mapped, not_analogy).
+# The method's "reject before accepting" list past the same-problem test, in the order the answer
+# writes it: map, then falsify. The first four need no mapping to be seen, so one set ends the
+# judgment before anything is mapped (nothing mapped, nothing holds, not_analogy); the last three
+# judge the mappings, relations and path the answer has just written, so one set keeps them on
+# record and decides not_analogy (nothing holds).
 EXCLUSIONS: dict[str, str] = {
-    "background_only": "Q cites D only as background or narrative",
-    "tool_or_data_as_is": "Q uses a tool or dataset of D unchanged",
+    "background_only": "Q cites D only as background: narrative or motivation, a contrast with "
+    "its own work, or evidence for a statement",
+    "tool_or_data_as_is": "Q takes a tool, dataset, benchmark, pretrained resource, measuring "
+    "instrument or lookup source from D and uses it as it is (an adaptation counts only where "
+    "the mappings carry it)",
     "terminology_only": "Q borrows D's terminology or metaphor without a correspondence of "
     "relations",
     "surface_similarity": "the papers only look alike on the surface (both involve networks)",
-    "unsupported_possibility": "a link is possible but the texts do not support it",
-    "off_goal_mapping": "a mapping exists but does not serve Q's goal",
-    "adoption_without_transfer": "Q adopts something of D without carrying any relation over",
+    "unsupported_possibility": "the mappings make a link possible, but the texts do not back it",
+    "off_goal_mapping": "the mappings hold, but what they carry does not serve Q's goal",
+    "adoption_without_transfer": "Q adopts something of D without carrying any of the mapped "
+    "relations over",
 }
+PRE_MAPPING: tuple[str, ...] = (
+    "background_only",
+    "tool_or_data_as_is",
+    "terminology_only",
+    "surface_similarity",
+)
+POST_MAPPING: tuple[str, ...] = tuple(e for e in EXCLUSIONS if e not in PRE_MAPPING)
 
 
 OBJECT_CHARS = 80
@@ -67,24 +82,58 @@ class ObjectMapping(_Answer):
 
 MAX_MAPPINGS = 8  # the method's 4 to 8, when the texts support them
 # A relation holds between objects (one alone is a property) and over *mapped* ones: its
-# arguments are the numbers of mappings (from 1), so the same relation reads over their q objects
-# on q's side and over their d objects on d's, and no argument can name an object that was not
-# mapped. Three arguments cover the method's relations (Converts(x, y)); the bounds keep a whole
-# answer within a stage's max_tokens (a grammar-held model writes lists to their bound).
+# arguments are the numbers of distinct mappings (from 1), so the same relation reads over their
+# q objects on q's side and over their d objects on d's, and no argument can name an object that
+# was not mapped. Three arguments cover the method's relations (Converts(x, y)); the bounds keep
+# a whole answer within a stage's max_tokens (a grammar-held model writes lists to their bound).
 MIN_ARGUMENTS, MAX_ARGUMENTS, MAX_RELATIONS = 2, 3, 4
 MappingNumber = Annotated[int, Field(ge=1, le=MAX_MAPPINGS)]
+ARGUMENTS_WHY = (
+    "The numbers (from 1) of the distinct mappings it holds over, in order: over their q objects "
+    "in Q's problem and over their d objects in D's."
+)
+
+
+def _distinct(arguments: list[int]) -> list[int]:
+    if len(set(arguments)) < len(arguments):
+        raise ValueError(
+            f"a relation's arguments are distinct mappings: {arguments} names one mapping twice, "
+            "and a predicate over one object is a property, not a relation"
+        )
+    return arguments
+
+
+def distinct_arguments_schema() -> dict[str, Any]:
+    """`arguments` as JSON Schema: 2 to 3 distinct mapping numbers, spelled out as one
+    alternative per choice of all but the last number (the last an enum of the rest). JSON
+    Schema's own `uniqueItems` would say it in one word, but llama.cpp's grammar ignores it and
+    vLLM's grammar backends refuse or drop it; `prefixItems` all of them enforce (no `items`
+    beside it, which llama.cpp would read instead: min/maxItems fix the length)."""
+    numbers = range(1, MAX_MAPPINGS + 1)
+    alternatives = []
+    for n in range(MIN_ARGUMENTS, MAX_ARGUMENTS + 1):
+        for head in itertools.permutations(numbers, n - 1):
+            rest = [k for k in numbers if k not in head]
+            alternatives.append(
+                {
+                    "type": "array",
+                    "prefixItems": [*({"const": k} for k in head), {"enum": rest}],
+                    "minItems": n,
+                    "maxItems": n,
+                }
+            )
+    return {"title": "Arguments", "description": ARGUMENTS_WHY, "anyOf": alternatives}
 
 
 class SharedRelation(_Answer):
     predicate: str = Field(
         max_length=60, description="A relation holding on both sides, e.g. Converts."
     )
-    arguments: list[MappingNumber] = Field(
-        min_length=MIN_ARGUMENTS,
-        max_length=MAX_ARGUMENTS,
-        description="The numbers (from 1) of the mappings it holds over, in order: over their q "
-        "objects in Q's problem and over their d objects in D's.",
+    arguments: Annotated[list[MappingNumber], AfterValidator(_distinct)] = Field(
+        min_length=MIN_ARGUMENTS, max_length=MAX_ARGUMENTS, description=ARGUMENTS_WHY
     )
+
+    constrained_properties = {"arguments": distinct_arguments_schema()}
 
     def sides(self, mappings: list[ObjectMapping]) -> tuple[list[str], list[str]]:
         """(q arguments, d arguments): the objects of the mappings it names."""
@@ -113,21 +162,28 @@ def _exclusion_field(why: str) -> Any:
 
 
 class AnalogyJudgment(_Answer):
-    same_problem: bool = Field(description="True when D is earlier work on Q's own problem.")
+    """Fields in the order the method works (map, then falsify): same problem and the exclusions
+    that need no mapping; the mappings, relations and what would carry over; the exclusions that
+    judge them; then structure, transfer and the decision."""
+
+    same_problem: bool = Field(
+        description="True when D is earlier work on Q's own problem or task line, also when D "
+        "works on it in another dataset, population, language or setting."
+    )
     background_only: bool = _exclusion_field(EXCLUSIONS["background_only"])
     tool_or_data_as_is: bool = _exclusion_field(EXCLUSIONS["tool_or_data_as_is"])
     terminology_only: bool = _exclusion_field(EXCLUSIONS["terminology_only"])
     surface_similarity: bool = _exclusion_field(EXCLUSIONS["surface_similarity"])
+    object_mappings: list[ObjectMapping] = Field(max_length=MAX_MAPPINGS)
+    shared_relations: list[SharedRelation] = Field(max_length=MAX_RELATIONS)
+    transfer_type: TransferType
+    transfer_path: TransferPath
     unsupported_possibility: bool = _exclusion_field(EXCLUSIONS["unsupported_possibility"])
     off_goal_mapping: bool = _exclusion_field(EXCLUSIONS["off_goal_mapping"])
     adoption_without_transfer: bool = _exclusion_field(EXCLUSIONS["adoption_without_transfer"])
-    object_mappings: list[ObjectMapping] = Field(max_length=MAX_MAPPINGS)
-    shared_relations: list[SharedRelation] = Field(max_length=MAX_RELATIONS)
     structural_analogy: bool
     transfer_holds: bool
     transferable: bool
-    transfer_type: TransferType
-    transfer_path: TransferPath
     reason: str = Field(max_length=400)
     decision: Decision
 
@@ -146,11 +202,23 @@ class AnalogyJudgment(_Answer):
             },
         ),
         Branch(
-            "an exclusion (or nothing found): nothing mapped, nothing holds",
+            "an exclusion that needs no mapping (or nothing found): nothing mapped, nothing holds",
             {
                 "same_problem": False,
                 "object_mappings": Items(max=0),
                 "shared_relations": Items(max=0),
+                "structural_analogy": False,
+                "transfer_holds": False,
+                "transferable": False,
+                "transfer_type": NOT_SAME_PROBLEM,
+                "decision": "not_analogy",
+            },
+        ),
+        Branch(
+            "an exclusion that judges the mappings: they stay on record, nothing holds",
+            {
+                "same_problem": False,
+                **dict.fromkeys(PRE_MAPPING, False),
                 "structural_analogy": False,
                 "transfer_holds": False,
                 "transferable": False,
@@ -257,17 +325,20 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
     problems = []
     if j.transfer_holds and not j.transferable:
         problems.append("transfer_holds is true, so transferable must be true")
-    if j.exclusions and (
-        j.object_mappings
-        or j.shared_relations
-        or j.structural_analogy
-        or j.transfer_holds
-        or j.transferable
-        or j.decision != "not_analogy"
-    ):
+    before = [e for e in j.exclusions if e == "same_problem" or e in PRE_MAPPING]
+    after = [e for e in j.exclusions if e in POST_MAPPING]
+    holds_nothing = not (
+        j.structural_analogy or j.transfer_holds or j.transferable or j.decision in PASSING
+    )
+    if before and (j.object_mappings or j.shared_relations or not holds_nothing):
         problems.append(
-            f"{', '.join(j.exclusions)} is true: mappings and relations must be empty, every "
-            "other boolean false and decision not_analogy"
+            f"{', '.join(before)} is true: mappings and relations must be empty, every other "
+            "boolean false and decision not_analogy"
+        )
+    elif after and not holds_nothing:
+        problems.append(
+            f"{', '.join(after)} is true: the mappings stay, but structural_analogy, "
+            "transfer_holds and transferable must be false and decision not_analogy"
         )
     if j.same_problem != (j.transfer_type == "same_problem"):
         problems.append('transfer_type is "same_problem" exactly when same_problem is true')

@@ -252,7 +252,7 @@ def keep_strongest(
 
 class SameProblemJudge(LLMTask):
     stage = "dedup"
-    prompts = (prompts.load("dedup", "v2"),)
+    prompts = (prompts.load("dedup", "v3"),)
     key_columns = ("query_a", "query_b")
     output_schema = pa.schema([("same_problem", pa.bool_()), ("same_reason", pa.string())])
 

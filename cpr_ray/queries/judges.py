@@ -96,7 +96,7 @@ class AnalogyJudge(LLMTask):
     """
 
     stage = "judge-analogy"
-    prompts = (prompts.load("analogy", "v2"),)
+    prompts = (prompts.load("analogy", "v3"),)
     key_columns = (
         "base_id",
         "cited_id",
@@ -167,7 +167,7 @@ class TransferVerifier(LLMTask):
     `verified`."""
 
     stage = "judge-transfer"
-    prompts = (prompts.load("transfer", "v2"),)
+    prompts = (prompts.load("transfer", "v3"),)
     key_columns = (
         "base_id",
         "cited_id",

@@ -26,14 +26,6 @@ class Usefulness(_Answer):
 # a usefulness of 2 or more is usable (B.5): positives keep it, negatives (N2) must stay below it
 KEEP_USEFULNESS = 2
 
-# Only a positive's grader gets the first judge's mappings (B.5); a negative's gets no block at
-# all (B.6), not an empty one, so nothing hints that a mapping was ever expected.
-REFERENCE_NOTE = (
-    "After the passage come object mappings and shared relations that an earlier judge proposed "
-    "between the question's problem and the passage. They are an optional reference: use one "
-    "only where its left side matches the question and its right side the passage."
-)
-
 _FINAL_SCORE = re.compile(r"(?:score|final)[^0-9]{0,20}([0-3])(?!\d)", re.I)
 
 
@@ -58,25 +50,32 @@ def grader_reference(
 
 class UsefulnessGrader(LLMTask):
     """B.5 (and N2 later): could the passage be used to solve the query's problem? 0–3. Rows
-    carry `mappings`: a positive's reference block (`grader_reference`), null for a negative."""
+    carry `mappings`: a positive's reference block (`grader_reference`), null for a negative.
+
+    Only a positive's grader gets the mappings (B.5), introduced by a neutral note (its own
+    prompt file, so its wording is versioned like any prompt's): a candidate correspondence,
+    which may not apply, never an earlier judge's word. A negative's gets no block and no note
+    (B.6), not an empty one, so nothing hints that a mapping was ever expected."""
 
     stage = "score-positives"
-    prompts = (prompts.load("usefulness", "v2"),)
+    prompts = (prompts.load("usefulness", "v2"), prompts.load("usefulness_reference", "v1"))
     key_columns = ("query", "passage", "mappings")
     output_schema = pa.schema([("usefulness", pa.int8())])
+
+    def render(self, row: dict[str, Any]) -> str:
+        reference = row["mappings"] or ""
+        return self.prompts[0].render(
+            query=row["query"],
+            passage=row["passage"],
+            reference_note=self.prompts[1].template.strip() if reference else "",
+            reference=reference,
+        )
 
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
-        reference = row["mappings"] or ""
-        prompt = self.prompts[0].render(
-            query=row["query"],
-            passage=row["passage"],
-            reference_note=REFERENCE_NOTE if reference else "",
-            reference=reference,
-        )
         out = await client.ask(
-            self.stage, prompt, Usefulness, usage=usage, fallback=parse_usefulness_text
+            self.stage, self.render(row), Usefulness, usage=usage, fallback=parse_usefulness_text
         )
         if out.value is None:
             return self.empty_output(), out.status, out.error
