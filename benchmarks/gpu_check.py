@@ -367,7 +367,10 @@ def train_row(
         f"{weights} weights{', bf16 autocast' if plan.autocast else ''}; "
         f"{metrics['seconds']:.1f} s; goal within {PLAN_GOAL:g}%: "
         f"{'met' if abs(difference) <= PLAN_GOAL else 'missed'}",
-    ) | {"step_seconds": metrics["seconds"], "within_goal": abs(difference) <= PLAN_GOAL}
+    ) | {
+        "step": {key: metrics[key] for key in ("seconds", "loss", "grad_norm")},
+        "within_goal": abs(difference) <= PLAN_GOAL,
+    }
 
 
 def sharded_top_k(

@@ -48,6 +48,7 @@ def test_gpu_check_on_cpu_gives_every_row_and_comparison(tmp_path, monkeypatch, 
     for check in CHECKS[2:4]:  # the CPU's own figures, never a GPU's
         assert rows[check]["ours"]["what"] == "CPU allocator peak"
         assert rows[check]["baseline"]["what"].startswith("cpr train --plan")
-        assert rows[check]["step_seconds"] > 0
+        step = rows[check]["step"]  # a real step: a loss, and gradients that reach the weights
+        assert step["seconds"] > 0 and math.isfinite(step["loss"]) and step["grad_norm"] > 0
     assert rows[CHECKS[4]]["same_ids"] == 1.0  # the sharded search finds what faiss finds
     assert "GPU check on cpu" in capsys.readouterr().out
