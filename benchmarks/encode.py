@@ -38,20 +38,11 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from sample_texts import abstracts  # noqa: E402  (benchmarks/, beside this file)
+
 from cpr_ray.config import minilm_dir, sample_dir  # noqa: E402
 from cpr_ray.retrieval import ray_encode  # noqa: E402
 from cpr_ray.retrieval.spec import EncoderSpec  # noqa: E402
-
-
-def abstracts(n: int) -> list[str]:
-    """The first `n` non-empty abstracts of the bundled sample, repeated if it holds fewer."""
-    path = sample_dir() / "s2" / "abstracts" / "*.gz"
-    rows = duckdb.sql(
-        f"SELECT abstract FROM read_json_auto('{path}') "
-        "WHERE length(trim(coalesce(abstract, ''))) > 0 ORDER BY corpusid"
-    ).fetchall()
-    texts = [r[0] for r in rows]
-    return (texts * (n // len(texts) + 1))[:n]
 
 
 class TimedEncodeDocs(ray_encode.EncodeDocs):
