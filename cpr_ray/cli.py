@@ -217,8 +217,9 @@ def stats(
 
 
 def _watch(storage: Storage, interval: float) -> None:
-    """Redraw the build's progress every `interval` seconds until no build or refresh owns
-    the root (then once more: the final state)."""
+    """Show the build's progress every `interval` seconds until no build or refresh owns the
+    root, then once more (the final state): redrawn in place on a terminal, one snapshot after
+    another, when they change, in a log."""
     from rich.console import Group
     from rich.live import Live
 
@@ -226,16 +227,28 @@ def _watch(storage: Storage, interval: float) -> None:
 
     names = list(STAGES)
 
-    def view() -> tuple[Any, bool]:
+    def view() -> tuple[Group, bool, str]:
         snap = snapshot(storage, names)
-        return Group(watch_table(snap, names), spend_line(snap)), snap.running
+        shown = Group(watch_table(snap, names), spend_line(snap))
+        with console.capture() as text:
+            console.print(shown)
+        return shown, snap.running, text.get()
 
     try:
-        shown, running = view()
+        shown, running, text = view()
+        if not console.is_terminal:
+            console.print(shown)
+            while running:
+                time.sleep(interval)
+                shown, running, now = view()
+                if now != text:
+                    console.print(shown)
+                    text = now
+            return
         with Live(shown, console=console, auto_refresh=False) as live:
             while running:
                 time.sleep(interval)
-                shown, running = view()
+                shown, running, _ = view()
                 live.update(shown, refresh=True)
     except UserError as exc:
         fail(exc)
