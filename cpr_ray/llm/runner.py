@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import ray
 
-from cpr_ray import duck
+from cpr_ray import duck, metrics
 from cpr_ray.config import LLMConfig, stage_name
 from cpr_ray.errors import ConfigError, InputError, LLMStageError, UserError
 from cpr_ray.llm.answers import check_pins
@@ -192,7 +192,8 @@ class LLMActor:
             usage = Usage()
             started = time.perf_counter()
             try:
-                out, status, error = await self.task.run(self.client, row, usage)
+                with metrics.in_flight(self.task.stage, self.model):
+                    out, status, error = await self.task.run(self.client, row, usage)
             except UserError as exc:
                 self._refused = exc  # the endpoint refuses us as configured: stop the stage
                 raise
@@ -231,6 +232,7 @@ class LLMActor:
         if ok.num_rows:
             self.storage.write_parquet(ok, join(self.sink.cache, name))
         self.storage.write_parquet(table.select(LEDGER.names), join(self.sink.ledger, name))
+        metrics.answers_stored(self.task.stage, self.model, table, self.llm)
 
     async def _flush_every(self) -> None:
         while True:
@@ -370,6 +372,7 @@ def run_llm_task(
         f"(cache), {todo.num_rows:,} to ask {model} at {base_url}"
         + ("" if not todo.num_rows else " from this process" if inline else "")
     )
+    metrics.ask_started(task.stage, model, len(unique_keys) - todo.num_rows, todo.num_rows)
 
     # the spend caps of a build stage (evaluation's and search's LLM steps are not capped)
     budget = Budget.open(cfg, storage, task.stage) if isinstance(run, StageRun) else None
@@ -404,6 +407,7 @@ def run_llm_task(
             tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
             spent += cost_usd(cfg, out)
             done = sum(counts.values())
+            metrics.ask_progress(task.stage, model, done)
             last = done >= todo.num_rows
             if budget is not None and not last:  # the last answers are paid: keep them
                 budget.check(spent)
