@@ -98,6 +98,8 @@ def _set(name: str, value: float, tags: Mapping[str, str]) -> None:
 def _refresh() -> None:
     while True:
         time.sleep(REFRESH_S)
+        if not ray.is_initialized():  # shut down (and maybe started again later)
+            continue
         with _gauges_lock:
             values = list(_gauges.items())
         for (name, tags), value in values:
