@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cpr_ray import __version__, leases
+from cpr_ray import __version__, leases, metrics
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.progress import ProgressWriter
 from cpr_ray.storage import Storage, StorageError, join
@@ -229,6 +229,7 @@ def run_stage(
     leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
     # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
     storage.write_json(manifest_uri(storage, name), manifest)
+    metrics.stage_published(name, result.tables)
     progress.finish("done")
     _remove_old_runs(storage, name, keep=run_id)
     return manifest

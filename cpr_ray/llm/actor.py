@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import ray
 
+from cpr_ray import metrics
 from cpr_ray.config import LLMConfig
 from cpr_ray.errors import UserError
 from cpr_ray.llm.client import LLMClient, RateLimiter, Usage
@@ -56,7 +57,8 @@ class LLMActor:
             usage = Usage()
             started = time.perf_counter()
             try:
-                out, status, error = await self.task.run(self.client, row, usage)
+                with metrics.in_flight(self.task.stage, self.model):
+                    out, status, error = await self.task.run(self.client, row, usage)
             except UserError as exc:
                 self._refused = exc  # the endpoint refuses us as configured: stop the stage
                 raise
@@ -95,6 +97,7 @@ class LLMActor:
         if ok.num_rows:
             self.storage.write_parquet(ok, join(self.sink.cache, name))
         self.storage.write_parquet(table.select(LEDGER.names), join(self.sink.ledger, name))
+        metrics.answers_stored(self.task.stage, self.model, table, self.llm)
 
     async def _flush_every(self) -> None:
         while True:

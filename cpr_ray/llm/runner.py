@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import duck
+from cpr_ray import duck, metrics
 from cpr_ray.config import LLMConfig, stage_name
 from cpr_ray.errors import ConfigError, InputError, LLMStageError
 from cpr_ray.llm.answers import check_pins
@@ -105,6 +105,7 @@ def run_llm_task(
         f"(cache), {todo.num_rows:,} to ask {model} at {base_url}"
         + ("" if not todo.num_rows else " from this process" if inline else "")
     )
+    metrics.ask_started(task.stage, model, len(unique_keys) - todo.num_rows, todo.num_rows)
 
     if isinstance(run, StageRun) and run.progress is not None and todo.num_rows:
         run.progress.step(task.stage, 0, todo.num_rows)
@@ -141,6 +142,7 @@ def run_llm_task(
             tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
             spent += cost_usd(cfg, out)
             done = sum(counts.values())
+            metrics.ask_progress(task.stage, model, done)
             last = done >= todo.num_rows
             if isinstance(run, StageRun) and run.progress is not None:
                 run.progress.step(task.stage, done, todo.num_rows, spent)
