@@ -27,9 +27,6 @@ import pyarrow.compute as pc
 import ray
 from ray.util.metrics import Counter, Gauge
 
-from cpr_ray.config import LLMConfig
-from cpr_ray.llm.spend import cost_usd
-
 LLM_TAGS = ("stage", "model")
 
 # name -> description; every counter is tagged by stage and model
@@ -106,8 +103,8 @@ def _refresh() -> None:
             _metrics()[name].set(value, tags=dict(tags))
 
 
-def answers_stored(stage: str, model: str, rows: pa.Table, llm: LLMConfig) -> None:
-    """Count a block of ledger rows just written (an asker's flush)."""
+def answers_stored(stage: str, model: str, rows: pa.Table, usd: float) -> None:
+    """Count a block of ledger rows just written (an asker's flush) and what they cost."""
     if not ray.is_initialized() or not rows.num_rows:
         return
     tags = {"stage": stage, "model": model}
@@ -122,7 +119,7 @@ def answers_stored(stage: str, model: str, rows: pa.Table, llm: LLMConfig) -> No
     _inc("cpr_llm_requests", total("calls"), tags)
     _inc("cpr_llm_prompt_tokens", total("prompt_tokens"), tags)
     _inc("cpr_llm_completion_tokens", total("completion_tokens"), tags)
-    _inc("cpr_llm_usd", cost_usd(llm, rows), tags)
+    _inc("cpr_llm_usd", usd, tags)
     _inc("cpr_llm_retries", total("retries"), tags)
     _inc("cpr_llm_invalid", status("invalid"), tags)
     _inc("cpr_llm_failures", status("failed"), tags)

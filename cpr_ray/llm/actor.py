@@ -18,6 +18,7 @@ from cpr_ray.config import LLMConfig
 from cpr_ray.errors import UserError
 from cpr_ray.llm.client import LLMClient, RateLimiter, Usage
 from cpr_ray.llm.ledger import LEDGER, AnswerSink, first_per_key, result_schema
+from cpr_ray.llm.spend import cost_usd
 from cpr_ray.llm.task import KEY, LLMTask
 from cpr_ray.storage import Storage, join
 
@@ -97,7 +98,8 @@ class LLMActor:
         if ok.num_rows:
             self.storage.write_parquet(ok, join(self.sink.cache, name))
         self.storage.write_parquet(table.select(LEDGER.names), join(self.sink.ledger, name))
-        metrics.answers_stored(self.task.stage, self.model, table, self.llm)
+        usd = cost_usd(self.llm, table)
+        metrics.answers_stored(self.task.stage, self.model, table, usd)
 
     async def _flush_every(self) -> None:
         while True:
