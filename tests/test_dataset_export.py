@@ -30,12 +30,11 @@ from cpr_ray.dataset.negatives import (
 from cpr_ray.dataset.split import LeakageError, assign_split, check_no_leakage
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.loaders.cpr import load_cpr
+from cpr_ray.pooling.schemas import CANDIDATES, QUERIES
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, join
 
 from .test_dataset_negatives import (
-    POOL_CANDIDATES,
-    POOL_QUERIES,
     build_config,
     fake_pool,
     publish_fake_build,
@@ -48,10 +47,10 @@ cli = CliRunner()
 
 def publish_negatives(storage: Storage, made: dict, cfg: Config) -> pa.Table:
     """judge-negatives' output as the stage would write it, judged by the scripted rule."""
-    queries = pa.Table.from_pylist(made["queries"], schema=POOL_QUERIES)
+    queries = pa.Table.from_pylist(made["queries"], schema=QUERIES)
     split = assign_split(queries, eval_per_field=cfg.dataset.eval_per_field, seed=cfg.dataset.seed)
     table = eligible_candidates(
-        pa.Table.from_pylist(made["candidates"], schema=POOL_CANDIDATES), split, cfg.dataset
+        pa.Table.from_pylist(made["candidates"], schema=CANDIDATES), split, cfg.dataset
     )
     titles = {p["corpus_id"]: p["title"] for p in made["papers"]}
     done = walk(

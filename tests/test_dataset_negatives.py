@@ -25,6 +25,7 @@ from cpr_ray.dataset.negatives import (
     walk,
 )
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
+from cpr_ray.pooling.schemas import CANDIDATES, QUERIES
 from cpr_ray.queries.usefulness import UsefulnessGrader, grader_reference
 from cpr_ray.schemas import PAPERS, passage, passages
 from cpr_ray.stage import manifest_uri
@@ -291,34 +292,6 @@ def fake_pool(per_field: int = 4, per_group: int = 6, useful_every: int = 4) -> 
     return {"papers": papers, "queries": queries, "candidates": candidates}
 
 
-POOL_QUERIES = pa.schema(
-    [
-        ("query_id", pa.string()),
-        ("query", pa.string()),
-        ("base_id", pa.int64()),
-        ("positive_id", pa.int64()),
-        ("field", pa.string()),
-        ("domain", pa.string()),
-        ("positive_field", pa.string()),
-        ("positive_domain", pa.string()),
-        ("crosses_field", pa.bool_()),
-        ("crosses_domain", pa.bool_()),
-        ("base_date", pa.date32()),
-    ]
-)
-POOL_CANDIDATES = pa.schema(
-    [
-        ("query_id", pa.string()),
-        ("candidate_id", pa.int64()),
-        ("group", pa.string()),
-        ("position", pa.int32()),
-        ("source", pa.string()),
-        ("poolers", pa.list_(pa.string())),
-        ("pooler_ranks", pa.list_(pa.int32())),
-    ]
-)
-
-
 def publish_fake_build(storage: Storage, made: dict) -> None:
     """Ingest's papers (Lance) and pool's tables under the storage root, with manifests."""
     root = storage.root
@@ -338,7 +311,7 @@ def publish_fake_build(storage: Storage, made: dict) -> None:
         },
     )
     tables = {}
-    for name, schema in (("queries", POOL_QUERIES), ("candidates", POOL_CANDIDATES)):
+    for name, schema in (("queries", QUERIES), ("candidates", CANDIDATES)):
         uri = join(root, "pool", "runs", "p0", f"{name}.parquet")
         table = pa.Table.from_pylist(made[name], schema=schema)
         storage.write_parquet(table, uri)
@@ -371,8 +344,8 @@ def build_config(root: str, llm=None, *more: str):
 
 def test_eligible_candidates_keep_eval_papers_out_of_train():
     made = fake_pool()
-    queries = pa.Table.from_pylist(made["queries"], schema=POOL_QUERIES)
-    cands = pa.Table.from_pylist(made["candidates"], schema=POOL_CANDIDATES)
+    queries = pa.Table.from_pylist(made["queries"], schema=QUERIES)
+    cands = pa.Table.from_pylist(made["candidates"], schema=CANDIDATES)
     cfg = build_config("/tmp/unused")
     split = assign_split(queries, eval_per_field=2, seed=0)
     table = eligible_candidates(cands, split, cfg.dataset)
@@ -415,10 +388,10 @@ def test_judge_negatives_stage_then_zero_calls_on_rerun(tmp_path, llm):
     assert llm.stats()["Usefulness"] == stats["asked"] == stats["judged"]
 
     # the same walk, pure, with the scripted grader's rule: what the stage judged and kept
-    queries = pa.Table.from_pylist(made["queries"], schema=POOL_QUERIES)
+    queries = pa.Table.from_pylist(made["queries"], schema=QUERIES)
     split = assign_split(queries, eval_per_field=2, seed=0)
     table = eligible_candidates(
-        pa.Table.from_pylist(made["candidates"], schema=POOL_CANDIDATES), split, cfg.dataset
+        pa.Table.from_pylist(made["candidates"], schema=CANDIDATES), split, cfg.dataset
     )
     titles = {p["corpus_id"]: p["title"] for p in made["papers"]}
     expected = walk(

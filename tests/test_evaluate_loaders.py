@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cpr_ray.dataset.format import CPR_EVAL
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.loaders import load_benchmark
 from cpr_ray.evaluate.loaders.analobench import load_analobench
@@ -101,21 +102,9 @@ def make_cpr_export(
         )
     root.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(corpus), root / "corpus.parquet")
-    eval_schema = pa.schema(
-        [
-            ("query_id", pa.string()),
-            ("query", pa.string()),
-            ("base_corpus_id", pa.int64()),
-            ("positive_id", pa.int64()),
-            ("candidate_ids", pa.list_(pa.int64())),
-            ("candidate_groups", pa.list_(pa.string())),
-            ("field", pa.string()),
-            ("domain", pa.string()),
-        ]
-    )
     (root / "cpr-eval").mkdir(exist_ok=True)
     pq.write_table(
-        pa.Table.from_pylist(rows, schema=eval_schema), root / "cpr-eval" / "part-0.parquet"
+        pa.Table.from_pylist(rows, schema=CPR_EVAL), root / "cpr-eval" / "part-0.parquet"
     )
     train = [{"query": r["query"], "positive_id": r["positive_id"]} for r in rows[:3]]
     pq.write_table(pa.Table.from_pylist(train), root / "cpr-train.parquet")
