@@ -59,17 +59,8 @@ from cpr_ray.retrieval.encoder import DenseEncoder, Encoder  # noqa: E402
 from cpr_ray.retrieval.index import VectorIndex  # noqa: E402
 from cpr_ray.retrieval.spec import EncoderSpec  # noqa: E402
 from cpr_ray.train.lora import add_adapters  # noqa: E402
-from cpr_ray.train.loss import InfoNCELoss  # noqa: E402
 from cpr_ray.train.memory_plan import architecture, plan_memory  # noqa: E402
-from cpr_ray.train.step import (  # noqa: E402
-    Batch,
-    ContrastiveStep,
-    StepOptions,
-    Towers,
-    cosine_schedule,
-    freeze_unused,
-    optimizer_for,
-)
+from cpr_ray.train.step import Batch, Towers, configured_step, freeze_unused  # noqa: E402
 
 GIB = 2**30
 PLAN_GOAL = 15.0  # % the measured peak may differ from the plan
@@ -311,19 +302,8 @@ def _measure_step(
     encoder.backbone.gradient_checkpointing_enable(
         gradient_checkpointing_kwargs={"use_reentrant": False}
     )
-    optimizer = optimizer_for(encoder, train.lr, train.betas, train.eps, train.weight_decay)
-    step = ContrastiveStep(
-        Towers(encoder),
-        encoder,
-        InfoNCELoss(train.temperature),
-        optimizer,
-        cosine_schedule(optimizer, 10),
-        StepOptions(
-            chunk_size=train.chunk_size,
-            max_grad_norm=train.max_grad_norm,
-            autocast=torch.bfloat16 if device == "cuda" and train.bf16 else None,
-        ),
-    )
+    step = configured_step(Towers(encoder), encoder, train, 10)
+    optimizer = step.optimizer
     step(_long_batch(train.batch_size, negatives, 1))  # AdamW's state, allocated once
     batch = _long_batch(train.batch_size, negatives, 2 * train.max_length)
     metrics: dict[str, Any] = {}
@@ -345,7 +325,7 @@ def train_row(
         lora=lora,
     )
     plan = plan_memory(
-        architecture(config, name),
+        architecture(config, name, EncoderSpec(name)),
         train,
         weight_dtype=weights,
         device="cuda" if device == "cuda" else "cpu",

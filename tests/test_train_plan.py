@@ -19,7 +19,6 @@ from cpr_ray.retrieval.model_source import model_config
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.train.examples import EXAMPLES
 from cpr_ray.train.formats.common import text_keys
-from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.memory_plan import (
     Architecture,
     architecture,
@@ -28,16 +27,7 @@ from cpr_ray.train.memory_plan import (
     model_name,
     plan_memory,
 )
-from cpr_ray.train.step import (
-    Batch,
-    ContrastiveStep,
-    Examples,
-    StepOptions,
-    Towers,
-    cosine_schedule,
-    freeze_unused,
-    optimizer_for,
-)
+from cpr_ray.train.step import Batch, Examples, Towers, configured_step, freeze_unused
 from tests import tiny_models
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -231,15 +221,8 @@ def measured_step(encoder: Encoder, train: TrainConfig) -> tuple[int, int]:
         encoder.backbone.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
-    optimizer = optimizer_for(encoder, train.lr, train.betas, train.eps, train.weight_decay)
-    step = ContrastiveStep(
-        Towers(encoder),
-        encoder,
-        InfoNCELoss(train.temperature),
-        optimizer,
-        cosine_schedule(optimizer, 10),
-        StepOptions(chunk_size=train.chunk_size),
-    )
+    step = configured_step(Towers(encoder), encoder, train, 10)
+    optimizer = step.optimizer
     k = train.negatives or 0
     step(_batch(train.batch_size, k, 1))
     held = sum(p.numel() * p.element_size() for p in encoder.parameters())

@@ -31,17 +31,7 @@ from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage, StorageConfig
 from cpr_ray.train.checkpoints import newest_checkpoint
 from cpr_ray.train.lora import add_adapters, merge
-from cpr_ray.train.loss import InfoNCELoss
-from cpr_ray.train.step import (
-    ContrastiveStep,
-    Examples,
-    StepOptions,
-    Towers,
-    cosine_schedule,
-    freeze_unused,
-    global_batch_rows,
-    optimizer_for,
-)
+from cpr_ray.train.step import Examples, Towers, configured_step, freeze_unused, global_batch_rows
 from cpr_ray.train.trainer import run_train
 from tests import tiny_models
 from tests.test_cli import error_line
@@ -85,15 +75,8 @@ def _uninterrupted(cfg: Config, storage: Storage) -> Encoder:
     freeze_unused(encoder)
     if tc.lora is not None:
         add_adapters(encoder, tc.lora, tc.seed)
-    optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
-    step = ContrastiveStep(
-        Towers(encoder),
-        encoder,
-        InfoNCELoss(tc.temperature),
-        optimizer,
-        cosine_schedule(optimizer, run["steps"], tc.warmup_steps, tc.min_lr_ratio),
-        StepOptions(run["query_prefix"], run["doc_prefix"], tc.chunk_size, tc.max_grad_norm),
-    )
+    prefixes = (run["query_prefix"], run["doc_prefix"])
+    step = configured_step(Towers(encoder), encoder, tc, run["steps"], prefixes)
     for s in range(run["steps"]):
         step(examples.batch(global_batch_rows(len(examples), tc.batch_size, tc.seed, s)))
     return encoder if tc.lora is None else merge(encoder)

@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from cpr_ray.config import TrainConfig
 from cpr_ray.retrieval.encoder import Encoder
 from cpr_ray.train.loss import InfoNCELoss, LossOutput
 
@@ -368,3 +369,31 @@ def cosine_schedule(
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def configured_step(
+    model: nn.Module,
+    encoder: Encoder,
+    tc: TrainConfig,
+    schedule_steps: int,
+    prefixes: tuple[str, str] = ("", ""),
+) -> ContrastiveStep:
+    """The step `train:` describes, over `model` (Towers, DDP around it, or sharded): AdamW over
+    the encoder's trainable parameters (built after sharding: over each worker's slice), the
+    cosine schedule over `schedule_steps`, InfoNCE at the configured temperature, bfloat16
+    autocast on a GPU. One assembly, so the trainer, the memory plan's measurement and the GPU
+    check step the same way."""
+    optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
+    scheduler = cosine_schedule(optimizer, schedule_steps, tc.warmup_steps, tc.min_lr_ratio)
+    on_gpu = encoder.device.type == "cuda"
+    options = StepOptions(
+        query_prefix=prefixes[0],
+        doc_prefix=prefixes[1],
+        chunk_size=tc.chunk_size,
+        max_grad_norm=tc.max_grad_norm,
+        cw_weighting=tc.cw_weighting,
+        autocast=torch.bfloat16 if on_gpu and tc.bf16 else None,
+    )
+    return ContrastiveStep(
+        model, encoder, InfoNCELoss(tc.temperature), optimizer, scheduler, options
+    )

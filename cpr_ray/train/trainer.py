@@ -71,7 +71,6 @@ from cpr_ray.train.lora import (
     load_trainable_state,
     merge,
 )
-from cpr_ray.train.loss import InfoNCELoss
 from cpr_ray.train.memory_plan import check_plan_fits
 from cpr_ray.train.model_card import device_name, write_training_card
 from cpr_ray.train.sharding import (
@@ -80,16 +79,7 @@ from cpr_ray.train.sharding import (
     load_sharded,
     shard,
 )
-from cpr_ray.train.step import (
-    ContrastiveStep,
-    Examples,
-    StepOptions,
-    Towers,
-    cosine_schedule,
-    freeze_unused,
-    global_batch_rows,
-    optimizer_for,
-)
+from cpr_ray.train.step import Examples, Towers, configured_step, freeze_unused, global_batch_rows
 
 EXAMPLES_FILE, RUN_FILE = "examples.parquet", "run.json"
 WORKERS_FILE, SUMMARY_FILE = "workers.json", "train.json"
@@ -196,10 +186,8 @@ def train_worker(config: dict[str, Any]) -> None:
         else:
             model = ray.train.torch.prepare_model(Towers(encoder))  # device, DDP when W > 1
         # built after sharding, over the DTensor shards: each worker steps its own slice
-        optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
-        scheduler = cosine_schedule(
-            optimizer, plan.schedule_steps, tc.warmup_steps, tc.min_lr_ratio
-        )
+        step = configured_step(model, encoder, tc, plan.schedule_steps, plan.prefixes)
+        optimizer, scheduler = step.optimizer, step.scheduler
         start, history = 0, []
         if restored is not None:
             state = restored.state
@@ -211,22 +199,6 @@ def train_worker(config: dict[str, Any]) -> None:
                 optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             start, history = state["step"], state["history"]
-        on_gpu = encoder.device.type == "cuda"
-        step = ContrastiveStep(
-            model,
-            encoder,
-            InfoNCELoss(tc.temperature),
-            optimizer,
-            scheduler,
-            StepOptions(
-                query_prefix=plan.prefixes[0],
-                doc_prefix=plan.prefixes[1],
-                chunk_size=tc.chunk_size,
-                max_grad_norm=tc.max_grad_norm,
-                cw_weighting=tc.cw_weighting,
-                autocast=torch.bfloat16 if on_gpu and tc.bf16 else None,
-            ),
-        )
         share = tc.batch_size // world
         for s in range(start, plan.total_steps):
             torch.manual_seed(_step_seed(tc.seed, s, rank))
