@@ -30,21 +30,13 @@ from typing import Any
 
 from cpr_ray.config import Config, DatasetConfig, LLMConfig
 from cpr_ray.errors import StorageError
-from cpr_ray.judge_check.gold import build_stage
+from cpr_ray.judge_check.gold import JUDGE_STAGES, build_stage
 from cpr_ray.stage import read_manifest
 from cpr_ray.storage import Storage, join
 
-# the stages a build asks an LLM, in build order (strongest: the dedup stage's second call)
-BUILD_ORDER: tuple[str, ...] = (
-    "judge-analogy",
-    "judge-transfer",
-    "write-queries",
-    "dedup",
-    "strongest",
-    "score-positives",
-    "judge-negatives",
-    "synthesize-queries",
-)
+# the stages a build asks an LLM, in build order (strongest: the dedup stage's second call):
+# every judged stage, then synthesis, which judge-check does not measure
+BUILD_ORDER: tuple[str, ...] = (*JUDGE_STAGES, "synthesize-queries")
 # the method at full scale (METHOD.md §3.2–3.4): ~132k cross-topic pairs judged for ~12k
 # positives, from ~9.2k base papers; 26 fields
 FULL_SCALE_PAIRS = 132_000
