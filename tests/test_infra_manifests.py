@@ -187,40 +187,41 @@ def test_kuberay_kinds_validate_against_the_crds(where, doc, crd_validators):
     assert _crd_errors(crd_validators, doc) == []
 
 
-def test_the_crd_validator_can_fail(crd_validators):
-    rayjob = _refresh_rayjob()
-    typo = copy.deepcopy(rayjob)
-    typo["spec"]["shutdownAfterJobFinished"] = typo["spec"].pop("shutdownAfterJobFinishes")
-    assert any("shutdownAfterJobFinished" in e for e in _crd_errors(crd_validators, typo))
-
-    deep_typo = copy.deepcopy(rayjob)
-    deep_typo["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplica"] = 3
-    assert any("maxReplica'" in e for e in _crd_errors(crd_validators, deep_typo))
-
-    wrong_type = copy.deepcopy(rayjob)
-    wrong_type["spec"]["backoffLimit"] = "1"
-    assert any("is not of type 'integer'" in e for e in _crd_errors(crd_validators, wrong_type))
-
-    cron = copy.deepcopy(_only("RayCronJob"))
-    cron["spec"]["jobTemplate"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["x"] = 0
-    assert any("is not of type 'string'" in e for e in _crd_errors(crd_validators, cron))
-    del cron["spec"]["schedule"]
-    assert any("'schedule' is a required property" in e for e in _crd_errors(crd_validators, cron))
+# one mistake a hand-edited manifest makes, per row: (kind, path, change, a part of the error);
+# a change renames the key (a typo), sets it (a wrong type, a key that does not exist) or deletes it
+MISTAKES = [
+    ("RayJob", "spec.shutdownAfterJobFinishes", ("rename", "shutdownAfterJobFinished"), "Finished"),
+    ("RayJob", "spec.rayClusterSpec.workerGroupSpecs.0.maxReplica", ("set", 3), "maxReplica'"),
+    ("RayJob", "spec.backoffLimit", ("set", "1"), "is not of type 'integer'"),
+    ("RayCronJob", "spec.jobTemplate.rayClusterSpec.headGroupSpec.rayStartParams.x", ("set", 0),
+     "is not of type 'string'"),
+    ("RayCronJob", "spec.schedule", ("delete", None), "'schedule' is a required property"),
+    ("RayService", "spec.serveConfigV2", ("rename", "serveConfig2"), "serveConfig2"),
+    ("RayService", "spec.rayClusterConfig.workerGroupSpecs.0.maxReplica", ("set", 6),
+     "maxReplica'"),
+    ("RayService", "spec.rayClusterConfig.workerGroupSpecs.0.maxReplicas", ("set", "6"),
+     "is not of type 'integer'"),
+]  # fmt: skip
 
 
-def test_the_rayservice_schema_catches_typos(crd_validators):
-    fleet = _only("RayService")
-    typo = copy.deepcopy(fleet)
-    typo["spec"]["serveConfig2"] = typo["spec"].pop("serveConfigV2")
-    assert any("serveConfig2" in e for e in _crd_errors(crd_validators, typo))
-
-    deep_typo = copy.deepcopy(fleet)
-    deep_typo["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplica"] = 6
-    assert any("maxReplica'" in e for e in _crd_errors(crd_validators, deep_typo))
-
-    wrong_type = copy.deepcopy(fleet)
-    wrong_type["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["maxReplicas"] = "6"
-    assert any("is not of type 'integer'" in e for e in _crd_errors(crd_validators, wrong_type))
+@pytest.mark.parametrize("kind, path, change, error", MISTAKES)
+def test_the_crd_validators_catch_a_typo_a_wrong_type_and_a_missing_field(
+    crd_validators, kind, path, change, error
+):
+    doc = copy.deepcopy(_refresh_rayjob() if kind == "RayJob" else _only(kind))
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    how, value = change
+    if how == "rename":
+        node[value] = node.pop(last)
+    elif how == "set":
+        node[last] = value
+    else:
+        del node[last]
+    errors = _crd_errors(crd_validators, doc)
+    assert any(error in e for e in errors), errors
 
 
 # --- what the manifests do -------------------------------------------------------------------
