@@ -21,16 +21,13 @@ from cpr_ray.dataset.export import export
 from cpr_ray.dataset.format import CORPUS, CPR_EVAL, CPR_TRAIN
 from cpr_ray.dataset.negatives import (
     STAGE,
-    eligible_candidates,
     judge_negatives,
     mark_kept,
     split_fingerprint,
-    walk,
 )
-from cpr_ray.dataset.split import LeakageError, assign_split, check_no_leakage
+from cpr_ray.dataset.split import LeakageError, check_no_leakage
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.loaders.cpr import load_cpr
-from cpr_ray.pooling.schemas import CANDIDATES, QUERIES
 from cpr_ray.stage import manifest_uri
 from cpr_ray.storage import Storage, join
 
@@ -38,7 +35,7 @@ from .test_dataset_negatives import (
     build_config,
     fake_pool,
     publish_fake_build,
-    scorer,
+    scripted_walk,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # datasets: local files only
@@ -47,18 +44,7 @@ cli = CliRunner()
 
 def publish_negatives(storage: Storage, made: dict, cfg: Config) -> pa.Table:
     """judge-negatives' output as the stage would write it, judged by the scripted rule."""
-    queries = pa.Table.from_pylist(made["queries"], schema=QUERIES)
-    split = assign_split(queries, eval_per_field=cfg.dataset.eval_per_field, seed=cfg.dataset.seed)
-    table = eligible_candidates(
-        pa.Table.from_pylist(made["candidates"], schema=CANDIDATES), split, cfg.dataset
-    )
-    titles = {p["corpus_id"]: p["title"] for p in made["papers"]}
-    done = walk(
-        table,
-        scorer({c: 1 if "USELESS" in titles[c] else 3 for c in titles}),
-        max_usefulness=1,
-        margin=cfg.dataset.negatives_margin,
-    )
+    done = scripted_walk(made, cfg)
     negatives = mark_kept(done.judged, max_usefulness=1)
     uri = join(storage.root, STAGE, "runs", "n0", "negatives.parquet")
     storage.write_parquet(negatives, uri)

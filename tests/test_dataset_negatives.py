@@ -292,6 +292,19 @@ def fake_pool(per_field: int = 4, per_group: int = 6, useful_every: int = 4) -> 
     return {"papers": papers, "queries": queries, "candidates": candidates}
 
 
+def scripted_walk(made: dict, cfg):
+    """judge-negatives' walk over `fake_pool`'s candidates, pure, graded by the scripted
+    endpoint's rule (a paper titled USELESS scores 1, any other 3)."""
+    queries = pa.Table.from_pylist(made["queries"], schema=QUERIES)
+    split = assign_split(queries, eval_per_field=cfg.dataset.eval_per_field, seed=cfg.dataset.seed)
+    table = eligible_candidates(
+        pa.Table.from_pylist(made["candidates"], schema=CANDIDATES), split, cfg.dataset
+    )
+    titles = {p["corpus_id"]: p["title"] for p in made["papers"]}
+    grades = scorer({c: 1 if "USELESS" in titles[c] else 3 for c in titles})
+    return walk(table, grades, max_usefulness=1, margin=cfg.dataset.negatives_margin)
+
+
 def publish_fake_build(storage: Storage, made: dict) -> None:
     """Ingest's papers (Lance) and pool's tables under the storage root, with manifests."""
     root = storage.root
@@ -388,18 +401,7 @@ def test_judge_negatives_stage_then_zero_calls_on_rerun(tmp_path, llm):
     assert llm.stats()["Usefulness"] == stats["asked"] == stats["judged"]
 
     # the same walk, pure, with the scripted grader's rule: what the stage judged and kept
-    queries = pa.Table.from_pylist(made["queries"], schema=QUERIES)
-    split = assign_split(queries, eval_per_field=2, seed=0)
-    table = eligible_candidates(
-        pa.Table.from_pylist(made["candidates"], schema=CANDIDATES), split, cfg.dataset
-    )
-    titles = {p["corpus_id"]: p["title"] for p in made["papers"]}
-    expected = walk(
-        table,
-        scorer({c: 1 if "USELESS" in titles[c] else 3 for c in titles}),
-        max_usefulness=1,
-        margin=cfg.dataset.negatives_margin,
-    )
+    expected = scripted_walk(made, cfg)
     assert sorted(kept_ids(expected.judged)) == sorted(
         negatives.filter(negatives["kept"])["candidate_id"].to_pylist()
     )
