@@ -165,20 +165,8 @@ def test_llm_options_without_an_endpoint_fail_clearly(cpr_export, monkeypatch):
         monkeypatch.setattr(where, no_ray)
     with pytest.raises(ConfigError, match="need llm.base_url"):
         run_eval(eval_cfg(benchmark="cpr", data=str(cpr_export), retriever="bm25", rewrite="hyde"))
-    result = cli.invoke(
-        app,
-        [
-            "eval",
-            "--benchmark",
-            "cpr",
-            "--data",
-            str(cpr_export),
-            "--retriever",
-            "bm25",
-            "--rerank",
-            "llm",
-        ],
-    )
+    args = ["eval", "--benchmark", "cpr", "--data", str(cpr_export), "--retriever", "bm25"]
+    result = cli.invoke(app, [*args, "--rerank", "llm"])
     assert result.exit_code == 2
     assert "need llm.base_url" in result.output  # and failed before starting anything
 
@@ -316,21 +304,9 @@ def test_job_entry_point(cpr_export, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("evaluate_job", path)
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
+    args = ["--benchmark", "cpr", "--data", str(cpr_export), "--retriever", "bm25"]
     rc = job.main(
-        [
-            "--benchmark",
-            "cpr",
-            "--data",
-            str(cpr_export),
-            "--retriever",
-            "bm25",
-            "--out",
-            str(tmp_path),
-            "--set",
-            "eval.resamples=200",
-            "--set",
-            "ray.num_cpus=1",
-        ]
+        [*args, "--out", str(tmp_path), "--set", "eval.resamples=200", "--set", "ray.num_cpus=1"]
     )
     assert rc == 0
     written = json.loads((tmp_path / "cpr-bm25.json").read_text())

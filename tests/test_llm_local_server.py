@@ -49,17 +49,7 @@ def test_schema_valid_rows_from_llama_cpp(tmp_path, inline_max_rows):
         }
     )
     with local_server(parallel=2) as url:
-        cfg = load_config(
-            "dry-run",
-            env={},
-            overrides=[
-                f"storage.root={tmp_path}",
-                f"llm.base_url={url}",
-                f"llm.model={MODEL_ALIAS}",
-                f"llm.inline_max_rows={inline_max_rows}",
-            ],
-            unpin_for_endpoint=True,  # what the model itself answers
-        )
+        cfg = _cfg(tmp_path, url, f"llm.inline_max_rows={inline_max_rows}")
         run = StageRun("t", "r1", str(tmp_path / "out"), cfg, Storage(cfg.storage))
         out = run_llm_task(run, UsefulnessGrader(), rows, base_url=url)
     table = out.table.to_pylist()

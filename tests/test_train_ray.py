@@ -82,30 +82,40 @@ def _uninterrupted(cfg: Config, storage: Storage) -> Encoder:
     return encoder if tc.lora is None else merge(encoder)
 
 
-def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
-    ray_session, s3_endpoint: str, s3_bucket: str, minilm: str, tmp_path: Path, capsys
-):
-    # small checkpoints to upload; no dropout, so that one process can train as the workers do
+def _sharded_config(minilm: str, tmp_path: Path, out: Path | str, *overrides: str) -> Config:
+    """A sharded (FSDP) run of a tiny BERT without dropout (so one process can train as the
+    workers do, and its checkpoints are small to upload) on 8 triplets, restarted once at most."""
     model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
-    out = f"s3://{s3_bucket}/runs/tiny"
-    cfg = load_config(
+    return load_config(
         overrides=[
             f"train.data={_triplets(tmp_path / 'train.jsonl')}",
             "train.format=triplets",
             f"encoder.model={model}",
             f"train.out={out}",
-            f"storage.s3_endpoint={s3_endpoint}",
             "train.strategy=fsdp",
-            "train.workers=2",
-            "train.gradient_checkpointing=true",
-            "train.batch_size=4",
-            "train.chunk_size=4",  # 2 queries, 4 documents a worker: the gradient cache
-            "train.max_length=32",
-            "train.epochs=2",  # 8 examples, 4 per step: 4 steps
-            "train.lr=1e-3",
-            "train.checkpoint_every=2",
             "train.max_failures=1",
+            *overrides,
         ]
+    )
+
+
+def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
+    ray_session, s3_endpoint: str, s3_bucket: str, minilm: str, tmp_path: Path, capsys
+):
+    out = f"s3://{s3_bucket}/runs/tiny"
+    cfg = _sharded_config(
+        minilm,
+        tmp_path,
+        out,
+        f"storage.s3_endpoint={s3_endpoint}",
+        "train.workers=2",
+        "train.gradient_checkpointing=true",
+        "train.batch_size=4",
+        "train.chunk_size=4",  # 2 queries, 4 documents a worker: the gradient cache
+        "train.max_length=32",
+        "train.epochs=2",  # 8 examples, 4 per step: 4 steps
+        "train.lr=1e-3",
+        "train.checkpoint_every=2",
     )
     summary = run_train(cfg, on_step=FailOnce(tmp_path / "failed", step=3))
     assert (tmp_path / "failed").exists()  # the failure did happen, and the run went on
@@ -136,7 +146,7 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
     pafs.copy_files(saved.path, str(local), source_filesystem=saved.fs)
     expected = _uninterrupted(cfg, storage)
     trained = Encoder.load(str(local)).state_dict()
-    initial = Encoder.build(model).state_dict()
+    initial = Encoder.build(cfg.encoder.model).state_dict()
     # as if it never failed. AdamW moves a weight whose gradient is tiny against eps by a
     # fraction of lr that float noise in the order of the workers' sums changes: up to ~5e-6
     # here; a resume that lost the optimiser or the schedule is off by ~lr (1e-3)
@@ -172,23 +182,17 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
     model is the base with the adapters merged, as one process computes it."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert", dropout=0.0)
     out = tmp_path / "out"
-    cfg = load_config(
-        overrides=[
-            f"train.data={_triplets(tmp_path / 'train.jsonl')}",
-            "train.format=triplets",
-            f"encoder.model={model}",
-            f"train.out={out}",
-            "train.strategy=fsdp",
-            "train.batch_size=4",  # 8 examples: 2 steps
-            "train.max_length=32",
-            "train.lr=1e-2",
-            "train.lora.r=4",
-            "train.lora.dropout=0",
-            "train.checkpoint_every=1",
-            "train.max_failures=1",
-        ]
+    cfg = _sharded_config(
+        minilm,
+        tmp_path,
+        out,
+        "train.batch_size=4",  # 8 examples: 2 steps
+        "train.max_length=32",
+        "train.lr=1e-2",
+        "train.lora.r=4",
+        "train.lora.dropout=0",
+        "train.checkpoint_every=1",
     )
     # other work holds one of the session's two CPUs: by default the run takes the one that is
     # free (asking for both, Ray Train would wait for ever), and leaves Ctrl-C as it found it
@@ -207,7 +211,7 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
     storage = Storage(StorageConfig())
     rows = [json.loads(line) for line in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
     assert [r["resumed_from"] for r in rows] == [0, 1]  # step 2 from step 1's adapters
-    base_bytes = (Path(model) / "model.safetensors").stat().st_size
+    base_bytes = (Path(cfg.encoder.model) / "model.safetensors").stat().st_size
     checkpoints = sorted(p for p in (out / "run").glob("checkpoint_*") if p.is_dir())
     assert len(checkpoints) == 2
     for checkpoint in checkpoints:
@@ -220,7 +224,7 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
     local = out / "model"
     expected = _uninterrupted(cfg, storage)
     trained = Encoder.load(str(local)).state_dict()
-    initial = Encoder.build(model).state_dict()
+    initial = Encoder.build(cfg.encoder.model).state_dict()
     assert trained.keys() == initial.keys()  # a plain model: no adapter, no peft names
     for name, tensor in expected.state_dict().items():
         torch.testing.assert_close(trained[name], tensor, atol=2e-5, rtol=0, msg=name)
