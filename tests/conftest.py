@@ -85,6 +85,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def ray_head_process(
+    prefix: str, options: list[str], env: dict[str, str]
+) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """`ray start --head --block` on loopback with `options`, in a temp folder of its own (short:
+    Ray's socket paths must fit in 107 characters, which a pytest-xdist worker's tmp path does
+    not) and a process group of its own, killed as a group at the end: `ray stop` would stop
+    every Ray on this machine, the tests' own included. Yields the process and the folder (its
+    head.log)."""
+    temp = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("RAY_TMPDIR", "/tmp")))
+    ray = str(Path(sys.executable).parent / "ray")
+    start = [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1"]
+    start += [f"--dashboard-agent-listen-port={_free_port()}", "--num-gpus=0"]
+    with open(temp / "head.log", "wb") as log:
+        proc = subprocess.Popen(
+            [*start, *options, f"--temp-dir={temp}", "--disable-usage-stats"],
+            env={**env, "RAY_ADDRESS": ""},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield proc, temp
+    finally:
+        # the whole group at once: `ray start --block` takes half a minute to stop its children
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def standin(name: str) -> list[str]:
     """The command line of a stand-in under tests/ (`scripted_llm`, `s2_standin`), run as a
     module of the `tests` package from the repository root (`cwd=REPO`), so that it shares

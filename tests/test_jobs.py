@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +24,16 @@ from cpr_ray.config import load_config, sample_dir
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.storage import Storage
 
-from .conftest import NEW, OLD, S2StandIn, _free_port, copy_build, flushed_answers, small_build
+from .conftest import (
+    NEW,
+    OLD,
+    S2StandIn,
+    _free_port,
+    copy_build,
+    flushed_answers,
+    ray_head_process,
+    small_build,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -41,62 +49,32 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def ray_head(tmp_path_factory):
     """A head with its dashboard (the Jobs API), in its own process group: `ray stop` would stop
     every Ray on this machine, the tests' own included."""
-    # short: Ray's socket paths must fit in 107 characters, which a pytest-xdist worker's tmp
-    # path (…/popen-gw1/head0/session_…/sockets/dash_MetricsHead) does not
-    temp = Path(tempfile.mkdtemp(prefix="cprhead-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))
     dashboard = _free_port()
     # an entrypoint's `python` is the first on the head's PATH: this environment's, as on a node
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {
         **os.environ,
         **WITH_TOKEN,
-        "RAY_ADDRESS": "",
         "PATH": path,
         # beside another test process on 2 cores the dashboard can take longer than Ray's 60 s
         "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "300",
     }
-    log = open(temp / "head.log", "wb")
-    proc = subprocess.Popen(
-        [
-            RAY,
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
-            f"--port={_free_port()}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}",
-            # the agent that runs jobs: on a free port, not the default 52365 that any other
-            # Ray on this machine (the tests' own) has taken already
-            f"--dashboard-agent-listen-port={_free_port()}",
-            "--num-cpus=2",
-            "--num-gpus=0",
-            "--object-store-memory=300000000",
-            f"--temp-dir={temp}",
-            "--disable-usage-stats",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{dashboard}"
-    deadline = time.time() + 360
-    while True:
-        try:
-            version = urllib.request.Request(f"{url}/api/version", headers=AUTH)
-            urllib.request.urlopen(version, timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                log_text = (temp / "head.log").read_text()
-                raise RuntimeError(f"ray head did not start: {log_text}") from None
-            time.sleep(1)
-    yield url
-    # the whole group at once: `ray start --block` takes half a minute to stop its children
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    options = [f"--port={_free_port()}", "--dashboard-host=127.0.0.1"]
+    options += [f"--dashboard-port={dashboard}", "--num-cpus=2", "--object-store-memory=300000000"]
+    with ray_head_process("cprhead-", options, env) as (proc, temp):
+        url = f"http://127.0.0.1:{dashboard}"
+        deadline = time.time() + 360
+        while True:
+            try:
+                version = urllib.request.Request(f"{url}/api/version", headers=AUTH)
+                urllib.request.urlopen(version, timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log_text = (temp / "head.log").read_text()
+                    raise RuntimeError(f"ray head did not start: {log_text}") from None
+                time.sleep(1)
+        yield url
 
 
 def submit(head: str, job_id: str, env_vars: dict[str, str], *entrypoint: str) -> None:

@@ -13,11 +13,8 @@ import json
 import os
 import re
 import select
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.request
@@ -32,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cpr_ray.metrics import exported_names
 
-from .conftest import ScriptedLLM, _free_port
+from .conftest import ScriptedLLM, _free_port, ray_head_process
 
 RAY = str(Path(sys.executable).parent / "ray")
 DASHBOARD = Path(__file__).resolve().parents[1] / "infra" / "grafana" / "cpr-llm.json"
@@ -49,7 +46,8 @@ DRIVER = textwrap.dedent(
     import pyarrow as pa
     import ray
     from cpr_ray.config import load_config
-    from cpr_ray.llm.runner import ledger_summary, run_llm_task
+    from cpr_ray.llm.ledger import ledger_summary
+    from cpr_ray.llm.runner import run_llm_task
     from cpr_ray.queries.usefulness import UsefulnessGrader
     from cpr_ray.stage import StageOutput, run_stage
     from cpr_ray.storage import Storage, join
@@ -103,37 +101,11 @@ def metrics_head() -> Iterator[tuple[str, str]]:
     """A one-CPU head exporting metrics on a free port: (its GCS address, the metrics URL).
 
     Not waited for: the driver waits for it while it imports (seconds of a short test)."""
-    temp = Path(tempfile.mkdtemp(prefix="cprmet-", dir=os.environ.get("RAY_TMPDIR", "/tmp")))
     gcs, metrics = _free_port(), _free_port()
-    with open(temp / "head.log", "wb") as log:
-        proc = subprocess.Popen(
-            [
-                RAY,
-                "start",
-                "--head",
-                "--block",
-                "--node-ip-address=127.0.0.1",
-                f"--port={gcs}",
-                f"--metrics-export-port={metrics}",
-                f"--dashboard-agent-listen-port={_free_port()}",
-                "--include-dashboard=false",
-                "--num-cpus=1",
-                "--num-gpus=0",
-                "--object-store-memory=150000000",
-                f"--temp-dir={temp}",
-                "--disable-usage-stats",
-            ],
-            env={**os.environ, **FAST_METRICS, "RAY_ADDRESS": ""},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
+    options = [f"--port={gcs}", f"--metrics-export-port={metrics}", "--include-dashboard=false"]
+    options += ["--num-cpus=1", "--object-store-memory=150000000"]
+    with ray_head_process("cprmet-", options, {**os.environ, **FAST_METRICS}):
         yield f"127.0.0.1:{gcs}", f"http://127.0.0.1:{metrics}/metrics"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # this head's group only, never `ray stop`
-        proc.wait(timeout=30)
-        shutil.rmtree(temp, ignore_errors=True)
 
 
 def scrape(url: str, stage: str) -> dict[str, float]:
