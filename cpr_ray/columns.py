@@ -5,7 +5,6 @@ is one `InputError` naming the file, the line (JSONL) or row (Parquet) and the c
 
 from __future__ import annotations
 
-import json
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import pyarrow.json as pajson
 
 from cpr_ray.errors import InputError
 from cpr_ray.storage import Storage
-from cpr_ray.table_files import TABLE_SUFFIXES
+from cpr_ray.table_files import TABLE_SUFFIXES, json_records
 
 
 @dataclass(frozen=True)
@@ -146,15 +145,7 @@ def where(uri: str, data: bytes | None, row: int) -> str:
 
 def _locate_json_problem(uri: str, data: bytes, columns: list[Column]) -> InputError:
     """The first line of a JSONL file Arrow could not read, and why."""
-    for n, line in enumerate(data.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            return InputError(f"{uri} line {n}: not valid JSON ({exc.msg})")
-        if not isinstance(rec, dict):
-            return InputError(f"{uri} line {n}: not a JSON object")
+    for n, rec in json_records(uri, data):
         for col in columns:
             value = rec.get(col.name)
             if value is not None and not col.kind.json(value):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import posixpath
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.json as pajson
@@ -14,6 +16,28 @@ from cpr_ray.errors import InputError
 from cpr_ray.storage import Storage, join
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json")
+
+
+def json_records(uri: str, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each record of a JSON lines file with its 1-based line number (blank lines hold none).
+    The one line-by-line reader, so every JSON lines input names a bad line the same way:
+    `URI line N: ...`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{uri}: not UTF-8 text (byte {exc.start}): not a JSON lines file"
+        ) from None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{uri} line {n}: not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise InputError(f"{uri} line {n}: not a JSON object")
+        yield n, rec
 
 
 def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
@@ -33,27 +57,13 @@ def read_jsonl(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
     except pa.ArrowInvalid:
         pass
     cols: dict[str, list] = {name: [] for name in schema.names}
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{uri}: not UTF-8 text (byte {exc.start}): not a JSON lines file"
-        ) from None
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{uri}: line {n} is not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise InputError(f"{uri}: line {n} is not a JSON object")
+    for n, rec in json_records(uri, data):
         for field in schema:
             value = rec.get(field.name)
             if value is not None and pa.types.is_string(field.type) and not isinstance(value, str):
                 if not isinstance(value, (int, float)):  # an id given as a number is text
                     raise InputError(
-                        f"{uri}: line {n}: {field.name} is a JSON {type(value).__name__}, not text"
+                        f"{uri} line {n}: {field.name} is a JSON {type(value).__name__}, not text"
                     )
                 value = str(value)
             cols[field.name].append(value)

@@ -157,7 +157,7 @@ CASES = {
     ),
     "eval: a BEIR corpus line that is no object": (
         ["eval", "--benchmark", "beir", "--data", "{tmp}/array", "--retriever", "bm25"],
-        "{tmp}/array/corpus.jsonl: line 2 is not a JSON object",
+        "{tmp}/array/corpus.jsonl line 2: not a JSON object",
     ),
     "eval: a BEIR document without an id": (
         ["eval", "--benchmark", "beir", "--data", "{tmp}/no-id", "--retriever", "bm25"],
@@ -165,7 +165,7 @@ CASES = {
     ),
     "eval: a BEIR text that is a JSON object": (
         ["eval", "--benchmark", "beir", "--data", "{tmp}/object-text", "--retriever", "bm25"],
-        "{tmp}/object-text/corpus.jsonl: line 2: text is a JSON dict, not text",
+        "{tmp}/object-text/corpus.jsonl line 2: text is a JSON dict, not text",
     ),
     "build: the transfer verifier is the analogy judge's own model": (
         ["build", "--profile", "dry-run", "--stages", "judge-transfer"]

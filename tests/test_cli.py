@@ -64,7 +64,7 @@ BAD_INPUTS = {
     ),
     "index: a malformed corpus line": (
         ["index", "--corpus", "{tmp}/corpus", "--model", "{minilm}", "--out", "{tmp}/idx"],
-        "{tmp}/corpus/corpus.jsonl: line 2 is not valid JSON",
+        "{tmp}/corpus/corpus.jsonl line 2: not valid JSON",
     ),
     "train: an unreachable S3 --out": (
         ["train", "--data", "{tmp}/t.jsonl", "--format", "triplets", "--model", "{minilm}"]
