@@ -18,7 +18,6 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
 import typer
@@ -137,25 +136,41 @@ def flag_help(flag: Flag) -> str:
     return f"{text} [{flag.key}]"
 
 
-def command_config(
-    profile: str | None,
-    config: str | Path | None,
-    overrides: Sequence[str] | None,
-    flags: Mapping[str, Any],
-    *,
-    required: Sequence[str] = (),
-    check: Callable[[Config], None] | None = None,
-) -> Config:
-    """The one config tree a command runs on: profile < YAML < CPR_* env < --set < its flags
-    ({config key: value}; None is a flag not given). Then the keys it cannot run without and its
-    own checks, so that `cpr X` and `jobs/X.py` refuse the same mistakes before any work."""
-    from cpr_ray.config import load_config
+@dataclass(frozen=True)
+class Given:
+    """What a command was given that reaches the config tree: `--config`, `--profile`, `--set`
+    and its own flags ({config key: value}; None is a flag not given). `cpr X` (`with_flags`) and
+    `jobs/X.py` (`job_parser`) both hand their command one of these."""
 
-    cfg = load_config(profile, config, overrides or [], flags=flags)
-    cfg.require(*required)
-    if check is not None:
-        check(cfg)
-    return cfg
+    config: str | None
+    profile: str | None
+    overrides: tuple[str, ...]
+    flags: Mapping[str, Any]
+
+    def load(
+        self,
+        *,
+        required: Sequence[str] = (),
+        check: Callable[[Config], None] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Config:
+        """The one config tree the command runs on: profile < YAML < CPR_* env < --set < its
+        flags (and `extra`: keys a command sets from its arguments). Then the keys it cannot
+        run without and its own checks, so that `cpr X` and `jobs/X.py` refuse the same
+        mistakes before any work."""
+        from cpr_ray.config import load_config
+
+        flags = {**self.flags, **(extra or {})}
+        cfg = load_config(self.profile, self.config, list(self.overrides), flags=flags)
+        cfg.require(*required)
+        if check is not None:
+            check(cfg)
+        return cfg
+
+
+def job_given(args: argparse.Namespace, table: Sequence[Flag]) -> Given:
+    """A job's parsed arguments (`job_parser`) as its command's `Given`."""
+    return Given(args.config, args.profile, tuple(args.overrides), flag_values(table, vars(args)))
 
 
 def flag_values(table: Sequence[Flag], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,12 +179,12 @@ def flag_values(table: Sequence[Flag], given: Mapping[str, Any]) -> dict[str, An
 
 
 def with_flags(table: Sequence[Flag]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a typer command one option per flag of `table`; the command receives them as
-    `flags` ({config key: value or None}) beside its own parameters."""
+    """Give a typer command one option per flag of `table`, then `--config`, `--profile` and
+    `--set`; the command receives them as `given` (a `Given`) beside its own parameters."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [
-            p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "flags"
+            p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "given"
         ]
         added = []
         for f in table:
@@ -182,12 +197,19 @@ def with_flags(table: Sequence[Flag]) -> Callable[[Callable[..., Any]], Callable
                     f.dest, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
                 )
             )
+        common = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=opt)
+            for name, opt in (("config", ConfigOpt), ("profile", ProfileOpt), ("set_", SetOpt))
+        ]
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in [*added, *own]]
+        params += common
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
             flags = flag_values(table, {f.dest: kwargs.pop(f.dest) for f in table})
-            return fn(flags=flags, **kwargs)
+            overrides = tuple(kwargs.pop("set_") or ())
+            given = Given(kwargs.pop("config"), kwargs.pop("profile"), overrides, flags)
+            return fn(given=given, **kwargs)
 
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params}

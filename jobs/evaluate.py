@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import command_config, flag_values, job_parser, run_job
+from cpr_ray.command_line import job_given, job_parser, run_job
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.commands import EVAL_FLAGS
 from cpr_ray.evaluate.publish import publish, show
@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def work() -> list[str]:
-        flags = flag_values(EVAL_FLAGS, vars(args))
-        cfg = command_config(args.profile, args.config, args.overrides, flags, check=check)
+        given = job_given(args, EVAL_FLAGS)
+        cfg = given.load(check=check)
         if not cfg.eval.out:
             raise ConfigError("give --out (a results file or folder)")
         show(publish(cfg, run_eval(cfg)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import command_config, flag_values, job_parser, run_job
+from cpr_ray.command_line import job_given, job_parser, run_job
 from cpr_ray.search.commands import INDEX_FLAGS
 from cpr_ray.search.index import build_index, summary_lines
 
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     args = job_parser(__doc__, INDEX_FLAGS, "search.shard_size=2000000").parse_args(argv)
 
     def work() -> list[str]:
-        flags = flag_values(INDEX_FLAGS, vars(args))
-        cfg = command_config(args.profile, args.config, args.overrides, flags)
+        given = job_given(args, INDEX_FLAGS)
+        cfg = given.load()
         return summary_lines(build_index(cfg), str(cfg.search.out))
 
     return run_job(work)

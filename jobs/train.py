@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import command_config, flag_values, job_parser, run_job
+from cpr_ray.command_line import job_given, job_parser, run_job
 from cpr_ray.train.commands import REQUIRED, TRAIN_FLAGS, summary_lines
 from cpr_ray.train.trainer import run_train
 
@@ -20,12 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def work() -> list[str]:
-        flags = flag_values(TRAIN_FLAGS, vars(args))
-        return summary_lines(
-            run_train(
-                command_config(args.profile, args.config, args.overrides, flags, required=REQUIRED)
-            )
-        )
+        given = job_given(args, TRAIN_FLAGS)
+        return summary_lines(run_train(given.load(required=REQUIRED)))
 
     return run_job(work)
 

@@ -173,7 +173,7 @@ def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_o
     actor or worker, and what it asks fits that node type: the poolers' encoder and search
     actors (build), `cpr index`'s encoder actors (jobs/index.py), `cpr eval`'s for a dense or
     SPLADE retriever (jobs/evaluate.py) and Ray Train's workers (jobs/train.py)."""
-    from cpr_ray.command_line import command_config
+    from cpr_ray.command_line import Given
     from cpr_ray.evaluate.settings import check
     from cpr_ray.pooling.poolers import plans
     from cpr_ray.retrieval.factory import make_retriever
@@ -196,18 +196,18 @@ def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_o
     assert len(asks) == 3  # E5, SPLADE-v3, SciNCL
 
     flags = {"search.corpus": "s3://b/export", "search.out": "s3://b/index"}
-    opts = encode_options(command_config("cluster", None, [], flags).encoder)
+    opts = encode_options(Given(None, "cluster", (), flags).load().encoder)
     asks["index"] = {"CPU": opts.num_cpus, "GPU": opts.num_gpus, **opts.resources}
 
     for retriever in ("dense", "splade"):
         flags = {"eval.benchmark": "cpr", "eval.data": "s3://b/export", "eval.retriever": retriever}
-        cfg = command_config("cluster", None, [], flags, check=check)
+        cfg = Given(None, "cluster", (), flags).load(check=check)
         made = make_retriever(retriever, cfg.encoder.model, RetrieverOptions.from_config(cfg))
         opts = made.ray_options()  # what its documents are encoded on, past eval.ray_min_docs
         asks[f"eval {retriever}"] = {"CPU": opts.num_cpus, "GPU": opts.num_gpus, **opts.resources}
 
     flags = {"train.data": "s3://b/export", "train.out": "s3://b/run", "encoder.model": "m"}
-    tc = command_config("cluster", None, [], flags, required=REQUIRED).train
+    tc = Given(None, "cluster", (), flags).load(required=REQUIRED).train
     assert tc.use_gpu
     cluster = load_config("cluster", env={})
     placed = tc.model_copy(update={"cpus_per_worker": default_cpus_per_worker(cluster, 0.0)})

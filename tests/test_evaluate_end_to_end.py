@@ -317,12 +317,12 @@ def test_job_entry_point(cpr_export, tmp_path, capsys):
 
 
 def test_settings_are_validated_before_any_work(monkeypatch):
-    from cpr_ray.command_line import command_config
+    from cpr_ray.command_line import Given
     from cpr_ray.evaluate.settings import check
     from cpr_ray.retrieval.tournament import TournamentSpec
 
     base = {"eval.benchmark": "cpr", "eval.data": "d", "eval.retriever": "bm25"}
-    ok = command_config(None, None, ["eval.tournament_rounds=30:40, 12:10"], base, check=check)
+    ok = Given(None, None, ("eval.tournament_rounds=30:40, 12:10",), base).load(check=check)
     rounds = TournamentSpec.parse(ok.eval.tournament_rounds).rounds
     assert [(r.group_size, r.survivors) for r in rounds] == [(30, 40), (12, 10)]
     for overrides, flags, message in (
@@ -334,9 +334,9 @@ def test_settings_are_validated_before_any_work(monkeypatch):
         (["eval.nope=1"], {}, "eval.nope: unknown key; allowed here: benchmark"),
     ):
         with pytest.raises(ConfigError, match=message):
-            command_config(None, None, overrides, {**base, **flags}, check=check)
+            Given(None, None, tuple(overrides), {**base, **flags}).load(check=check)
     # the CPR_* variables reach evaluation settings like every other section
     monkeypatch.setenv("CPR_EVAL__RESAMPLES", "123")
     monkeypatch.setenv("CPR_ENCODER__MAX_LENGTH", "64")
-    cfg = command_config(None, None, [], base, check=check)
+    cfg = Given(None, None, (), base).load(check=check)
     assert (cfg.eval.resamples, cfg.encoder.max_length) == (123, 64)

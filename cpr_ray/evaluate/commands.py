@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from cpr_ray.command_line import (
-    ConfigOpt,
     Flag,
-    ProfileOpt,
+    Given,
     S3EndpointOpt,
-    SetOpt,
-    command_config,
     console,
     fail,
     with_flags,
@@ -44,18 +41,13 @@ EVAL_FLAGS = (
 
 
 @with_flags(EVAL_FLAGS)
-def eval_command(
-    flags: dict[str, Any],
-    config: ConfigOpt = None,
-    profile: ProfileOpt = None,
-    set_: SetOpt = None,
-) -> None:
+def eval_command(given: Given) -> None:
     """Evaluate a retriever (with an optional reranker or query rewriter) on a benchmark."""
     from cpr_ray.evaluate.publish import publish, show
     from cpr_ray.evaluate.runner import run_eval
 
     try:
-        cfg = command_config(profile, config, set_, flags, check=check)
+        cfg = given.load(check=check)
         published = publish(cfg, run_eval(cfg))
     except UserError as exc:
         fail(exc)

@@ -12,14 +12,8 @@ import typer
 from rich.table import Table
 
 from cpr_ray.command_line import (
-    ConfigOpt,
     Flag,
-    LLMModelOpt,
-    LLMUrlOpt,
-    ProfileOpt,
-    S3EndpointOpt,
-    SetOpt,
-    command_config,
+    Given,
     console,
     fail,
     with_flags,
@@ -29,17 +23,22 @@ from cpr_ray.queries.judges import format_transfer_path
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.storage import Storage
 
-
-def reader_flags(
-    index: str, llm_base_url: str | None, llm_model: str | None, s3_endpoint: str | None
-) -> dict[str, Any]:
-    """The config keys that `cpr search` and `cpr serve` set alike."""
-    return {
-        "search.index": index,
-        "llm.base_url": llm_base_url,
-        "llm.model": llm_model,
-        "storage.s3_endpoint": s3_endpoint,
-    }
+# what `cpr search` and `cpr serve` set alike (the index is their argument)
+READER_FLAGS = (
+    Flag(
+        "llm.base_url",
+        name="llm_base_url",
+        help="OpenAI-compatible endpoint for the LLM steps (key from $OPENAI_API_KEY, or the "
+        "variable named by llm.api_key_env).",
+    ),
+    Flag("llm.model", name="llm_model", help="Model name at the endpoint."),
+    Flag("storage.s3_endpoint", help="S3-compatible endpoint."),
+)
+SERVE_FLAGS = (
+    *READER_FLAGS,
+    Flag("search.serve.host", name="host", help="Listen address."),
+    Flag("search.serve.port", name="port", help="Listen port."),
+)
 
 
 # `cpr index`'s and jobs/index.py's own flags (they win over --set, env and YAML)
@@ -53,18 +52,13 @@ INDEX_FLAGS = (
 
 
 @with_flags(INDEX_FLAGS)
-def index_command(
-    flags: dict[str, Any],
-    config: ConfigOpt = None,
-    profile: ProfileOpt = None,
-    set_: SetOpt = None,
-) -> None:
+def index_command(given: Given) -> None:
     """Encode a corpus on Ray's encoder actor pools into a sharded faiss index with metadata;
     into an existing index, encode only new or changed papers and drop deleted ones."""
     from cpr_ray.search.index import build_index, summary_lines
 
     try:
-        cfg = command_config(profile, config, set_, flags)
+        cfg = given.load()
         manifest = build_index(cfg)
     except UserError as exc:
         fail(exc)
@@ -127,7 +121,9 @@ def jsonl(results: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
 
 
+@with_flags(READER_FLAGS)
 def search_command(
+    given: Given,
     index: Annotated[str, typer.Argument(help="Index folder from cpr index (path or s3://…).")],
     query: Annotated[
         str | None, typer.Argument(help='A research problem, e.g. "How to …".')
@@ -158,18 +154,11 @@ def search_command(
         typer.Option("--queries", help="File of queries: plain lines, or JSONL query_id/query."),
     ] = None,
     out: Annotated[str | None, typer.Option("--out", help="Write the JSON lines here.")] = None,
-    llm_base_url: LLMUrlOpt = None,
-    llm_model: LLMModelOpt = None,
-    s3_endpoint: S3EndpointOpt = None,
-    config: ConfigOpt = None,
-    profile: ProfileOpt = None,
-    set_: SetOpt = None,
 ) -> None:
     """Papers from other fields whose ideas could solve a research problem."""
     from cpr_ray.search.engine import Query, SearchIndex
     from cpr_ray.search.run import read_queries, run_search, search_options
 
-    flags = reader_flags(index, llm_base_url, llm_model, s3_endpoint)
     redirect = _logs_to_stderr() if json_out and out is None else _nothing()
     with redirect:
         try:
@@ -177,7 +166,7 @@ def search_command(
                 raise InputError(f"--rerank {rerank!r}: the only reranker is llm")
             if (query is None) == (queries is None):
                 raise InputError("give one query, or --queries FILE")
-            cfg = command_config(profile, config, set_, flags)
+            cfg = given.load(extra={"search.index": index})
             storage = Storage(cfg.storage)
             asked = (
                 [Query("q1", query)]
@@ -228,16 +217,10 @@ def _quiet_model_loading() -> None:
     transformers_logging.disable_progress_bar()
 
 
+@with_flags(SERVE_FLAGS)
 def serve_command(
+    given: Given,
     index: Annotated[str, typer.Argument(help="Index folder from cpr index (path or s3://…).")],
-    host: Annotated[str | None, typer.Option("--host", help="Listen address.")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Listen port.")] = None,
-    llm_base_url: LLMUrlOpt = None,
-    llm_model: LLMModelOpt = None,
-    s3_endpoint: S3EndpointOpt = None,
-    config: ConfigOpt = None,
-    profile: ProfileOpt = None,
-    set_: SetOpt = None,
 ) -> None:
     """Run the search service (Ray Serve): the search page at /, POST /search, POST /explain,
     GET /healthz, OpenAPI at /docs."""
@@ -245,13 +228,8 @@ def serve_command(
     from cpr_ray.search.index import require_index
     from cpr_ray.search.serve import run_locally
 
-    flags = {
-        **reader_flags(index, llm_base_url, llm_model, s3_endpoint),
-        "search.serve.host": host,
-        "search.serve.port": port,
-    }
     try:
-        cfg = command_config(profile, config, set_, flags)
+        cfg = given.load(extra={"search.index": index})
         # here, not in the replicas: a wrong path, or an index whose model has gone, is one
         # line, not a failed deployment
         manifest = require_index(Storage(cfg.storage), str(cfg.search.index))

@@ -11,16 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from cpr_ray.command_line import (
-    ConfigOpt,
     Flag,
-    ProfileOpt,
-    SetOpt,
-    command_config,
+    Given,
     console,
     fail,
     with_flags,
 )
-from cpr_ray.config import Config, load_config
+from cpr_ray.config import Config
 from cpr_ray.errors import UserError
 
 # `cpr train`'s and jobs/train.py's own flags (they win over --set, env and YAML)
@@ -85,17 +82,11 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
 
 
 @with_flags(TRAIN_FLAGS)
-def train_command(
-    flags: dict[str, Any],
-    config: ConfigOpt = None,
-    profile: ProfileOpt = None,
-    set_: SetOpt = None,
-    plan: PlanOpt = False,
-) -> None:
+def train_command(given: Given, plan: PlanOpt = False) -> None:
     """Fine-tune a dense retriever with InfoNCE on Ray Train (§4.1)."""
     if plan:
         try:
-            lines = plan_lines(load_config(profile, config, set_ or [], flags=flags))
+            lines = plan_lines(given.load())
         except UserError as exc:
             fail(exc)
         for line in lines:
@@ -104,7 +95,7 @@ def train_command(
     from cpr_ray.train.trainer import run_train
 
     try:
-        cfg = command_config(profile, config, set_, flags, required=REQUIRED)
+        cfg = given.load(required=REQUIRED)
         summary = run_train(cfg)
     except UserError as exc:
         fail(exc)
