@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -70,6 +70,14 @@ class StorageConfig(Section):
         "need the default path style.",
     )
     s3_anonymous: bool = Field(False, description="Read public buckets without credentials.")
+    max_retries: int = Field(
+        4,
+        ge=0,
+        description="Retries of one S3 request that failed in a way worth retrying (503 SlowDown, "
+        "500, a reset connection), with backoff, in every client (pyarrow, boto3, Lance), before "
+        "the stage fails: at cluster scale S3 throttles a share of requests. pyarrow's backoff "
+        "doubles, so a dead endpoint is reported after ~5 s at 4, ~30 s at 6.",
+    )
     buckets: dict[str, BucketSettings] = Field(
         default_factory=dict,
         description="Settings of particular buckets, by name, over s3_region/s3_anonymous: e.g. "
@@ -187,7 +195,9 @@ class Storage:
                 # fail in seconds on a dead endpoint, not after minutes of retries
                 "connect_timeout": 5,
                 "request_timeout": 60,
-                "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+                "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+                    max_attempts=self.cfg.max_retries + 1
+                ),
             }
             if settings.s3_region:
                 kwargs["region"] = settings.s3_region
@@ -225,7 +235,7 @@ class Storage:
             if uri and uri.startswith("s3://")
             else self.cfg.for_bucket("")
         )
-        opts: dict[str, str] = {}
+        opts: dict[str, str] = {"client_max_retries": str(self.cfg.max_retries)}
         if self.cfg.s3_endpoint:
             opts["aws_endpoint"] = self.cfg.s3_endpoint
             opts["allow_http"] = str(self.cfg.s3_endpoint.startswith("http://")).lower()
@@ -246,7 +256,9 @@ class Storage:
         import lance  # a heavy import: only the stages that read the corpus pay for it
 
         try:
-            return lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+            return self._again(
+                lambda: lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+            )
         except (OSError, ValueError) as exc:  # Lance's IO errors come as either
             if uri.startswith("s3://") and ACCESS_DENIED.search(str(exc)):
                 raise StorageError(access_denied(uri)) from None
@@ -295,11 +307,24 @@ class Storage:
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
+    def _again(self, read: Callable[[], _T]) -> _T:
+        """`read` once more when S3 broke off an answer mid-body (a reset connection), which
+        pyarrow's, boto3's and Lance's clients pass up instead of retrying; at most
+        `storage.max_retries` times. Only for reads: a write may have landed."""
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                return read()
+            except (OSError, ValueError, *_boto_errors()) as exc:
+                if attempt == self.cfg.max_retries or not _transient(exc):
+                    raise
+                _RETRIES["storage"] += 1
+                time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
+        raise AssertionError("unreachable")
+
     def read_json(self, uri: str) -> Any:
         loc = self.resolve(uri)
         try:
-            with loc.fs.open_input_stream(loc.path) as f:
-                return json.loads(f.read())
+            return json.loads(self._again(lambda: _read_all(loc)))
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -329,8 +354,7 @@ class Storage:
         """A whole file, gunzipped when its name ends in .gz."""
         loc = self.check(uri, must_exist=True)
         try:
-            with loc.fs.open_input_stream(loc.path) as f:
-                data = f.read()
+            data = self._again(lambda: _read_all(loc))
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
         if not uri.endswith(".gz"):
@@ -347,7 +371,7 @@ class Storage:
         """A Parquet file, or a folder of Parquet files read as one table."""
         loc = self.check(uri, must_exist=True)
         try:
-            return pq.read_table(loc.path, filesystem=loc.fs, columns=columns)
+            return self._again(lambda: pq.read_table(loc.path, filesystem=loc.fs, columns=columns))
         except (OSError, pa.ArrowInvalid) as exc:
             if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
                 raise StorageError(access_denied(loc.uri)) from None
@@ -486,9 +510,13 @@ class Storage:
                 raise StorageError(_explain(loc, exc)) from None
             return data, _md5(data)
         bucket, key = _bucket_key(loc)
-        try:
+
+        def get() -> tuple[bytes, str]:
             got = self._boto().get_object(Bucket=bucket, Key=key)
             return got["Body"].read(), got["ETag"].strip('"')
+
+        try:
+            return self._again(get)
         except _boto_errors() as exc:
             if _conditional(exc) == "missing":
                 raise FileNotFoundError(loc.uri) from None
@@ -513,7 +541,9 @@ class Storage:
             return put["ETag"].strip('"')
         except _boto_errors() as exc:
             if _conditional(exc) in ("failed", "missing"):
-                return None
+                # a retry of a PUT that landed before its answer was lost finds its own write
+                # there and fails the condition: the write is ours when the object holds `data`
+                return self._landed(bucket, key, data) if _retried(exc) else None
             raise StorageError(_explain_boto(loc, exc)) from None
 
     def delete_if(self, uri: str, tag: str) -> bool:
@@ -529,6 +559,8 @@ class Storage:
             self._boto().delete_object(Bucket=bucket, Key=key, IfMatch=f'"{tag}"')
             return True
         except _boto_errors() as exc:
+            if _conditional(exc) == "missing" and _retried(exc):
+                return True  # a retried delete that had landed finds nothing left to delete
             if _conditional(exc) in ("failed", "missing"):
                 return False
             raise StorageError(_explain_boto(loc, exc)) from None
@@ -564,19 +596,68 @@ class Storage:
             "run it again"
         )
 
+    def _landed(self, bucket: str, key: str, data: bytes) -> str | None:
+        """The tag of the object at `key` if it holds `data` (S3's ETag of a single PUT is the
+        MD5 of its bytes), else None: someone else's write."""
+        try:
+            head = self._again(lambda: self._boto().head_object(Bucket=bucket, Key=key))
+        except _boto_errors() as exc:
+            if _conditional(exc) == "missing":
+                return None
+            raise
+        found = head["ETag"].strip('"')
+        return found if found == _md5(data) else None
+
     def _boto(self) -> Any:
         return _boto_client(
             self.cfg.s3_endpoint,
             self.cfg.s3_region,
             self.cfg.s3_virtual_addressing,
             self.cfg.s3_anonymous,
+            self.cfg.max_retries,
         )
 
 
+# Retries boto3 made in this process (its clients count them; pyarrow's and Lance's clients
+# retry as configured but expose no count): what a stage's summary reports
+_RETRIES = {"boto3": 0, "storage": 0}
+_T = TypeVar("_T")
+# how pyarrow, botocore and Lance word an answer S3 broke off mid-body (not a refused connection,
+# which each client has retried already)
+BROKEN_OFF = re.compile(
+    r"flush response stream|reading from response stream|connection broken|response body error",
+    re.I,
+)
+
+
+def storage_retries() -> int:
+    """Requests sent again in this process so far: boto3's retries and `Storage`'s reads read
+    again (pyarrow's and Lance's own retries have no count)."""
+    return sum(_RETRIES.values())
+
+
+def _transient(exc: Exception) -> bool:
+    return not isinstance(exc, FileNotFoundError) and bool(BROKEN_OFF.search(str(exc)))
+
+
+def _retried(exc: Exception) -> bool:
+    """Whether boto3 sent the request that failed more than once."""
+    response = getattr(exc, "response", None) or {}
+    return bool(response.get("ResponseMetadata", {}).get("RetryAttempts"))
+
+
+def _count_retry(request: Any, **_: Any) -> None:
+    if request.context.get("retries", {}).get("attempt", 1) > 1:
+        _RETRIES["boto3"] += 1
+
+
 @cache
-def _boto_client(endpoint: str | None, region: str | None, virtual: bool, anonymous: bool) -> Any:
+def _boto_client(
+    endpoint: str | None, region: str | None, virtual: bool, anonymous: bool, max_retries: int
+) -> Any:
     """One boto3 client per S3 setting, made from its own session (boto3's default session is
-    not thread-safe; a client is); the same timeouts as the pyarrow filesystem."""
+    not thread-safe; a client is); the same timeouts and retries as the pyarrow filesystem, and
+    a hook that counts the retries."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config as BotoConfig
@@ -584,13 +665,15 @@ def _boto_client(endpoint: str | None, region: str | None, virtual: bool, anonym
     config = BotoConfig(
         connect_timeout=5,
         read_timeout=60,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"max_attempts": max_retries + 1, "mode": "standard"},
         s3={"addressing_style": "virtual" if virtual else "path"},
         **({"signature_version": UNSIGNED} if anonymous else {}),
     )
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3", endpoint_url=endpoint, region_name=region, config=config
     )
+    client.meta.events.register("request-created.s3", _count_retry)
+    return client
 
 
 def _boto_errors() -> tuple[type[Exception], ...]:
@@ -678,6 +761,11 @@ def _local_delete_if(path: str, tag: str) -> bool:
         except FileNotFoundError:
             return False
     return True
+
+
+def _read_all(loc: Location) -> bytes:
+    with loc.fs.open_input_stream(loc.path) as f:
+        return f.read()
 
 
 def _rel_parts(root: str, path: str) -> list[str]:
