@@ -256,11 +256,13 @@ def write_bucketed_table(
             fragment = pickle.loads(blob)
             fragments.append(fragment)
             files[fragment.data_files()[0].path] = k
-    lance.LanceDataset.commit(
-        uri,
-        lance.LanceOperation.Overwrite(schema, fragments),
-        storage_options=opts,
-        enable_stable_row_ids=True,
+    storage.again(  # the same fragments committed again: the same table, a version later
+        lambda: lance.LanceDataset.commit(
+            uri,
+            lance.LanceOperation.Overwrite(schema, fragments),
+            storage_options=opts,
+            enable_stable_row_ids=True,
+        )
     )
     return BucketLayout(key, num_buckets, files), rows
 

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from cpr_ray import __version__, leases
 from cpr_ray.config import Config, LLMConfig
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage import Storage, StorageError, join, storage_retries
 
 MANIFEST = "_MANIFEST.json"
 console = Console(stderr=True)
@@ -166,8 +166,10 @@ def run_stage(
     out = join(storage.root, name, "runs", run_id)
     started = time.time()
     console.print(f"[bold]{name}[/]: running (run {run_id}) → {out}")
+    retries_before = storage_retries()
     result = fn(StageRun(name, run_id, out, cfg, storage))
     seconds = round(time.time() - started, 2)
+    retries = storage_retries() - retries_before
     manifest = {
         "stage": name,
         "run_id": run_id,
@@ -180,11 +182,15 @@ def run_stage(
         "code_version": code_version(),
         "started": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
         "seconds": seconds,
+        "storage_retries": retries,
     }
     leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
     # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
     storage.write_json(manifest_uri(storage, name), manifest)
     _remove_old_runs(storage, name, keep=run_id)
+    # what the driver's storage calls retried (S3 throttling, resets); the workers' own retries
+    # and pyarrow's and Lance's inside their clients are not counted (they expose no count)
+    console.print(f"[bold]{name}[/]: published in {seconds} s; storage retries: {retries}")
     return manifest
 
 
