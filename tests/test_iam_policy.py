@@ -307,7 +307,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     }  # fmt: skip
 
 
-FAULTS = 40  # at most, in the build, training, evaluation and index above: ~1% of each kind
+FAULTS = 20  # at most, in the build, training, evaluation and index (each costs a backoff)
 
 
 def _nothing_half_written(s3, bucket: str, manifests: dict) -> None:
