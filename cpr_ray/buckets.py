@@ -256,13 +256,11 @@ def write_bucketed_table(
             fragment = pickle.loads(blob)
             fragments.append(fragment)
             files[fragment.data_files()[0].path] = k
-    storage.again(  # the same fragments committed again: the same table, a version later
-        lambda: lance.LanceDataset.commit(
-            uri,
-            lance.LanceOperation.Overwrite(schema, fragments),
-            storage_options=opts,
-            enable_stable_row_ids=True,
-        )
+    lance.LanceDataset.commit(
+        uri,
+        lance.LanceOperation.Overwrite(schema, fragments),
+        storage_options=opts,
+        enable_stable_row_ids=True,
     )
     return BucketLayout(key, num_buckets, files), rows
 

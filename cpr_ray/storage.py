@@ -256,7 +256,7 @@ class Storage:
         import lance  # a heavy import: only the stages that read the corpus pay for it
 
         try:
-            return self.again(
+            return self._again(
                 lambda: lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
             )
         except (OSError, ValueError) as exc:  # Lance's IO errors come as either
@@ -307,12 +307,10 @@ class Storage:
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
-    def again(self, read: Callable[[], _T]) -> _T:
+    def _again(self, read: Callable[[], _T]) -> _T:
         """`read` once more when S3 broke off an answer mid-body (a reset connection), which
         pyarrow's, boto3's and Lance's clients pass up instead of retrying; at most
-        `storage.max_retries` times. For reads, and for a write whose repeat changes nothing
-        once it has landed (a Lance commit of fragments already written): a write may have
-        landed before its answer was lost."""
+        `storage.max_retries` times. Only for reads: a write may have landed."""
         for attempt in range(self.cfg.max_retries + 1):
             try:
                 return read()
@@ -326,7 +324,7 @@ class Storage:
     def read_json(self, uri: str) -> Any:
         loc = self.resolve(uri)
         try:
-            return json.loads(self.again(lambda: _read_all(loc)))
+            return json.loads(self._again(lambda: _read_all(loc)))
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -356,7 +354,7 @@ class Storage:
         """A whole file, gunzipped when its name ends in .gz."""
         loc = self.check(uri, must_exist=True)
         try:
-            data = self.again(lambda: _read_all(loc))
+            data = self._again(lambda: _read_all(loc))
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
         if not uri.endswith(".gz"):
@@ -373,7 +371,7 @@ class Storage:
         """A Parquet file, or a folder of Parquet files read as one table."""
         loc = self.check(uri, must_exist=True)
         try:
-            return self.again(lambda: pq.read_table(loc.path, filesystem=loc.fs, columns=columns))
+            return self._again(lambda: pq.read_table(loc.path, filesystem=loc.fs, columns=columns))
         except (OSError, pa.ArrowInvalid) as exc:
             if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
                 raise StorageError(access_denied(loc.uri)) from None
@@ -518,7 +516,7 @@ class Storage:
             return got["Body"].read(), got["ETag"].strip('"')
 
         try:
-            return self.again(get)
+            return self._again(get)
         except _boto_errors() as exc:
             if _conditional(exc) == "missing":
                 raise FileNotFoundError(loc.uri) from None
@@ -602,7 +600,7 @@ class Storage:
         """The tag of the object at `key` if it holds `data` (S3's ETag of a single PUT is the
         MD5 of its bytes), else None: someone else's write."""
         try:
-            head = self.again(lambda: self._boto().head_object(Bucket=bucket, Key=key))
+            head = self._again(lambda: self._boto().head_object(Bucket=bucket, Key=key))
         except _boto_errors() as exc:
             if _conditional(exc) == "missing":
                 return None
@@ -627,8 +625,7 @@ _T = TypeVar("_T")
 # how pyarrow, botocore and Lance word an answer S3 broke off mid-body (not a refused connection,
 # which each client has retried already)
 BROKEN_OFF = re.compile(
-    r"flush response stream|reading from response stream|connection broken|response body error|"
-    r"error sending request",
+    r"flush response stream|reading from response stream|connection broken|response body error",
     re.I,
 )
 
