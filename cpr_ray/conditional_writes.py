@@ -13,11 +13,16 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
+from cpr_ray.s3_retries import count_boto_retry
+
 
 @cache
-def boto_client(endpoint: str | None, region: str | None, virtual: bool, anonymous: bool) -> Any:
+def boto_client(
+    endpoint: str | None, region: str | None, virtual: bool, anonymous: bool, max_retries: int
+) -> Any:
     """One boto3 client per S3 setting, made from its own session (boto3's default session is
-    not thread-safe; a client is); the same timeouts as the pyarrow filesystem."""
+    not thread-safe; a client is); the same timeouts and retries as the pyarrow filesystem, and
+    a hook that counts the retries."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config as BotoConfig
@@ -25,13 +30,15 @@ def boto_client(endpoint: str | None, region: str | None, virtual: bool, anonymo
     config = BotoConfig(
         connect_timeout=5,
         read_timeout=60,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"max_attempts": max_retries + 1, "mode": "standard"},
         s3={"addressing_style": "virtual" if virtual else "path"},
         **({"signature_version": UNSIGNED} if anonymous else {}),
     )
-    return boto3.session.Session().client(
+    client = boto3.session.Session().client(
         "s3", endpoint_url=endpoint, region_name=region, config=config
     )
+    client.meta.events.register("request-created.s3", count_boto_retry)
+    return client
 
 
 def boto_errors() -> tuple[type[Exception], ...]:

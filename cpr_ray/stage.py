@@ -24,6 +24,7 @@ from rich.console import Console
 from cpr_ray import __version__, leases, metrics
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.progress import ProgressWriter
+from cpr_ray.s3_retries import storage_retries
 from cpr_ray.storage import Storage, StorageError, join
 
 MANIFEST = "_MANIFEST.json"
@@ -205,6 +206,7 @@ def run_stage(
     out = join(storage.root, name, "runs", run_id)
     started = time.time()
     console.print(f"[bold]{name}[/]: running (run {run_id}) → {out}")
+    retries_before = storage_retries()
     progress = ProgressWriter(storage, name, run_id)
     progress.start()
     try:
@@ -213,6 +215,7 @@ def run_stage(
         progress.finish("failed")
         raise
     seconds = round(time.time() - started, 2)
+    retries = storage_retries() - retries_before
     manifest = {
         "stage": name,
         "run_id": run_id,
@@ -225,6 +228,7 @@ def run_stage(
         "code_version": code_version(),
         "started": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
         "seconds": seconds,
+        "storage_retries": retries,
     }
     leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
     # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
@@ -232,6 +236,9 @@ def run_stage(
     metrics.stage_published(name, result.tables)
     progress.finish("done")
     _remove_old_runs(storage, name, keep=run_id)
+    # what the driver's storage calls retried (S3 throttling, resets); the workers' own retries
+    # and pyarrow's and Lance's inside their clients are not counted (they expose no count)
+    console.print(f"[bold]{name}[/]: published in {seconds} s; storage retries: {retries}")
     return manifest
 
 

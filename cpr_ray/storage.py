@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -34,6 +34,7 @@ from cpr_ray.conditional_writes import (
     md5,
 )
 from cpr_ray.errors import StorageError
+from cpr_ray.s3_retries import broken_off, read_again, retried
 from cpr_ray.sections import Section
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 # jittered, at most a second): enough for dozens of runs appending to one file at once
 UPDATE_TRIES = 30
 UPDATE_BACKOFF_S = 0.05
+_T = TypeVar("_T")
 
 
 class BucketSettings(Section):
@@ -72,6 +74,14 @@ class StorageConfig(Section):
         "need the default path style.",
     )
     s3_anonymous: bool = Field(False, description="Read public buckets without credentials.")
+    max_retries: int = Field(
+        4,
+        ge=0,
+        description="Retries of one S3 request that failed in a way worth retrying (503 SlowDown, "
+        "500, a reset connection), with backoff, in every client (pyarrow, boto3, Lance), before "
+        "the stage fails: at cluster scale S3 throttles a share of requests. pyarrow's backoff "
+        "doubles, so a dead endpoint is reported after ~5 s at 4, ~30 s at 6.",
+    )
     buckets: dict[str, BucketSettings] = Field(
         default_factory=dict,
         description="Settings of particular buckets, by name, over s3_region/s3_anonymous: e.g. "
@@ -189,7 +199,9 @@ class Storage:
                 # fail in seconds on a dead endpoint, not after minutes of retries
                 "connect_timeout": 5,
                 "request_timeout": 60,
-                "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+                "retry_strategy": pafs.AwsStandardS3RetryStrategy(
+                    max_attempts=self.cfg.max_retries + 1
+                ),
             }
             if settings.s3_region:
                 kwargs["region"] = settings.s3_region
@@ -227,7 +239,7 @@ class Storage:
             if uri and uri.startswith("s3://")
             else self.cfg.for_bucket("")
         )
-        opts: dict[str, str] = {}
+        opts: dict[str, str] = {"client_max_retries": str(self.cfg.max_retries)}
         if self.cfg.s3_endpoint:
             opts["aws_endpoint"] = self.cfg.s3_endpoint
             opts["allow_http"] = str(self.cfg.s3_endpoint.startswith("http://")).lower()
@@ -248,7 +260,9 @@ class Storage:
         import lance  # a heavy import: only the stages that read the corpus pay for it
 
         try:
-            return lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+            return self._again(
+                lambda: lance.dataset(uri, version=version, storage_options=self.lance_options(uri))
+            )
         except (OSError, ValueError) as exc:  # Lance's IO errors come as either
             if uri.startswith("s3://") and ACCESS_DENIED.search(str(exc)):
                 raise StorageError(access_denied(uri)) from None
@@ -297,11 +311,24 @@ class Storage:
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
+    def _again(self, read: Callable[[], _T]) -> _T:
+        """`read` once more when S3 broke off an answer mid-body (a reset connection), which
+        pyarrow's, boto3's and Lance's clients pass up instead of retrying; at most
+        `storage.max_retries` times. Only for reads: a write may have landed."""
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                return read()
+            except (OSError, ValueError, *boto_errors()) as exc:
+                if attempt == self.cfg.max_retries or not broken_off(exc):
+                    raise
+                read_again()
+                time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
+        raise AssertionError("unreachable")
+
     def read_json(self, uri: str) -> Any:
         loc = self.resolve(uri)
         try:
-            with loc.fs.open_input_stream(loc.path) as f:
-                return json.loads(f.read())
+            return json.loads(self._again(lambda: _read_all(loc)))
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -337,8 +364,7 @@ class Storage:
         """A whole file, gunzipped when its name ends in .gz."""
         loc = self.check(uri, must_exist=True)
         try:
-            with loc.fs.open_input_stream(loc.path) as f:
-                data = f.read()
+            data = self._again(lambda: _read_all(loc))
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
         if not uri.endswith(".gz"):
@@ -355,7 +381,7 @@ class Storage:
         """A Parquet file, or a folder of Parquet files read as one table."""
         loc = self.check(uri, must_exist=True)
         try:
-            return pq.read_table(loc.path, filesystem=loc.fs, columns=columns)
+            return self._again(lambda: pq.read_table(loc.path, filesystem=loc.fs, columns=columns))
         except (OSError, pa.ArrowInvalid) as exc:
             if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
                 raise StorageError(access_denied(loc.uri)) from None
@@ -494,9 +520,13 @@ class Storage:
                 raise StorageError(_explain(loc, exc)) from None
             return data, md5(data)
         bucket, key = _bucket_key(loc)
-        try:
+
+        def get() -> tuple[bytes, str]:
             got = self._boto().get_object(Bucket=bucket, Key=key)
             return got["Body"].read(), got["ETag"].strip('"')
+
+        try:
+            return self._again(get)
         except boto_errors() as exc:
             if condition_outcome(exc) == "missing":
                 raise FileNotFoundError(loc.uri) from None
@@ -521,7 +551,9 @@ class Storage:
             return put["ETag"].strip('"')
         except boto_errors() as exc:
             if condition_outcome(exc) in ("failed", "missing"):
-                return None
+                # a retry of a PUT that landed before its answer was lost finds its own write
+                # there and fails the condition: the write is ours when the object holds `data`
+                return self._landed(bucket, key, data) if retried(exc) else None
             raise StorageError(_explain_boto(loc, exc)) from None
 
     def delete_if(self, uri: str, tag: str) -> bool:
@@ -537,6 +569,8 @@ class Storage:
             self._boto().delete_object(Bucket=bucket, Key=key, IfMatch=f'"{tag}"')
             return True
         except boto_errors() as exc:
+            if condition_outcome(exc) == "missing" and retried(exc):
+                return True  # a retried delete that had landed finds nothing left to delete
             if condition_outcome(exc) in ("failed", "missing"):
                 return False
             raise StorageError(_explain_boto(loc, exc)) from None
@@ -572,12 +606,25 @@ class Storage:
             "run it again"
         )
 
+    def _landed(self, bucket: str, key: str, data: bytes) -> str | None:
+        """The tag of the object at `key` if it holds `data` (S3's ETag of a single PUT is the
+        MD5 of its bytes), else None: someone else's write."""
+        try:
+            head = self._again(lambda: self._boto().head_object(Bucket=bucket, Key=key))
+        except boto_errors() as exc:
+            if condition_outcome(exc) == "missing":
+                return None
+            raise
+        found = head["ETag"].strip('"')
+        return found if found == md5(data) else None
+
     def _boto(self) -> Any:
         return boto_client(
             self.cfg.s3_endpoint,
             self.cfg.s3_region,
             self.cfg.s3_virtual_addressing,
             self.cfg.s3_anonymous,
+            self.cfg.max_retries,
         )
 
 
@@ -633,3 +680,8 @@ def _explain(loc: Location, exc: OSError) -> str:
         hints.append("check the bucket name")
     hint = "; ".join(hints) or "check storage.s3_endpoint, the bucket name and the credentials"
     return f"cannot reach {loc.uri}: {text.splitlines()[0]} ({hint})"
+
+
+def _read_all(loc: Location) -> bytes:
+    with loc.fs.open_input_stream(loc.path) as f:
+        return f.read()

@@ -301,6 +301,52 @@ def s3_endpoint(s3_standin: S3Standin) -> str:
     return s3_standin.url
 
 
+class S3Faults:
+    """Handle on tests/s3_faults.py: a fault-injecting proxy in front of the S3 stand-in."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def start(self, seed: int = 0, max_faults: int = 100, for_s: float = 600, **shares: float):
+        """Fail that share of requests with each kind (slowdown, internal, reset), at random,
+        at most `max_faults` in all and within `for_s` seconds."""
+        post_json(
+            f"{self.url}/_faults",
+            {"seed": seed, "max_faults": max_faults, "for_s": for_s, **shares},
+        )
+
+    def clear(self) -> None:
+        post_json(f"{self.url}/_faults/clear", {})
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=10) as resp:
+            return json.loads(resp.read())
+
+
+@pytest.fixture(scope="session")
+def s3_faults(
+    s3_standin: S3Standin, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[S3Faults]:
+    script = str(Path(__file__).parent / "s3_faults.py")
+    proc, url = start_local_server(
+        [sys.executable, script, "--port", "{port}", "--upstream", s3_standin.url],
+        "/_stats",
+        tmp_path_factory.mktemp("s3-faults") / "proxy.log",
+    )
+    handle = S3Faults(url)
+    yield handle
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture()
+def faults(s3_faults: S3Faults) -> Iterator[S3Faults]:
+    """The proxy with no faults scheduled, and none left scheduled after the test."""
+    s3_faults.clear()
+    yield s3_faults
+    s3_faults.clear()
+
+
 @pytest.fixture()
 def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     """A fresh, empty bucket per test."""

@@ -25,7 +25,7 @@ from cpr_ray.errors import StorageError
 from cpr_ray.pipeline.build import check_root, run_build
 from cpr_ray.storage import Storage, StorageConfig
 
-from .conftest import LLM_STAGES, OLD, S3Standin, ScriptedLLM, small_build
+from .conftest import LLM_STAGES, OLD, S3Faults, S3Standin, ScriptedLLM, small_build
 from .iam_policy import (
     ALLOW,
     EXPLICIT_DENY,
@@ -203,16 +203,20 @@ def _summary(requests: list[dict], bucket: str) -> Counter:
 @pytest.mark.slow
 def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     s3_standin: S3Standin,
+    faults: S3Faults,
     s3_bucket: str,
     scripted_llm: ScriptedLLM,
     ray_session: None,
     minilm: str,
     tmp_path: Path,
 ):
+    """…and through S3 as it is at cluster scale: every job request goes through the fault
+    proxy (tests/s3_faults.py), which answers a share `503 SlowDown` or `500 InternalError` and
+    resets connections after the store acted; the outputs are those of a fault-free store."""
     from tests import tiny_models
 
-    endpoint, bucket = s3_standin.url, s3_bucket
-    _seed(endpoint, bucket, f"s2/{OLD}")
+    endpoint, bucket = faults.url, s3_bucket
+    _seed(s3_standin.url, bucket, f"s2/{OLD}")
     root = f"s3://{bucket}/builds/2026-11"
     settings = {
         "storage": {
@@ -236,6 +240,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     model = tiny_models.tiny_bert(minilm, tmp_path / "tiny-bert")
     job_key = os.environ["AWS_ACCESS_KEY_ID"]  # what the tests' Ray workers sign with
     since = s3_standin.mark()
+    faults.start(seed=11, max_faults=FAULTS, slowdown=0.01, internal=0.01, reset=0.01)
     with s3_standin.enforce(job_key, policy_for(bucket), public_buckets=(OPENALEX,)):
         cfg = load_config("dry-run", f"s3://{bucket}/configs/build.yaml", overrides, env={})
         manifests = run_build(cfg)
@@ -247,7 +252,8 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
             ["train", "--data", export, "--format", "cpr", "--model", model,
              "--out", f"s3://{bucket}/models/tiny", "--set", "train.workers=1",
              "--set", "train.epochs=1", "--set", "train.batch_size=1",
-             "--set", "train.max_length=32"],
+             "--set", "train.max_length=32", "--set", "train.max_steps=2",
+             "--set", "train.checkpoint_every=1"],
             ["eval", "--benchmark", "cpr", "--data", export, "--retriever", "bm25",
              "--out", f"s3://{bucket}/eval/bm25"],
             ["index", "--corpus", export, "--model", model, "--out", f"s3://{bucket}/index/tiny",
@@ -256,6 +262,12 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
             result = cli.invoke(app, [*args, *s3])
             assert result.exit_code == 0, (args[0], result.output)
     requests = s3_standin.requests(since)
+    injected = faults.stats()
+    faults.clear()
+    print("faults", injected["faults"], "of", injected["requests"], "requests;", "retries",
+          {stage: m["storage_retries"] for stage, m in manifests.items()})  # fmt: skip
+    assert all(injected["faults"][kind] for kind in ("slowdown", "internal", "reset")), injected
+    _nothing_half_written(_operator(s3_standin.url), bucket, {**manifests, **again})
     # the sample's corpus, as a local ingest gives it; the snapshot's manifest.json unread
     ingested = manifests["ingest"]
     assert ingested["tables"]["papers"]["uri"].startswith(f"{root}/ingest/runs/")
@@ -283,6 +295,28 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
         "BUCKET/s2/", "BUCKET/configs/", "BUCKET/builds/", "BUCKET/models/", "BUCKET/eval/",
         "BUCKET/index/", "openalex/data/",
     }  # fmt: skip
+
+
+FAULTS = 20  # at most, in the build, training, evaluation and index (each costs a backoff)
+
+
+def _nothing_half_written(s3, bucket: str, manifests: dict) -> None:
+    """No temporary name left behind, every published table there, and an upload left open
+    only beside the whole object (a retried CreateMultipartUpload whose first answer was lost
+    orphans the first upload: invisible to readers, aborted by the bucket's lifecycle rule,
+    infra/README.md)."""
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for o in page.get("Contents", [])
+    ]
+    assert not [k for k in keys if "/_tmp-" in k], keys
+    open_uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert {u["Key"] for u in open_uploads} <= set(keys), open_uploads
+    for m in manifests.values():
+        for table in m["tables"].values():
+            prefix = table["uri"].removeprefix(f"s3://{bucket}/")
+            assert any(k == prefix or k.startswith(prefix + "/") for k in keys), table
 
 
 def test_a_root_outside_the_policys_prefixes_stops_preflight_in_one_line(
