@@ -41,6 +41,7 @@ from cpr_ray.judge_check.metrics import (
     sensitivity_specificity,
 )
 from cpr_ray.judge_check.projection import (
+    PREFIX_SHARES,
     Measured,
     attempts,
     project,
@@ -405,6 +406,15 @@ def test_projection_from_known_means_prices_and_concurrency():
     assert p["calls"] == 1500
     assert p["prompt_tokens"] == 1_000_000 and p["completion_tokens"] == 100_000
     assert p["usd"] == pytest.approx(1.0 * 2.0 + 0.1 * 10.0)
+    assert p["usd_prefix_cached"] == p["usd"]  # no cached price: no discount
+    cached = llm.model_copy(
+        update={"prices": {"m": Price(input_per_mtok=2.0, output_per_mtok=10.0,
+                                      cached_input_per_mtok=0.5)}}
+    )  # fmt: skip
+    share = PREFIX_SHARES["judge-transfer"]  # of the 1M prompt tokens, billed at $0.50 not $2
+    assert project("judge-transfer", 1000, measured, cached)["usd_prefix_cached"] == pytest.approx(
+        round(3.0 - share * (2.0 - 0.5), 2)
+    )
     assert p["hours"] == round(1000 * 2.0 / (2 * 5) / 3600, 2)
     assert p["concurrency"] == 10
     other = LLMConfig(model="m", stages={"judge-transfer": {"model": "free?"}}, prices=llm.prices)
