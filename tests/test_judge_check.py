@@ -49,7 +49,7 @@ from cpr_ray.judge_check.projection import (
     volumes,
     volumes_from_root,
 )
-from cpr_ray.judge_check.report import WIDTH
+from cpr_ray.judge_check.report import WIDTH, projection_lines
 from cpr_ray.llm.injection import instruction_flags
 from cpr_ray.storage import Storage, StorageConfig
 from tests.conftest import ScriptedLLM, start_local_server
@@ -427,6 +427,10 @@ def test_projection_from_known_means_prices_and_concurrency():
     assert names[-1] == "synthesize-queries"
     t = build["total"]
     assert t["calls"] == sum(s["calls"] for s in build["stages"])
+    assert t["usd_prefix_cached"] == pytest.approx(t["usd"], abs=0.05)  # no cached price
+    assert f"USD with a prefix cache {t['usd_prefix_cached']:,.2f}" in "\n".join(
+        projection_lines(build)
+    )
     assert t["usd"] > build["max_usd"]
     review = Measured(calls=1.0, prompt_tokens=300, completion_tokens=30, seconds=1.0)
     wq = project_build(llm, {"write-queries": review}, volumes(DatasetConfig()))["stages"][2]

@@ -95,7 +95,7 @@ PREFIX_SHARES: dict[str, float] = {
     "judge-negatives": 0.361,
     "synthesize-queries": 0.0,
 }
-PREFIX_SOURCE = "benchmarks/prompt_prefix.py (SCALE.md)"
+PREFIX_SOURCE = "benchmarks/prompt_prefix.py; SCALE.md"
 HOURS_FORMULA = "hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600"
 
 
