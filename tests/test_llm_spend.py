@@ -11,7 +11,7 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import SpendCapError
-from cpr_ray.llm.ledger import LEDGER, ledger_uri
+from cpr_ray.llm.ledger import LEDGER, ledger_summary, ledger_uri
 from cpr_ray.llm.spend import COST_COLUMNS, Budget, cost_usd, counted_from_here, ledger_spend
 from cpr_ray.storage import Storage, join
 
@@ -91,6 +91,9 @@ def test_prompt_tokens_served_from_the_cache_are_paid_at_the_cached_price(tmp_pa
     )
     storage.write_parquet(table, join(ledger_uri(storage, "judge-analogy"), "b.parquet"))
     assert ledger_spend(storage, llm) == {"judge-analogy": pytest.approx(3.2 + 1.0)}
+    (summary,) = ledger_summary(storage, llm)  # what `cpr stats` shows, over both parts
+    assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (4000, 2000)
+    assert summary["cost_usd"] == pytest.approx(4.2)
     # no cached price: cached tokens cost what any prompt token costs
     plain, _ = _setup(tmp_path)
     assert plain.prices["judge"].cached_input_per_mtok is None
