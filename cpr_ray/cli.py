@@ -193,6 +193,7 @@ def stats(
             "failed",
             "prompt_tokens",
             "completion_tokens",
+            "cached_prompt_tokens",
             "cost_usd",
         )
         for col in cols:

@@ -432,6 +432,11 @@ class ScriptedLLM:
         grades most pooled candidates, so a negatives walk ends in a round or two."""
         self._post("/_negatives", {"score": score})
 
+    def prompt_cache(self, tokens: int) -> None:
+        """Report up to `tokens` of every answered prompt as served from a prompt cache
+        (`usage.prompt_tokens_details.cached_tokens`), as vLLM and hosted providers do."""
+        self._post("/_prompt_cache", {"tokens": tokens})
+
     def stats(self) -> dict:
         import json
 

@@ -241,6 +241,7 @@ class Script:
         self.counts: Counter[str] = Counter()
         self.latency_s = 0.0
         self.unmapped_score: int | None = None  # set: the grade of passages without mappings
+        self.cached_tokens: int | None = None  # set: prompt tokens reported as cache hits
         self.arrivals: list[float] = []  # wall time of each chat request, for rate checks
         self.fault_rates: dict[str, float] = {}
         self.rng = random.Random(0)
@@ -317,7 +318,13 @@ async def chat(request: web.Request) -> web.Response:
         script.counts["undelivered"] += 1  # its client is gone (a lost node): nothing was paid
     else:
         script.counts["answered"] += 1
-    return web.json_response(_reply(content, "stop", prompt))
+    reply = _reply(content, "stop", prompt)
+    if script.cached_tokens is not None:
+        usage = reply["usage"]
+        usage["prompt_tokens_details"] = {
+            "cached_tokens": min(script.cached_tokens, usage["prompt_tokens"])
+        }
+    return web.json_response(reply)
 
 
 def _next_fault(script: Script) -> dict[str, Any] | None:
@@ -376,6 +383,9 @@ def app() -> web.Application:
     def set_negatives(body: dict[str, int]) -> None:
         script().unmapped_score = body["score"]
 
+    def set_prompt_cache(body: dict[str, int]) -> None:
+        script().cached_tokens = body["tokens"]
+
     application.router.add_post("/v1/chat/completions", chat)
     application.router.add_get("/v1/models", models)
     application.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
@@ -387,6 +397,7 @@ def app() -> web.Application:
             "latency": set_latency,
             "fault_rates": set_fault_rates,
             "negatives": set_negatives,
+            "prompt_cache": set_prompt_cache,
             "pause": lambda body: script().open.clear(),
             "resume": lambda body: script().open.set(),
         },

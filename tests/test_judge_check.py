@@ -41,6 +41,7 @@ from cpr_ray.judge_check.metrics import (
     sensitivity_specificity,
 )
 from cpr_ray.judge_check.projection import (
+    PREFIX_SHARES,
     Measured,
     attempts,
     project,
@@ -48,7 +49,7 @@ from cpr_ray.judge_check.projection import (
     volumes,
     volumes_from_root,
 )
-from cpr_ray.judge_check.report import WIDTH
+from cpr_ray.judge_check.report import WIDTH, projection_lines
 from cpr_ray.llm.injection import instruction_flags
 from cpr_ray.storage import Storage, StorageConfig
 from tests.conftest import ScriptedLLM, start_local_server
@@ -405,6 +406,15 @@ def test_projection_from_known_means_prices_and_concurrency():
     assert p["calls"] == 1500
     assert p["prompt_tokens"] == 1_000_000 and p["completion_tokens"] == 100_000
     assert p["usd"] == pytest.approx(1.0 * 2.0 + 0.1 * 10.0)
+    assert p["usd_prefix_cached"] == p["usd"]  # no cached price: no discount
+    cached = llm.model_copy(
+        update={"prices": {"m": Price(input_per_mtok=2.0, output_per_mtok=10.0,
+                                      cached_input_per_mtok=0.5)}}
+    )  # fmt: skip
+    share = PREFIX_SHARES["judge-transfer"]  # of the 1M prompt tokens, billed at $0.50 not $2
+    assert project("judge-transfer", 1000, measured, cached)["usd_prefix_cached"] == pytest.approx(
+        round(3.0 - share * (2.0 - 0.5), 2)
+    )
     assert p["hours"] == round(1000 * 2.0 / (2 * 5) / 3600, 2)
     assert p["concurrency"] == 10
     other = LLMConfig(model="m", stages={"judge-transfer": {"model": "free?"}}, prices=llm.prices)
@@ -417,6 +427,10 @@ def test_projection_from_known_means_prices_and_concurrency():
     assert names[-1] == "synthesize-queries"
     t = build["total"]
     assert t["calls"] == sum(s["calls"] for s in build["stages"])
+    assert t["usd_prefix_cached"] == pytest.approx(t["usd"], abs=0.05)  # no cached price
+    assert f"USD with a prefix cache {t['usd_prefix_cached']:,.2f}" in "\n".join(
+        projection_lines(build)
+    )
     assert t["usd"] > build["max_usd"]
     review = Measured(calls=1.0, prompt_tokens=300, completion_tokens=30, seconds=1.0)
     wq = project_build(llm, {"write-queries": review}, volumes(DatasetConfig()))["stages"][2]

@@ -26,9 +26,9 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMConfigError, LLMStageError
-from cpr_ray.llm.ledger import ledger_uri
+from cpr_ray.llm.ledger import ledger_summary, ledger_uri
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
-from cpr_ray.llm.runner import LLMContext, TaskRun, run_llm_task
+from cpr_ray.llm.runner import LLMContext, TaskRun, cached_note, run_llm_task
 from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.storage import Storage
 
@@ -247,3 +247,27 @@ def test_the_shared_rate_limit_paces_the_driver_too(tmp_path, llm):
     arrivals = sorted(llm.stats()["arrivals"])
     assert len(arrivals) == 4
     assert all(arrived >= start - 0.05 for arrived, start in zip(arrivals, starts)), arrivals
+
+
+def test_prompt_cache_hits_the_endpoint_reports_reach_the_ledger_summary_and_cost(
+    tmp_path, llm, capsys
+):
+    """An endpoint that reports `usage.prompt_tokens_details.cached_tokens` (vLLM's prefix
+    cache, a provider's prompt cache): the hits land in the ledger, the stage's stats and
+    summary lines, and are paid at the cached price."""
+    llm.prompt_cache(20)
+    prices = (
+        "llm.prices.scripted.input_per_mtok=1000",
+        "llm.prices.scripted.cached_input_per_mtok=100",
+    )
+    ctx = _context(tmp_path, llm.base_url, *prices)
+    out = run_llm_task(ctx, UsefulnessGrader(), _rows(4), base_url=llm.base_url)
+    prompt = out.stats["prompt_tokens"]
+    assert out.stats["cached_prompt_tokens"] == 4 * 20 < prompt
+    assert out.stats["cost_usd"] == pytest.approx((prompt - 80) / 1e3 + 80 / 1e4, abs=1e-6)
+    progress = " ".join(capsys.readouterr().err.split())  # the console's lines, unwrapped
+    assert f"tokens {prompt:,} in (80 cached) / " in progress
+    (summary,) = ledger_summary(ctx.storage, ctx.llm)
+    assert (summary["stage"], summary["cached_prompt_tokens"]) == ("score-positives", 80)
+    assert summary["cost_usd"] == pytest.approx(out.stats["cost_usd"], abs=1e-6)
+    assert cached_note(summary) == " (80 cached)" and cached_note({"cached_prompt_tokens": 0}) == ""

@@ -11,8 +11,8 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import SpendCapError
-from cpr_ray.llm.ledger import LEDGER, ledger_uri
-from cpr_ray.llm.spend import Budget, counted_from_here
+from cpr_ray.llm.ledger import LEDGER, ledger_summary, ledger_uri
+from cpr_ray.llm.spend import COST_COLUMNS, Budget, cost_usd, counted_from_here, ledger_spend
 from cpr_ray.storage import Storage, join
 
 # $1 per thousand prompt tokens, $2 per thousand completion tokens
@@ -28,12 +28,14 @@ def _setup(root: Path, *caps: str):
     return cfg.llm, Storage(cfg.storage)
 
 
-def _paid(storage: Storage, stage: str, part: str, prompt: int, completion: int) -> None:
+def _paid(
+    storage: Storage, stage: str, part: str, prompt: int, completion: int, cached: int = 0
+) -> None:
     """One ledger part of one answer with these tokens, as an asker flushes it."""
     row = {name: None for name in LEDGER.names}
     row.update(
         request_key=part, status="ok", model="judge", prompt_tokens=prompt,
-        completion_tokens=completion,
+        completion_tokens=completion, cached_prompt_tokens=cached,
     )  # fmt: skip
     table = pa.Table.from_pylist([row], schema=LEDGER)
     storage.write_parquet(table, join(ledger_uri(storage, stage), f"{part}.parquet"))
@@ -76,3 +78,26 @@ def test_no_cap_no_budget_and_evaluation_steps_are_not_capped(tmp_path):
     capped, storage = _setup(tmp_path, "llm.max_usd=1")
     assert Budget.open(capped, storage, "rerank-choose") is None
     assert Budget.open(capped, storage, "judge_analogy") is not None  # either spelling
+
+
+def test_prompt_tokens_served_from_the_cache_are_paid_at_the_cached_price(tmp_path):
+    """$1 per thousand prompt tokens, $0.10 per thousand cached; a part written before the
+    ledger had the column reads as none cached, at the full input price."""
+    llm, storage = _setup(tmp_path, "llm.prices.judge.cached_input_per_mtok=100")
+    _paid(storage, "judge-analogy", "a", 3000, 1000, cached=2000)  # $1 + $0.20 + $2
+    old = LEDGER.remove(LEDGER.get_field_index("cached_prompt_tokens"))
+    table = pa.Table.from_pylist(
+        [{"request_key": "b", "status": "ok", "model": "judge", "prompt_tokens": 1000}], old
+    )
+    storage.write_parquet(table, join(ledger_uri(storage, "judge-analogy"), "b.parquet"))
+    assert ledger_spend(storage, llm) == {"judge-analogy": pytest.approx(3.2 + 1.0)}
+    (summary,) = ledger_summary(storage, llm)  # what `cpr stats` shows, over both parts
+    assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (4000, 2000)
+    assert summary["cost_usd"] == pytest.approx(4.2)
+    # no cached price: cached tokens cost what any prompt token costs
+    plain, _ = _setup(tmp_path)
+    assert plain.prices["judge"].cached_input_per_mtok is None
+    block = pa.table({"model": ["judge"], "prompt_tokens": [3000], "completion_tokens": [1000],
+                      "cached_prompt_tokens": [2000]}, schema=COST_COLUMNS)  # fmt: skip
+    assert cost_usd(plain, block) == pytest.approx(5.0)
+    assert cost_usd(llm, block) == pytest.approx(3.2)

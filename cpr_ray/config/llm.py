@@ -37,6 +37,20 @@ class LLMStageConfig(_Section):
 class Price(_Section):
     input_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens.")
     output_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
+    cached_input_per_mtok: float | None = Field(
+        None,
+        ge=0,
+        description="USD per million prompt tokens the endpoint served from its prompt cache "
+        "(the ledger's cached_prompt_tokens, from usage.prompt_tokens_details.cached_tokens), "
+        "and the judge-check projection's price of a shared prompt prefix. Unset: "
+        "input_per_mtok (no discount).",
+    )
+
+    @property
+    def cached_per_mtok(self) -> float:
+        """The price of a cached prompt token (the input price where none is set)."""
+        cached = self.cached_input_per_mtok
+        return self.input_per_mtok if cached is None else cached
 
 
 # the LLM stages of a build, which the spend caps cover, and evaluation's and search's (not capped)

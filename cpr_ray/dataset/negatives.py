@@ -62,6 +62,7 @@ LLM_COUNTS = (
     "calls",
     "prompt_tokens",
     "completion_tokens",
+    "cached_prompt_tokens",
 )
 
 

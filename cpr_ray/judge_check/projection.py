@@ -21,6 +21,10 @@ Every LLM stage of a build is projected, in the order a build runs them:
 USD is tokens × `llm.prices[model]`; the total is compared with `llm.max_usd` (the build's spend
 cap, `cpr_ray/llm/spend.py`). Hours assume the endpoint keeps every actor's requests in flight
 at the latency measured here: hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600.
+
+USD with a prefix cache bills the share of each stage's prompt tokens that every request shares
+(`PREFIX_SHARES`, measured by benchmarks/prompt_prefix.py) at
+`llm.prices[model].cached_input_per_mtok`, the rest as without one.
 """
 
 from __future__ import annotations
@@ -68,6 +72,22 @@ LEDGER_MEANS: dict[str, tuple[float, float, float]] = {  # calls, prompt, comple
     "synthesize-queries": (1.0, 427, 63),
 }
 LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
+# the share of a stage's prompt tokens that is a prefix every request shares, which vLLM's
+# prefix caching and hosted prompt caches reuse (benchmarks/prompt_prefix.py on the gold
+# cases' sample texts, MiniLM WordPiece standing in for the judges' tokenizers; table in
+# benchmarks/SCALE.md). write-queries: its review's, for all three calls; synthesis: not
+# measured, so no discount.
+PREFIX_SHARES: dict[str, float] = {
+    "judge-analogy": 0.661,
+    "judge-transfer": 0.366,
+    "write-queries": 0.343,
+    "dedup": 0.843,
+    "strongest": 0.100,
+    "score-positives": 0.245,
+    "judge-negatives": 0.361,
+    "synthesize-queries": 0.0,
+}
+PREFIX_SOURCE = "benchmarks/prompt_prefix.py; SCALE.md"
 HOURS_FORMULA = "hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600"
 
 
@@ -194,9 +214,11 @@ def project(stage: str, rows: int, means: Measured, llm: LLMConfig) -> dict[str,
     prompt = rows * means.prompt_tokens
     completion = rows * means.completion_tokens
     price = llm.prices.get(model)
-    usd = None
+    usd = usd_cached = None
     if price is not None:
         usd = prompt / 1e6 * price.input_per_mtok + completion / 1e6 * price.output_per_mtok
+        shared = prompt * PREFIX_SHARES.get(stage, 0.0)
+        usd_cached = usd - shared / 1e6 * (price.input_per_mtok - price.cached_per_mtok)
     concurrency = llm.actors * llm.max_in_flight
     hours = rows * means.seconds / concurrency / 3600 if means.seconds else None
     return {
@@ -206,6 +228,8 @@ def project(stage: str, rows: int, means: Measured, llm: LLMConfig) -> dict[str,
         "prompt_tokens": round(prompt),
         "completion_tokens": round(completion),
         "usd": None if usd is None else round(usd, 2),
+        "usd_prefix_cached": None if usd_cached is None else round(usd_cached, 2),
+        "prefix_share": PREFIX_SHARES.get(stage, 0.0),
         "hours": None if hours is None else round(hours, 2),
         "concurrency": concurrency,
         "model": model,
@@ -219,18 +243,21 @@ def project_build(llm: LLMConfig, measured: dict[str, Measured], vol: Volumes) -
         means, source = per_row(stage, measured, vol.rates)
         stages.append({**project(stage, vol.rows[stage], means, llm), "means": source})
     usd = [s["usd"] for s in stages]
+    cached = [s["usd_prefix_cached"] for s in stages]
     hours = [s["hours"] for s in stages if s["hours"] is not None]
     return {
         "rows_source": vol.source,
         "pass_rates": {s: {"rate": v, "source": src} for s, (v, src) in vol.rates.items()},
         "concurrency": llm.actors * llm.max_in_flight,
         "hours_formula": HOURS_FORMULA,
+        "prefix_source": PREFIX_SOURCE,
         "stages": stages,
         "total": {
             "calls": sum(s["calls"] for s in stages),
             "prompt_tokens": sum(s["prompt_tokens"] for s in stages),
             "completion_tokens": sum(s["completion_tokens"] for s in stages),
             "usd": None if None in usd else round(sum(usd), 2),
+            "usd_prefix_cached": None if None in cached else round(sum(cached), 2),
             "hours_measured": round(sum(hours), 2),
         },
         "max_usd": llm.max_usd,

@@ -149,6 +149,12 @@ def projection_lines(p: dict[str, Any]) -> list[str]:
         lines += wrap(
             f"USD {t['usd']:,.2f} is {over} the build's cap llm.max_usd {p['max_usd']:,.2f}"
         )
+    if t.get("usd_prefix_cached") is not None:
+        lines += wrap(
+            f"USD with a prefix cache {t['usd_prefix_cached']:,.2f}: each stage's shared prompt "
+            f"prefix ({p['prefix_source']}) at llm.prices.MODEL.cached_input_per_mtok (unset: "
+            "the input price, no discount)"
+        )
     no_price = sorted({s["model"] for s in p["stages"] if s["usd"] is None})
     if no_price:
         lines += wrap(f"USD n/a: no llm.prices entry for {', '.join(no_price)}")

@@ -79,6 +79,7 @@ class LLMActor:
                 "prompt_tokens": usage.prompt_tokens,
                 "completion_tokens": usage.completion_tokens,
                 "latency_s": time.perf_counter() - started,
+                "cached_prompt_tokens": usage.cached_prompt_tokens,
             }
             self.pending.append(result)
             if len(self.pending) >= FLUSH_ROWS:

@@ -59,6 +59,7 @@ class Usage:
     reasks: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, as the endpoint reports its prompt cache
     backoffs: list[float] = field(default_factory=list)
 
 
@@ -287,6 +288,7 @@ class LLMClient:
                 return Outcome(None, "failed", str(exc), text or None)
             usage.prompt_tokens += reply.prompt_tokens
             usage.completion_tokens += reply.completion_tokens
+            usage.cached_prompt_tokens += reply.cached_prompt_tokens
             text = reply.text
             if reply.finish_reason == "length":
                 value, problem = (

@@ -27,6 +27,7 @@ class ChatReply:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int = 0  # of prompt_tokens, served from the endpoint's prompt cache
 
 
 class EndpointUnreachable(Exception):
@@ -95,11 +96,15 @@ class ChatEndpoint:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise NotChatCompletion(text) from None
         usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}  # absent on many servers: none cached
         return ChatReply(
             text=content,
             finish_reason=choice.get("finish_reason"),
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_prompt_tokens=int(details.get("cached_tokens") or 0)
+            if isinstance(details, dict)
+            else 0,
         )
 
     async def aclose(self) -> None:

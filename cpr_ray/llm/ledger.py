@@ -30,6 +30,9 @@ LEDGER = pa.schema(
         ("prompt_tokens", pa.int64()),
         ("completion_tokens", pa.int64()),
         ("latency_s", pa.float64()),
+        # of prompt_tokens, what the endpoint served from its prompt cache (parts written before
+        # this column read it as null: none cached)
+        ("cached_prompt_tokens", pa.int64()),
     ]
 )
 
@@ -96,6 +99,7 @@ def ledger_summary(storage: Storage, cfg: LLMConfig | None = None) -> list[dict[
                 "failed": int(pc.sum(pc.equal(status, "failed")).as_py() or 0),
                 "prompt_tokens": int(pc.sum(t["prompt_tokens"]).as_py() or 0),
                 "completion_tokens": int(pc.sum(t["completion_tokens"]).as_py() or 0),
+                "cached_prompt_tokens": int(pc.sum(t["cached_prompt_tokens"]).as_py() or 0),
                 "cost_usd": cost_usd(cfg, t) if cfg is not None else None,
             }
         )

@@ -125,7 +125,7 @@ def run_llm_task(
     )
     answered: list[pa.Table] = [cached]
     counts = {"ok": 0, "invalid": 0, "failed": 0}
-    tokens = {"prompt": 0, "completion": 0}
+    tokens = {"prompt": 0, "completion": 0, "cached": 0}
     spent = 0.0  # USD of this ask's new answers
     ledgers: list[pa.Table] = []
     recent: list[pa.Table] = []  # answers since the last report: the sample a stop quotes
@@ -140,6 +140,7 @@ def run_llm_task(
                 counts[status] += pc.sum(pc.equal(out["status"], status)).as_py() or 0
             tokens["prompt"] += pc.sum(out["prompt_tokens"]).as_py() or 0
             tokens["completion"] += pc.sum(out["completion_tokens"]).as_py() or 0
+            tokens["cached"] += pc.sum(out["cached_prompt_tokens"]).as_py() or 0
             spent += cost_usd(cfg, out)
             done = sum(counts.values())
             metrics.ask_progress(task.stage, model, done)
@@ -154,7 +155,8 @@ def run_llm_task(
             console.print(
                 f"  {task.stage}: {done:,}/{todo.num_rows:,} asked — ok {counts['ok']:,}, "
                 f"invalid {counts['invalid']:,}, failed {counts['failed']:,}; tokens "
-                f"{tokens['prompt']:,} in / {tokens['completion']:,} out; "
+                f"{tokens['prompt']:,} in{cached_note(tokens, 'cached')} / "
+                f"{tokens['completion']:,} out; "
                 + (budget.progress(spent) if budget else f"${spent:,.2f}")
             )
             if last or done >= cfg.min_calls_for_failure_rate:  # early when many calls say so
@@ -176,11 +178,19 @@ def run_llm_task(
         "calls": int(pc.sum(ledger_all["calls"]).as_py() or 0),
         "prompt_tokens": tokens["prompt"],
         "completion_tokens": tokens["completion"],
+        "cached_prompt_tokens": tokens["cached"],
         "cost_usd": cost_usd(cfg, ledger_all),
         "model": model,
         "prompt_version": task.prompt_version,
     }
     return TaskRun(table, stats)
+
+
+def cached_note(stats: dict[str, Any], key: str = "cached_prompt_tokens") -> str:
+    """` (N cached)` after a count of prompt tokens when the endpoint reported prompt-cache hits
+    (`usage.prompt_tokens_details.cached_tokens`); nothing where it reported none."""
+    cached = stats.get(key) or 0
+    return f" ({cached:,} cached)" if cached else ""
 
 
 def _check_rates(

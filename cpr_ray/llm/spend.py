@@ -32,7 +32,12 @@ from cpr_ray.storage import Storage, join
 
 # the ledger columns a cost needs (a part holds more; reading these is enough)
 COST_COLUMNS = pa.schema(
-    [("model", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())]
+    [
+        ("model", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("cached_prompt_tokens", pa.int64()),  # null in parts written before it: none cached
+    ]
 )
 
 # spend per ledger stage already in the root when a refresh began: not the refresh's own
@@ -40,16 +45,19 @@ _BEFORE: ContextVar[dict[str, float] | None] = ContextVar("cpr_spend_before", de
 
 
 def cost_usd(cfg: LLMConfig, ledger: pa.Table) -> float:
-    """USD of a ledger's (or a block of answers') tokens at `llm.prices` (unpriced models: 0)."""
+    """USD of a ledger's (or a block of answers') tokens at `llm.prices` (unpriced models: 0).
+    Prompt tokens the endpoint served from its cache are paid at the cached price."""
+    sums = [("prompt_tokens", "sum"), ("completion_tokens", "sum")]
+    if "cached_prompt_tokens" in ledger.schema.names:
+        sums.append(("cached_prompt_tokens", "sum"))
     total = 0.0
-    for row in (
-        ledger.group_by("model")
-        .aggregate([("prompt_tokens", "sum"), ("completion_tokens", "sum")])
-        .to_pylist()
-    ):
+    for row in ledger.group_by("model").aggregate(sums).to_pylist():
         price = cfg.prices.get(row["model"])
         if price:
-            total += (row["prompt_tokens_sum"] or 0) * price.input_per_mtok / 1e6
+            prompt = row["prompt_tokens_sum"] or 0
+            cached = min(row.get("cached_prompt_tokens_sum") or 0, prompt)
+            total += (prompt - cached) * price.input_per_mtok / 1e6
+            total += cached * price.cached_per_mtok / 1e6
             total += (row["completion_tokens_sum"] or 0) * price.output_per_mtok / 1e6
     return round(total, 6)
 

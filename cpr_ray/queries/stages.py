@@ -14,7 +14,7 @@ from cpr_ray import duck
 from cpr_ray.config import Config
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.llm.ledger import write_failures
-from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task
+from cpr_ray.llm.runner import TaskRun, cached_note, endpoint_url, run_llm_task
 from cpr_ray.llm.task import without_answer_columns
 from cpr_ray.queries.analogy import analogy_passed
 from cpr_ray.queries.dedup import (
@@ -78,7 +78,7 @@ def _publish(
     console.print(
         f"  {run.name}: {kept.num_rows:,} of {result.table.num_rows:,} rows pass "
         f"({stats['survival']:.0%}); failures {n_failures:,}; calls {stats['calls']:,}, tokens "
-        f"{stats['prompt_tokens']:,} in / {stats['completion_tokens']:,} out; "
+        f"{stats['prompt_tokens']:,} in{cached_note(stats)} / {stats['completion_tokens']:,} out; "
         f"${stats['cost_usd']:,.2f}"
     )
     return StageOutput(
