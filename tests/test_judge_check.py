@@ -140,6 +140,10 @@ def _unadjudicated(case: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in case.items() if k != "adjudication"}
 
 
+def _drives(q_arguments: list[str], d_arguments: list[str]) -> dict[str, Any]:
+    return {"predicate": "Drives", "q_arguments": q_arguments, "d_arguments": d_arguments}
+
+
 def _transfer_case(**input_changes: Any) -> dict[str, Any]:
     case = gold_case("judge-transfer", 1, "transfer")
     case["input"] |= input_changes
@@ -184,27 +188,13 @@ def _transfer_case(**input_changes: Any) -> dict[str, Any]:
         ),
         (
             "judge-transfer",
-            _transfer_case(
-                shared_relations=[
-                    {
-                        "predicate": "Drives",
-                        "q_arguments": ["lake", "lake"],
-                        "d_arguments": ["oscillator", "oscillator"],
-                    }
-                ]
-            ),
+            _transfer_case(shared_relations=[_drives(["lake", "lake"], ["oscillator"] * 2)]),
             "its arguments must be distinct object mappings",
         ),
         (
             "judge-transfer",
             _transfer_case(
-                shared_relations=[
-                    {
-                        "predicate": "Drives",
-                        "q_arguments": ["phosphorus", "lake"],
-                        "d_arguments": ["oscillator", "drive"],
-                    }
-                ]
+                shared_relations=[_drives(["phosphorus", "lake"], ["oscillator", "drive"])]
             ),
             "its arguments must be distinct object mappings",
         ),

@@ -5,7 +5,6 @@ step on CPU (MiniLM and a tiny Qwen3)."""
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -13,12 +12,9 @@ from typer.testing import CliRunner
 from cpr_ray.cli import app
 from cpr_ray.config import LoRAConfig, TrainConfig, load_config
 from cpr_ray.errors import ConfigError
-from cpr_ray.queries.cw import content_word_counts
 from cpr_ray.retrieval.encoder import Encoder
 from cpr_ray.retrieval.model_source import model_config
 from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.train.examples import EXAMPLES
-from cpr_ray.train.formats.common import text_keys
 from cpr_ray.train.memory_plan import (
     Architecture,
     architecture,
@@ -27,8 +23,9 @@ from cpr_ray.train.memory_plan import (
     model_name,
     plan_memory,
 )
-from cpr_ray.train.step import Batch, Examples, Towers, configured_step, freeze_unused
+from cpr_ray.train.step import Batch, Towers, configured_step, freeze_unused
 from tests import tiny_models
+from tests.test_train_step import examples_of
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -188,21 +185,7 @@ def _batch(queries: int, negatives: int, words: int) -> Batch:
     q = [text() for _ in range(queries)]
     p = [text() for _ in range(queries)]
     negs = [[text() for _ in range(negatives)] for _ in range(queries)]
-    table = pa.table(
-        {
-            "query_id": [str(i) for i in range(queries)],
-            "query": q,
-            "positive": p,
-            "negatives": negs,
-            "positive_key": text_keys(pa.array(p)),
-            "negative_keys": [text_keys(pa.array(x)).to_pylist() for x in negs],
-            "cw": pa.array(content_word_counts(q), pa.int32()),
-            "field": [None] * queries,
-            "domain": [None] * queries,
-        },
-        schema=EXAMPLES,
-    )
-    return Examples(table, negatives).batch(np.arange(queries))
+    return examples_of(q, p, negs).batch(np.arange(queries))
 
 
 def measured_step(encoder: Encoder, train: TrainConfig) -> tuple[int, int]:

@@ -59,21 +59,26 @@ def examples(counts: Sequence[int] = (1,) * len(TOPICS)) -> Examples:
     queries = [q for q, _ in TOPICS]
     positives = [d for _, d in TOPICS]
     negatives = [[positives[(i + 3 + 2 * j) % n] for j in range(counts[i])] for i in range(n)]
+    return examples_of(queries, positives, negatives)
+
+
+def examples_of(queries: list[str], positives: list[str], negatives: list[list[str]]) -> Examples:
+    """Training examples of these texts, keyed and counted as the data stage writes them."""
     table = pa.table(
         {
-            "query_id": [str(i) for i in range(len(TOPICS))],
+            "query_id": [str(i) for i in range(len(queries))],
             "query": queries,
             "positive": positives,
             "negatives": negatives,
             "positive_key": text_keys(pa.array(positives)),
             "negative_keys": [text_keys(pa.array(n)).to_pylist() for n in negatives],
             "cw": pa.array(content_word_counts(queries), pa.int32()),
-            "field": [None] * len(TOPICS),
-            "domain": [None] * len(TOPICS),
+            "field": [None] * len(queries),
+            "domain": [None] * len(queries),
         },
         schema=EXAMPLES,
     )
-    return Examples(table, max(counts))
+    return Examples(table, max(map(len, negatives)))
 
 
 def _step(encoder: Encoder, optimizer, chunk: int | None, cw: bool = False) -> ContrastiveStep:

@@ -181,6 +181,16 @@ PAIR_SCHEMA = pa.schema(
         ("crosses_domain", pa.bool_()),
     ]
 )
+# where each side of a pair sits and whether the pair crosses a field or a domain: what every
+# stage downstream of mining carries along with a pair (the export's shares come from them)
+PAIR_FIELDS = (
+    "base_field",
+    "base_domain",
+    "cited_field",
+    "cited_domain",
+    "crosses_field",
+    "crosses_domain",
+)
 
 
 def cross_topic_pairs(candidates: pa.Table, cited: pa.Table, *, threads: int = 1) -> pa.Table:

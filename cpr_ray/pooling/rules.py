@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray import duck
+from cpr_ray.mining.rules import PAIR_FIELDS
 from cpr_ray.pooling.schemas import (
     CANDIDATES,
     DOCS,
@@ -135,19 +136,7 @@ def build_queries(positives: pa.Table, papers: pa.Table, depth: int) -> tuple[pa
            LEFT JOIN meta d ON d.corpus_id = p.cited_id
            QUALIFY row_number() OVER (PARTITION BY p.base_id, p.cited_id ORDER BY p.query) = 1
            ORDER BY query_id""",
-        positives=positives.select(
-            [
-                "query",
-                "base_id",
-                "cited_id",
-                "base_field",
-                "base_domain",
-                "cited_field",
-                "cited_domain",
-                "crosses_field",
-                "crosses_domain",
-            ]
-        ),
+        positives=positives.select(["query", "base_id", "cited_id", *PAIR_FIELDS]),
         meta=meta,
     )
     queries = rows.select(QUERIES.names).cast(QUERIES)

@@ -16,6 +16,7 @@ from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.llm.ledger import write_failures
 from cpr_ray.llm.runner import TaskRun, cached_note, endpoint_url, run_llm_task
 from cpr_ray.llm.task import without_answer_columns
+from cpr_ray.mining.rules import PAIR_FIELDS
 from cpr_ray.queries.analogy import analogy_passed
 from cpr_ray.queries.dedup import (
     SameProblemJudge,
@@ -103,19 +104,7 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageO
     rows = _with_texts(
         run.storage,
         papers,
-        pairs.select(
-            [
-                "base_id",
-                "cited_id",
-                "contexts",
-                "base_field",
-                "base_domain",
-                "cited_field",
-                "cited_domain",
-                "crosses_field",
-                "crosses_domain",
-            ]
-        ),
+        pairs.select(["base_id", "cited_id", "contexts", *PAIR_FIELDS]),
     )
     hold_out = run.cfg.llm.hold_out_flagged_inputs
     result = run_llm_task(
