@@ -44,6 +44,7 @@ PLAN_PREFIX = "_compacting-"
 TARGET_BYTES = 64 * 1024**2  # of input parts per compacted part: one in memory at a time
 READ_THREADS = 16  # small parts read at once while compacting (each a round trip on S3)
 READ_TRIES = 3  # a part may be removed between a reader's listing and its read: list again
+VANISHED = re.compile(r"NO_SUCH_KEY|NoSuchKey|RESOURCE_NOT_FOUND")
 
 console = Console(stderr=True)
 
@@ -87,8 +88,9 @@ def read_parts(
     for _ in range(READ_TRIES - 1):
         try:
             return _read_once(storage, folder, schema, columns, filter)
-        except FileNotFoundError:
-            continue
+        except OSError as exc:
+            if not _vanished(exc):
+                raise
     return _read_once(storage, folder, schema, columns, filter)
 
 
@@ -149,6 +151,11 @@ def _read_once(
     ]
     dataset = pds.FileSystemDataset(fragments, schema, fmt, loc.fs)
     return dataset.to_table(columns=columns, filter=filter)
+
+
+def _vanished(exc: OSError) -> bool:
+    """A part gone since the listing: FileNotFoundError locally, the AWS SDK's not-found on S3."""
+    return isinstance(exc, FileNotFoundError) or bool(VANISHED.search(str(exc)))
 
 
 def _is_part(info: pafs.FileInfo) -> bool:

@@ -178,6 +178,28 @@ def test_compacted_parts_are_bounded_in_size_and_keep_the_order_rows_were_writte
         assert _seen(storage, keys + more) == before
 
 
+def test_a_reader_that_listed_before_a_compaction_removed_its_parts_lists_again(
+    storage, monkeypatch
+):
+    """`cpr stats` reading while a build compacts: the parts it listed are gone when it reads."""
+    _flush(storage, "20261204T010000Z-aaaaaa")
+    before = ledger_summary(storage)
+    ledger = ledger_uri(storage, STAGE)
+    list_folder = Storage.list_folder
+    raced: list[str] = []
+
+    def compacted_after_listing(self: Storage, uri: str):
+        found = list_folder(self, uri)
+        if uri == ledger and not raced:
+            raced.append(uri)
+            with leases.owner(storage, "build"):
+                compaction.compact(storage, ledger)
+        return found
+
+    monkeypatch.setattr(Storage, "list_folder", compacted_after_listing)
+    assert ledger_summary(storage) == before and raced
+
+
 # -- an LLM stage, as a user runs it ---------------------------------------------------------
 
 ONE_AT_A_TIME = ("--set", "llm.actors=1", "--set", "llm.max_in_flight=1")  # a part per answer
