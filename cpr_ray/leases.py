@@ -266,6 +266,12 @@ def owner(
                 pass  # the store is out of reach: the lease goes stale instead
 
 
+def held(storage: Storage) -> Owner | None:
+    """The owner lease this thread holds on the root (its build's or refresh's), if any: what
+    a change that must have one writer at a time (a compaction) runs under."""
+    return _held().get(storage.root)
+
+
 def check_owner(storage: Storage) -> None:
     """Before a stage publishes: this process still owns the root, or (a stage run on its own,
     outside a build) no other live process does."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cpr_ray import __version__, leases, metrics
+from cpr_ray import __version__, compaction, leases, metrics
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.progress import ProgressWriter
 from cpr_ray.s3_retries import storage_retries
@@ -73,6 +73,9 @@ class StageRun:
     cfg: Config
     storage: Storage
     progress: ProgressWriter | None = None  # what `cpr stats --watch` reads as it runs
+    # folders of small parts its LLM asks appended to (cache, ledger): compacted before it
+    # publishes (`compaction`)
+    part_folders: set[str] = field(default_factory=set, compare=False)
 
     @property
     def llm(self) -> LLMConfig:
@@ -209,8 +212,12 @@ def run_stage(
     retries_before = storage_retries()
     progress = ProgressWriter(storage, name, run_id)
     progress.start()
+    run = StageRun(name, run_id, out, cfg, storage, progress)
     try:
-        result = fn(StageRun(name, run_id, out, cfg, storage, progress))
+        result = fn(run)
+        # before the publish: a stage stopped in a compaction is run again (its answers from
+        # the cache), and that run finishes the compaction
+        compaction.compact_folders(storage, run.part_folders)
     except BaseException:
         progress.finish("failed")
         raise

@@ -1,7 +1,9 @@
 """Where an LLM step's answers and what they cost are kept, per stage under ROOT/_llm/.
 
 The cache holds valid answers by request key; the ledger holds every answer's status, tokens and
-latency. Both are written in small Parquet parts as answers arrive and never rewritten."""
+latency. Both are written in small Parquet parts as answers arrive, and after each stage the
+root's owner compacts a stage's parts into a few (`compaction`): rows are never changed, and every
+read goes through `read_parts`, which counts each row once."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 
+from cpr_ray.compaction import read_parts
 from cpr_ray.config import LLMConfig
 from cpr_ray.llm.spend import cost_usd
 from cpr_ray.llm.task import KEY, LLMTask
@@ -52,12 +54,9 @@ class AnswerSink:
 
 
 def read_cache(storage: Storage, uri: str, keys: pa.Array, schema: pa.Schema) -> pa.Table:
-    loc = storage.resolve(uri)
-    if not storage.exists(uri):
-        return schema.empty_table()
-    ds = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", schema=schema)
     # parts written before only valid answers were cached may hold invalid ones: never serve them
-    return ds.to_table(filter=pc.field(KEY).isin(keys) & (pc.field("status") == "ok"))
+    valid = pc.field(KEY).isin(keys) & (pc.field("status") == "ok")
+    return read_parts(storage, uri, schema, filter=valid)
 
 
 def cache_uri(storage: Storage, stage: str) -> str:
@@ -66,8 +65,8 @@ def cache_uri(storage: Storage, stage: str) -> str:
 
 def ledger_uri(storage: Storage, stage: str) -> str:
     """A stage's ledger (and, beside it, its cache): parts named by run, call and actor, each
-    written once and never rewritten, so any number of runs append at once and a read merges
-    the parts; no file here has two writers."""
+    written once, so any number of runs append at once and a read merges the parts; no file
+    here has two writers (a compaction, by the root's owner, writes new files)."""
     return join(storage.root, "_llm", "ledger", stage)
 
 
@@ -86,8 +85,7 @@ def ledger_summary(storage: Storage, cfg: LLMConfig | None = None) -> list[dict[
     out = []
     root = join(storage.root, "_llm", "ledger")
     for stage_dir in storage.list_dirs(root):
-        loc = storage.resolve(stage_dir)
-        t = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", schema=LEDGER).to_table()
+        t = read_parts(storage, stage_dir, LEDGER)
         status = t["status"]
         out.append(
             {

@@ -123,6 +123,8 @@ def run_llm_task(
     sink = AnswerSink(
         storage.cfg, cache, ledger_uri(storage, task.stage), f"{run.run_id}-{call_id}"
     )
+    if isinstance(run, StageRun):  # compacted by the stage before it publishes
+        run.part_folders.update((sink.cache, sink.ledger))
     answered: list[pa.Table] = [cached]
     counts = {"ok": 0, "invalid": 0, "failed": 0}
     tokens = {"prompt": 0, "completion": 0, "cached": 0}

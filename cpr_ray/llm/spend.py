@@ -1,8 +1,9 @@
 """What the build's LLM stages have spent, and the caps that stop them.
 
 Spend is the ledgers' tokens at `llm.prices` (`cost_usd`): the ledger is written as answers
-arrive and is never rewritten, so it is the one record of what was paid, whichever run or
-machine paid it. Two caps, both optional:
+arrive and its rows are never changed (a compaction moves them into fewer files, and a read
+counts each once), so it is the one record of what was paid, whichever run or machine paid it.
+Two caps, both optional:
 
 - `llm.max_usd`, the build's: every answer the root's ledgers hold, so a resumed build counts
   what its earlier stages and its stopped runs already spent;
@@ -24,8 +25,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.dataset as pds
 
+from cpr_ray.compaction import read_parts
 from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, stage_name
 from cpr_ray.errors import SpendCapError
 from cpr_ray.storage import Storage, join
@@ -66,9 +67,8 @@ def ledger_spend(storage: Storage, cfg: LLMConfig) -> dict[str, float]:
     """USD per ledger stage folder of the root, over every run."""
     out = {}
     for stage_dir in storage.list_dirs(join(storage.root, "_llm", "ledger")):
-        loc = storage.resolve(stage_dir)
-        table = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", schema=COST_COLUMNS)
-        out[stage_dir.rstrip("/").rsplit("/", 1)[1]] = cost_usd(cfg, table.to_table())
+        table = read_parts(storage, stage_dir, COST_COLUMNS)
+        out[stage_dir.rstrip("/").rsplit("/", 1)[1]] = cost_usd(cfg, table)
     return out
 
 
