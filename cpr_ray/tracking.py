@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from rich.markup import escape
+
 from cpr_ray.config import Config, TrackingConfig
 from cpr_ray.stage import console
 from cpr_ray.storage import Storage, join
@@ -47,7 +49,7 @@ HTTP_DEFAULTS = {
 
 
 def _warn(message: str) -> None:
-    console.print(f"[yellow]tracking[/]: {message}", soft_wrap=True, highlight=False)
+    console.print(f"[yellow]tracking[/]: {escape(message)}", soft_wrap=True, highlight=False)
 
 
 def store_uri(tc: TrackingConfig, beside: str | None) -> str | None:
