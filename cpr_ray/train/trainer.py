@@ -19,6 +19,8 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
   LoRA run's adapters merged into the base weights: a plain model, loaded without peft), with
   its model card ``README.md`` (``model_card.py``), written by the driver just before the summary;
 - ``workers.json``: each worker's peak memory, the last step's metrics and rank 0's device;
+- ``mlflow.json``: the MLflow run this OUT logs into, which a resumed run continues
+  (`cpr_ray.tracking`; ``mlruns.db`` and ``mlartifacts/`` beside it: the default local store);
 - ``train.json``: the summary, written last: a run whose summary exists is not trained again.
 
 Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
