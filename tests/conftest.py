@@ -39,6 +39,10 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 # numba on first use: ~45 s in a fresh venv, for runs of a few hundred rankings that its plain
 # Python (the same code, interpreted) scores in a second
 os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
+# a fresh MLflow store costs seconds (its SQLite schema's migrations) in every run that trains or
+# evaluates with its outputs on disk: off, but where a test sets tracking.enabled (load_config's
+# env, so `cpr` commands, jobs and the dry run, read it; --set overrides it)
+os.environ.setdefault("CPR_TRACKING__ENABLED", "false")
 
 # Real records the tests read. Those that may be redistributed are in the repository: S2's
 # sample rows (tests/data/s2-samples, ODC-BY) and OpenAlex works (the bundled sample, CC0).

@@ -384,6 +384,7 @@ def test_cpr_train_writes_the_card_and_each_evaluation_adds_its_row(
         "train.max_steps=1",
         "train.lr=1e-3",
         'encoder.query_prefix="query: "',
+        "tracking.enabled=true",  # into MLflow's default store beside the run's outputs
     ):
         train += ["--set", key]
     cli = CliRunner()
@@ -418,7 +419,7 @@ def test_cpr_train_writes_the_card_and_each_evaluation_adds_its_row(
     # the same evaluation by `cpr eval` and by the job: each adds a row, both print the same
     flags = ["--benchmark", "cpr", "--data", str(export), "--retriever", "dense"]
     flags += ["--model", str(model), "--out", str(tmp_path / "results")]
-    flags += ["--seed", "0", "--set", "eval.resamples=200"]
+    flags += ["--seed", "0", "--set", "eval.resamples=200", "--set", "tracking.enabled=true"]
     result = cli.invoke(app, ["eval", *flags])
     assert result.exit_code == 0, result.output
     by_cli = _after_table(result.output)
@@ -442,8 +443,46 @@ def test_cpr_train_writes_the_card_and_each_evaluation_adds_its_row(
     assert [e["results"] for e in kept] == [str(written)] * 2 and kept[0]["id"] != kept[1]["id"]
     assert ModelCard(card).data.eval_results[0].dataset_type == "cpr"
     assert "| loss | InfoNCE" in card  # the training sections are as they were
+    _assert_one_mlflow_run(out, model, res, written)
     # a finished run is not trained again, and its card keeps the evaluations
     result = cli.invoke(app, train)
     assert result.exit_code == 0 and "already trained" in result.output, result.output
     assert (model / "README.md").read_text() == card
     assert SentenceTransformer(str(model), device="cpu").prompts["query"] == "query: "
+
+
+def _assert_one_mlflow_run(out: Path, model: Path, res: dict, written: Path) -> None:
+    """The training and its evaluations are one MLflow run, as MLflow's own client reads it
+    from the default store beside the run's outputs; the card names it."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{out / 'mlruns.db'}"
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("cpr-ray").experiment_id])
+    assert yaml.safe_load((model / "README.md").read_text().split("---")[1])["mlflow"] == {
+        "uri": uri,
+        "run_id": run.info.run_id,
+    }
+    params = run.data.params
+    assert params["train.batch_size"] == "4" and params["encoder.query_prefix"] == "query: "
+    assert params["workers"] == "1" and params["strategy"] == "ddp"
+    assert params["data.export_id"] == EXPORT_ID and len(params["data.fingerprint"]) == 16
+    assert params["data.pairs trained on query positive"] == "8"
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in losses] == [1]  # train.max_steps=1
+    assert {"accuracy", "lr", "pairs_per_s", "peak_memory_mb/worker_0"} <= set(run.data.metrics)
+    ndcg = res["ndcg_at_10"]
+    for key in ("value", "ci_low", "ci_high", "random"):
+        name = "eval/cpr/ndcg_at_10" + ("" if key == "value" else f"/{key}")
+        assert run.data.metrics[name] == pytest.approx(ndcg[key])
+    assert run.data.metrics["eval/cpr/n_queries"] == 8
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert artifacts == {"model", "eval"}
+    model_files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/README.md", "model/config.json"} <= model_files
+    (results,) = [
+        a.path
+        for a in client.list_artifacts(run.info.run_id, "eval/cpr")
+        if a.path.endswith(written.name)
+    ]
+    assert run.info.status == "FINISHED"

@@ -333,6 +333,7 @@ def test_a_training_run_and_its_evaluation_write_no_key(
         train += ["--out", str(out), "--set", "train.max_steps=1", "--set", "train.batch_size=4"]
         train += ["--set", "train.max_length=32"]
         train += ["--set", "ray.num_cpus=2", "--set", f"ray.temp_dir={ray_tmp}"]
+        train += ["--set", "tracking.enabled=true"]  # MLflow's store and artifacts under out
         run = subprocess.run(
             [sys.executable, "-m", "cpr_ray.cli", *train],
             env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": "", "COLUMNS": "200"},
@@ -348,6 +349,7 @@ def test_a_training_run_and_its_evaluation_write_no_key(
         evaluate += ["--model", str(out / "model"), "--rerank", "llm", "--out", str(results)]
         evaluate += ["--set", f"llm.base_url={endpoint.base_url}", "--set", "llm.model=scripted"]
         evaluate += ["--set", "eval.resamples=50", "--set", "eval.rerank_depth=4"]
+        evaluate += ["--set", "tracking.enabled=true"]  # into the training's MLflow run
         endpoint.seen.clear()
         cli = CliRunner()
         done = cli.invoke(app, [*evaluate, "--set", f"eval.llm_root={tmp_path / 'llm'}"])
@@ -361,6 +363,7 @@ def test_a_training_run_and_its_evaluation_write_no_key(
         assert "refused the API key (HTTP 401); set $OPENAI_API_KEY" in refused.output
         assert endpoint.seen[-1] == f"Bearer {WRONG_OPENAI_KEY}"  # sent, refused, quoted back
         assert searched([out, results, tmp_path / "llm"]) > 10
+        assert (out / "mlruns.db").is_file() and any((out / "mlartifacts").rglob("eval/cpr/*.json"))
         captured = capfd.readouterr()
         places = [tmp_path, ray_tmp, session_dir()]
         assert_no_secret(places, *printed, captured.out, captured.err)

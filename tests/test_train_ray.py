@@ -16,6 +16,7 @@ import json
 import posixpath
 import re
 import signal
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,8 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
         "train.epochs=2",  # 8 examples, 4 per step: 4 steps
         "train.lr=1e-3",
         "train.checkpoint_every=2",
+        "tracking.enabled=true",  # OUT is on S3: MLflow's store named
+        f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
     )
     summary = run_train(cfg, on_step=FailOnce(tmp_path / "failed", step=3))
     assert (tmp_path / "failed").exists()  # the failure did happen, and the run went on
@@ -166,6 +169,31 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
     assert encoder.spec.pooling == "mean" and encoder.encode_queries(["a"]).shape == (1, 32)
 
     assert run_train(cfg)["skipped"]  # a finished run is not trained again
+    _assert_one_mlflow_run(cfg, storage, summary)
+
+
+def _assert_one_mlflow_run(cfg: Config, storage: Storage, summary: dict) -> None:
+    """The run and its restart are one MLflow run with each step once (rank 0's), its settings
+    and both workers' peak memory, and its model; a rerun of the OUT reopens that run."""
+    from mlflow import MlflowClient
+
+    from cpr_ray import tracking
+
+    client = MlflowClient(cfg.tracking.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("cpr-ray").experiment_id])
+    assert summary["mlflow"] == {"uri": cfg.tracking.uri, "run_id": run.info.run_id}
+    for name in ("loss", "accuracy", "lr", "pairs_per_s"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [1, 2, 3, 4]
+    assert {"peak_memory_mb/worker_0", "peak_memory_mb/worker_1"} <= set(run.data.metrics)
+    params = run.data.params
+    assert (params["workers"], params["strategy"], params["train.epochs"]) == ("2", "fsdp", "2")
+    assert params["data.format"] == "triplets" and params["encoder.model"] == cfg.encoder.model
+    files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/README.md", "model/model.safetensors"} <= files
+    assert run.info.status == "FINISHED"
+    # a killed run's rerun continues it, after its last logged step
+    again = tracking.start_training(cfg, storage, summary["model"].rsplit("/", 1)[0], {})
+    assert again is not None and (again.run_id, again.last_step) == (run.info.run_id, 4)
 
 
 class _Holder:
@@ -173,8 +201,14 @@ class _Holder:
         return True
 
 
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
-    ray_session, minilm: str, tmp_path: Path
+    ray_session, minilm: str, tmp_path: Path, capsys
 ):
     """Sharded, on one worker (two: the sharded run above; LoRA on two workers:
     test_train_distributed.py): the adapters' slices and optimiser state are the whole
@@ -193,6 +227,8 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
         "train.lora.r=4",
         "train.lora.dropout=0",
         "train.checkpoint_every=1",
+        "tracking.enabled=true",
+        f"tracking.uri=http://127.0.0.1:{_closed_port()}",  # no tracking server there
     )
     # other work holds one of the session's two CPUs: by default the run takes the one that is
     # free (asking for both, Ray Train would wait for ever), and leaves Ctrl-C as it found it
@@ -207,6 +243,10 @@ def test_a_lora_run_checkpoints_only_its_adapters_and_saves_them_merged(
         ray.kill(holder)
     assert signal.getsignal(signal.SIGINT) is sigint
     assert (tmp_path / "failed").exists() and summary["steps"] == 2
+    # tracking never costs a run: one line says the server did not answer
+    said = [line for line in capsys.readouterr().err.splitlines() if "tracking" in line]
+    assert len(said) == 1 and cfg.tracking.uri in said[0], said
+    assert summary["mlflow"] is None
     assert summary["cpus_per_worker"] == 1
     storage = Storage(StorageConfig())
     rows = [json.loads(line) for line in storage.read_text(f"{out}/metrics.jsonl").splitlines()]

@@ -169,6 +169,7 @@ class CardFacts:
     created: str
     language: str | None = None
     license: str | None = None
+    mlflow: Mapping[str, str] | None = None  # the MLflow run it was logged in: uri, run_id
 
 
 # -- evaluations -----------------------------------------------------------------------------------
@@ -314,6 +315,8 @@ def front_matter(facts: CardFacts, results: Sequence[Mapping[str, Any]] = ()) ->
         meta["language"] = [facts.language]
     if facts.license:
         meta["license"] = facts.license
+    if facts.mlflow:  # `cpr eval` logs the model's evaluations into its training run
+        meta["mlflow"] = dict(facts.mlflow)
     if results:
         meta["model-index"] = [{"name": facts.name, "results": [dict(r) for r in results]}]
     return meta
@@ -368,6 +371,11 @@ def render_card(facts: CardFacts, evaluations: Sequence[Evaluation] = ()) -> str
         "",
         *_hardware_section(facts.hardware),
         "",
+        *(
+            [f"Logged in MLflow run `{facts.mlflow['run_id']}` at `{facts.mlflow['uri']}`.", ""]
+            if facts.mlflow
+            else []
+        ),
         "## Evaluation",
         "",
         "Each `cpr eval --model` run on this folder adds a dated row; the header's `model-index` "

@@ -31,6 +31,7 @@ from cpr_ray.config.pooling import TEMPLATE_FIELDS, PoolerConfig, PoolingConfig
 from cpr_ray.config.refresh import RefreshConfig
 from cpr_ray.config.search import SearchConfig, ServeConfig
 from cpr_ray.config.synthesis import SynthesisConfig
+from cpr_ray.config.tracking import TrackingConfig
 from cpr_ray.config.training import (
     QUESTION_WORDS,
     LoRAConfig,
@@ -78,6 +79,7 @@ __all__ = [
     "ServeConfig",
     "StorageConfig",
     "SynthesisConfig",
+    "TrackingConfig",
     "TrainConfig",
     "TrainFormat",
     "TrainStrategy",

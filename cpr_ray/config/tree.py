@@ -21,6 +21,7 @@ from cpr_ray.config.pooling import PoolingConfig
 from cpr_ray.config.refresh import RefreshConfig
 from cpr_ray.config.search import SearchConfig
 from cpr_ray.config.synthesis import SynthesisConfig
+from cpr_ray.config.tracking import TrackingConfig
 from cpr_ray.config.training import TrainConfig
 from cpr_ray.errors import ConfigError
 from cpr_ray.sections import Section as _Section
@@ -43,6 +44,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     refresh: RefreshConfig = RefreshConfig()
     search: SearchConfig = SearchConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")
     def _encoder_fits(self) -> Config:

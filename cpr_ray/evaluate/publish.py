@@ -6,8 +6,9 @@ the run in MTEB's result format beside it (`mteb_results`; the CPR benchmarks on
 the model evaluated is a folder whose card cpr-ray wrote, an entry in the model's evaluation
 ledger and its row in the card (`cpr_ray.cards.ledger`). `Published` names what was written.
 
-An experiment tracker (one tracked run per benchmark: its metrics, its files) attaches in
-`publish`, after the files are out, from the `Published` it returns: the results and every URI.
+The experiment tracker attaches in `publish`, after the files are out, from the `Published` it
+returns: `cpr_ray.tracking.log_evaluation` logs the metrics and files into MLflow, into the
+model's training run when its card names one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from rich.table import Table
 
+from cpr_ray import tracking
 from cpr_ray.cards import ledger
 from cpr_ray.cards.model import Evaluation
 from cpr_ray.command_line import console
@@ -68,7 +70,9 @@ def publish(cfg: Config, results: dict[str, Any]) -> Published:
     except (StorageError, UnicodeDecodeError) as exc:
         warnings.print(f"[yellow]model card not updated[/]: {exc}", soft_wrap=True)
         card = None
-    return Published(results, uri, mteb, card)
+    published = Published(results, uri, mteb, card)
+    tracking.log_evaluation(cfg, storage, published)
+    return published
 
 
 def show(published: Published) -> None:

@@ -225,6 +225,7 @@ def training_facts(
         created=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         language=FORMAT_LANGUAGE.get(tc.format),
         license=base_meta.get("license") if isinstance(base_meta.get("license"), str) else None,
+        mlflow=summary.get("mlflow"),
     )
 
 
@@ -235,13 +236,13 @@ def write_training_card(
     *,
     examples: str,
     device: str | None = None,
-) -> str:
-    """Write ``README.md`` into the run's model folder (local or s3://); returns its URI. A card
-    already there from an earlier finish of this run keeps its evaluations."""
+) -> CardFacts:
+    """Write ``README.md`` into the run's model folder (local or s3://); returns the facts it
+    says. A card already there from an earlier finish of this run keeps its evaluations."""
     facts = training_facts(storage, cfg, summary, examples=examples, device=device)
     uri = join(facts.model_uri, CARD)
     # conditional, as recording an evaluation is: one landing meanwhile is kept, not overwritten
     storage.update_text(
         uri, lambda text: render_card(facts, ledger.read(storage, facts.model_uri, text))
     )
-    return uri
+    return facts

@@ -19,6 +19,8 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
   LoRA run's adapters merged into the base weights: a plain model, loaded without peft), with
   its model card ``README.md`` (``model_card.py``), written by the driver just before the summary;
 - ``workers.json``: each worker's peak memory, the last step's metrics and rank 0's device;
+- ``mlflow.json``: the MLflow run this OUT logs into, which a resumed run continues
+  (`cpr_ray.tracking`; ``mlruns.db`` and ``mlartifacts/`` beside it: the default local store);
 - ``train.json``: the summary, written last: a run whose summary exists is not trained again.
 
 Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
@@ -45,7 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cpr_ray import leases
+from cpr_ray import leases, tracking
 from cpr_ray.config import Config, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.retrieval.encoder import Encoder, with_instructions
@@ -375,9 +377,10 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
         )
     out = storage.resolve(tc.out).uri
     spec = with_instructions(spec)
+    stats = {**stats, "fingerprint": fingerprint(examples)}
     identity = run_identity(
         spec,
-        examples=fingerprint(examples),
+        examples=stats["fingerprint"],
         train=tc.model_dump(mode="json", exclude=OPERATIONAL),
     )
     run_uri = join(out, RUN_FILE)
@@ -418,9 +421,10 @@ def prepare_run(cfg: Config, storage: Storage) -> tuple[TrainPlan, dict[str, Any
 
 
 @contextmanager
-def _printed_progress(total: int) -> Iterator[Any]:
+def _printed_progress(total: int, tracked: tracking.TrackedRun | None) -> Iterator[Any]:
     """A queue rank 0 puts each step's metrics on, printed here by the driver: one line per step
     on the user's console, while the workers' own output (and Ray Train's) stays in Ray's logs.
+    Each row is logged to the run's MLflow run here too: rank 0's, once per step.
 
     The queue's actor lives on the driver's node (`on_this_node`): anywhere else, losing that
     node would fail the run for want of a progress line."""
@@ -438,6 +442,7 @@ def _printed_progress(total: int) -> Iterator[Any]:
             except Empty:
                 return
             console.print(_progress(row, total), markup=False, highlight=False)
+            tracking.log_step(tracked, row)
 
     def printer() -> None:
         while not done.is_set():
@@ -480,8 +485,10 @@ def _train(
     plan, stats = prepare_run(cfg, storage)
     ensure_ray(cfg.ray)
     plan = replace(plan, train=_placed(cfg, plan.train))
+    params = tracking.training_params(cfg, stats["fingerprint"])
+    tracked = tracking.start_training(cfg, storage, plan.out, params)
     try:
-        with _own_sigint(), _printed_progress(plan.total_steps) as progress:
+        with _own_sigint(), _printed_progress(plan.total_steps, tracked) as progress:
             _trainer(plan, storage, on_step, progress).fit()
     except Exception as exc:
         user = _worker_user_error(exc)
@@ -506,9 +513,13 @@ def _train(
         "final": {k: last[k] for k in ("loss", "accuracy", "lr") if k in last},
         "peak_memory_mb_per_worker": workers["peak_memory_mb"],
         "seconds": round(time.time() - started, 1),
+        "mlflow": {"uri": tracked.uri, "run_id": tracked.run_id} if tracked else None,
     }
     # the card before the summary: a run cut short between the two writes it on its rerun
     examples = join(plan.out, EXAMPLES_FILE)
-    write_training_card(storage, cfg, summary, examples=examples, device=workers.get("device"))
+    facts = write_training_card(
+        storage, cfg, summary, examples=examples, device=workers.get("device")
+    )
+    tracking.finish_training(tracked, storage, summary, facts)
     storage.write_json(summary_uri, summary)
     return summary
