@@ -365,6 +365,17 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     return name
 
 
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path):
+    """A build root on each backend: a local folder, and a bucket of the test S3 endpoint."""
+    from cpr_ray.storage import Storage, StorageConfig
+
+    if request.param == "local":
+        return Storage(StorageConfig(root=str(tmp_path / "root")))
+    endpoint, bucket = (request.getfixturevalue(f) for f in ("s3_endpoint", "s3_bucket"))
+    return Storage(StorageConfig(root=f"s3://{bucket}/root", s3_endpoint=endpoint))
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     import ray

@@ -29,15 +29,6 @@ from .test_cli import error_line
 from .test_evaluate_loaders import make_cpr_export
 
 
-@pytest.fixture(params=["local", "s3"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    """A build root on each backend."""
-    if request.param == "local":
-        return Storage(StorageConfig(root=str(tmp_path / "root")))
-    endpoint, bucket = (request.getfixturevalue(f) for f in ("s3_endpoint", "s3_bucket"))
-    return Storage(StorageConfig(root=f"s3://{bucket}/root", s3_endpoint=endpoint))
-
-
 def poll(condition, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

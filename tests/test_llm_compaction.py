@@ -18,7 +18,7 @@ from cpr_ray.config import load_config
 from cpr_ray.errors import StorageError
 from cpr_ray.llm.ledger import LEDGER, cache_uri, ledger_summary, ledger_uri, read_cache
 from cpr_ray.llm.spend import ledger_spend
-from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.storage import Storage, join
 
 from .conftest import copy_build
 from .test_llm_reliability import PRICED, cpr_build, published
@@ -28,14 +28,6 @@ STAGE = "dedup"  # two tasks of one stage cache answers of two schemas in one fo
 SAME = pa.schema([("same_problem", pa.bool_())])
 CHOICE = pa.schema([("choice", pa.int64())])
 PARTS = 12
-
-
-@pytest.fixture(params=["local", "s3"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    if request.param == "local":
-        return Storage(StorageConfig(root=str(tmp_path / "root")))
-    endpoint, bucket = (request.getfixturevalue(f) for f in ("s3_endpoint", "s3_bucket"))
-    return Storage(StorageConfig(root=f"s3://{bucket}/root", s3_endpoint=endpoint))
 
 
 def _answers(schema: pa.Schema, keys: list[str], value: object) -> pa.Table:

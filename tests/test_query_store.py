@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.queries.query_store import query_store, stored
@@ -20,16 +19,6 @@ def _encoder(calls: list[list[str]]):
         return np.array(rows, dtype=np.float32).reshape(len(texts), 3)
 
     return encode
-
-
-@pytest.fixture(params=["local", "s3"])
-def storage(request, tmp_path) -> Storage:
-    """The build root on a local disk and on the loopback S3 endpoint (as a cluster keeps it)."""
-    if request.param == "local":
-        return Storage(load_config(env={}, overrides=[f"storage.root={tmp_path}"]).storage)
-    endpoint, bucket = request.getfixturevalue("s3_endpoint"), request.getfixturevalue("s3_bucket")
-    overrides = [f"storage.root=s3://{bucket}/{tmp_path.name}", f"storage.s3_endpoint={endpoint}"]
-    return Storage(load_config(env={}, overrides=overrides).storage)
 
 
 def test_a_later_run_encodes_only_texts_no_earlier_run_encoded(storage):

@@ -229,20 +229,11 @@ def training_facts(
     )
 
 
-def write_training_card(
-    storage: Storage,
-    cfg: Config,
-    summary: Mapping[str, Any],
-    *,
-    examples: str,
-    device: str | None = None,
-) -> CardFacts:
-    """Write ``README.md`` into the run's model folder (local or s3://); returns the facts it
-    says. A card already there from an earlier finish of this run keeps its evaluations."""
-    facts = training_facts(storage, cfg, summary, examples=examples, device=device)
+def write_training_card(storage: Storage, facts: CardFacts) -> None:
+    """Write ``README.md`` into the run's model folder (local or s3://). A card already there
+    from an earlier finish of this run keeps its evaluations."""
     uri = join(facts.model_uri, CARD)
     # conditional, as recording an evaluation is: one landing meanwhile is kept, not overwritten
     storage.update_text(
         uri, lambda text: render_card(facts, ledger.read(storage, facts.model_uri, text))
     )
-    return facts

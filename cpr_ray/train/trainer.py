@@ -74,7 +74,7 @@ from cpr_ray.train.lora import (
     merge,
 )
 from cpr_ray.train.memory_plan import check_plan_fits
-from cpr_ray.train.model_card import device_name, write_training_card
+from cpr_ray.train.model_card import device_name, training_facts, write_training_card
 from cpr_ray.train.sharding import (
     FetchingReader,
     full_state_dict,
@@ -517,9 +517,8 @@ def _train(
     }
     # the card before the summary: a run cut short between the two writes it on its rerun
     examples = join(plan.out, EXAMPLES_FILE)
-    facts = write_training_card(
-        storage, cfg, summary, examples=examples, device=workers.get("device")
-    )
+    facts = training_facts(storage, cfg, summary, examples=examples, device=workers.get("device"))
+    write_training_card(storage, facts)
     tracking.finish_training(tracked, storage, summary, facts)
     storage.write_json(summary_uri, summary)
     return summary
