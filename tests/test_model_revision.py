@@ -10,16 +10,10 @@ from cpr_ray.config import load_config
 from cpr_ray.errors import UserError
 from cpr_ray.retrieval.encoder import DenseEncoder
 from cpr_ray.retrieval.spec import EncoderSpec, vector_identity
-from tests.test_train_step import make_tiny_bert
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-@pytest.fixture
-def tiny_bert(minilm: str, tmp_path) -> str:
-    return make_tiny_bert(minilm, tmp_path / "bert")
 
 
 @pytest.fixture
