@@ -8,7 +8,7 @@ case (a judge with a known confusion matrix). `gold_answers` builds those entrie
 cases, shaped by the answer models as they are now (so a field added to a contract is filled
 from the model, not from a copy here).
 
-Run: python tests/gold_llm.py --port PORT
+Run (from the repository root): python -m tests.gold_llm --port PORT
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-try:  # as a script, tests/ is on sys.path; as a module, the repository root is
-    import scripted_llm
-except ImportError:  # pragma: no cover
-    from tests import scripted_llm
+from tests import scripted_llm
 
 
 @web.middleware

@@ -52,7 +52,7 @@ from cpr_ray.judge_check.projection import (
 from cpr_ray.judge_check.report import WIDTH, projection_lines
 from cpr_ray.llm.injection import instruction_flags
 from cpr_ray.storage import Storage, StorageConfig
-from tests.conftest import ScriptedLLM, start_local_server
+from tests.conftest import REPO, ScriptedLLM, standin, start_local_server
 from tests.gold_fixtures import gold_case, write_gold
 from tests.gold_llm import gold_answers
 
@@ -73,8 +73,9 @@ def _post_gold(handle: ScriptedLLM, entries: list[dict[str, Any]]) -> None:
 def gold_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedLLM]:
     """The scripted endpoint with per-prompt answers (`/_gold`), empty until a test sets them."""
     log = tmp_path_factory.mktemp("gold-llm") / "gold.log"
-    script = str(Path(__file__).parent / "gold_llm.py")
-    proc, url = start_local_server([sys.executable, script, "--port", "{port}"], "/health", log)
+    proc, url = start_local_server(
+        [*standin("gold_llm"), "--port", "{port}"], "/health", log, cwd=REPO
+    )
     yield ScriptedLLM(url)
     proc.terminate()
     proc.wait(timeout=10)
