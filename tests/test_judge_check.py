@@ -776,10 +776,10 @@ def test_the_gold_files_ship_as_package_data(tmp_path):
 @pytest.mark.slow
 def test_the_embedded_placeholder_is_measured(tmp_path):
     """Against the embedded llama-server (Gemma 3 270M base): any κ, but one is reported."""
-    code, output, report = _check(tmp_path, "--stages", "score-positives", "--limit", "4")
+    code, output, report = _check(tmp_path, "--stages", "score-positives", "--limit", "2")
     assert code == 0, output
     assert report["embedded_server"] and report["pins_ignored"]
     (s,) = report["stages"]
-    assert s["cases"] == 4
+    assert s["cases"] == 2
     assert isinstance(s["kappa"], float) and isinstance(s["invalid_rate"], float)
     assert "κ" in output and "embedded placeholder" in " ".join(output.split())

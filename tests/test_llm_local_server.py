@@ -116,16 +116,16 @@ def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
         cfg = _cfg(tmp_path, url, "llm.max_reasks=1")
         assert cfg.llm.response_format == "json_schema"
 
-        # each row one `LLMClient.ask` with the judgment's schema and `analogy_problems` as its
-        # check (`AnalogyJudge.run`): the model's ~220-token answers are most of this test's time
+        # one pair, one `LLMClient.ask` with the judgment's schema and `analogy_problems` as its
+        # check (`AnalogyJudge.run`): the model's ~220-token answer is most of this test's time
         run = StageRun("t", "r1", str(tmp_path / "out"), cfg, Storage(cfg.storage))
         start = time.perf_counter()
-        judged = run_llm_task(run, AnalogyJudge(), PAIRS, base_url=url)
+        judged = run_llm_task(run, AnalogyJudge(), PAIRS.slice(0, 1), base_url=url)
         seconds = time.perf_counter() - start
         rows = judged.table.to_pylist()
         decisions = [r["decision"] for r in rows]
-        print(f"judge-analogy, {len(rows)} calls on 2 slots: {seconds:.1f} s ({decisions})")
-        assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+        print(f"judge-analogy, {len(rows)} call: {seconds:.1f} s ({decisions})")
+        assert [r["status"] for r in rows] == ["ok"], [r["error"] for r in rows]
         for r in rows:
             assert r["decision"] == r["model_decision"]  # the model's decision is the derived one
         # the second judge reads the first judgment, whatever it was: verdict and reason agree
@@ -133,7 +133,7 @@ def test_constrained_answers_of_the_base_model_pass_the_rule_checks(tmp_path):
             run, TransferVerifier(), without_answer_columns(judged.table), base_url=url
         )
         verdicts = verified.table.to_pylist()
-        assert [r["status"] for r in verdicts] == ["ok", "ok"], [r["error"] for r in verdicts]
+        assert [r["status"] for r in verdicts] == ["ok"], [r["error"] for r in verdicts]
         for r in verdicts:
             assert (r["verdict"] == "transfer") == (r["reject_reason"] is None)
 
