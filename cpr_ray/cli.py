@@ -236,6 +236,9 @@ def _watch(storage: Storage, interval: float) -> None:
         return shown, snap.running, text.get()
 
     try:
+        first = snapshot(storage, names)
+        if not (first.running or first.manifests or first.progress):  # a typo in ROOT, say
+            raise StorageError(f"no build under {storage.root}: nothing published, nothing running")
         shown, running, text = view()
         if not console.is_terminal:
             console.print(shown)

@@ -62,3 +62,14 @@ def test_the_watch_follows_a_running_llm_stage_to_its_end(sample_mined, llm, tmp
     assert "of $12.50 projected by cpr judge-check" in out
     final = read_progress(storage)["judge-analogy"]
     assert (final.state, final.done, final.total) == ("done", ROWS, ROWS)
+
+
+def test_watching_a_root_that_holds_no_build_is_one_line(tmp_path):
+    """A mistyped root is said, not shown as an empty table that waits for nothing."""
+    from typer.testing import CliRunner
+
+    from cpr_ray.cli import app
+
+    result = CliRunner().invoke(app, ["stats", str(tmp_path / "typo"), "--watch"])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: no build under {tmp_path / 'typo'}"), result.output
