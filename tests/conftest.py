@@ -452,6 +452,10 @@ class ScriptedLLM:
         (`usage.prompt_tokens_details.cached_tokens`), as vLLM and hosted providers do."""
         self._post("/_prompt_cache", {"tokens": tokens})
 
+    def prompts(self) -> list[str]:
+        """Every chat request's prompt since the last reset, in the order they came."""
+        return self._post("/_prompts", {})  # type: ignore[return-value]
+
     def stats(self) -> dict:
         import json
 

@@ -22,7 +22,8 @@ Faults are queued through `POST /_faults` and consumed by the next requests, in 
 answer 429 (Retry-After 1) or 500 when no queued fault is due; `POST /_negatives {"score": 1}`
 grades every passage judged without mappings (the N2 negatives grader) with that score, so a
 negatives walk ends as it does with a real model (most candidates are not usable), not after
-the whole pool. `POST /_pause` holds every request until `POST /_resume` (a node can be removed
+the whole pool. `POST /_prompts` answers every request's prompt in the order they came.
+`POST /_pause` holds every request until `POST /_resume` (a node can be removed
 while its requests wait); `answered` counts the answers sent to a client still connected,
 `undelivered` those whose client had gone.
 
@@ -243,6 +244,7 @@ class Script:
         self.unmapped_score: int | None = None  # set: the grade of passages without mappings
         self.cached_tokens: int | None = None  # set: prompt tokens reported as cache hits
         self.arrivals: list[float] = []  # wall time of each chat request, for rate checks
+        self.prompts: list[str] = []  # each chat request's prompt, in the order they came
         self.fault_rates: dict[str, float] = {}
         self.rng = random.Random(0)
         self.open = asyncio.Event()  # cleared by /_pause: requests wait for /_resume
@@ -279,6 +281,7 @@ async def chat(request: web.Request) -> web.Response:
     script.counts[name] += 1
     script.counts["total"] += 1
     script.arrivals.append(time.time())
+    script.prompts.append(prompt)
     if script.latency_s:
         await asyncio.sleep(script.latency_s)
     await script.open.wait()
@@ -398,6 +401,7 @@ def app() -> web.Application:
             "fault_rates": set_fault_rates,
             "negatives": set_negatives,
             "prompt_cache": set_prompt_cache,
+            "prompts": lambda body: script().prompts,
             "pause": lambda body: script().open.clear(),
             "resume": lambda body: script().open.set(),
         },

@@ -254,14 +254,33 @@ def test_prompt_cache_hits_the_endpoint_reports_reach_the_ledger_summary_and_cos
 ):
     """An endpoint that reports `usage.prompt_tokens_details.cached_tokens` (vLLM's prefix
     cache, a provider's prompt cache): the hits land in the ledger, the stage's stats and
-    summary lines, and are paid at the cached price."""
+    summary lines, and are paid at the cached price. Rows whose prompts open alike (a grader's
+    question) are asked one after another, whatever their order in the table, so the cache
+    still holds that start; each row keeps its own answer."""
     llm.prompt_cache(20)
     prices = (
         "llm.prices.scripted.input_per_mtok=1000",
         "llm.prices.scripted.cached_input_per_mtok=100",
     )
-    ctx = _context(tmp_path, llm.base_url, *prices)
-    out = run_llm_task(ctx, UsefulnessGrader(), _rows(4), base_url=llm.base_url)
+    ctx = _context(tmp_path, llm.base_url, *prices, "llm.actors=1", "llm.max_in_flight=1")
+    rows = pa.table(
+        {
+            "query": ["how to b?", "how to a?", "how to b?", "how to a?"],
+            "passage": ["good text 1", "good text 2", "good text 3", "USELESS"],
+            "mappings": ["a -> b (role)"] * 4,
+        }
+    )
+    out = run_llm_task(ctx, UsefulnessGrader(), rows, base_url=llm.base_url)
+    line = lambda p, label: p.split(f"{label}: ")[1].split("\n")[0]  # noqa: E731
+    asked = [(line(p, "Question"), line(p, "Passage")) for p in llm.prompts()]
+    assert asked == [
+        ("how to a?", "good text 2"),
+        ("how to a?", "USELESS"),
+        ("how to b?", "good text 1"),
+        ("how to b?", "good text 3"),
+    ]
+    assert out.table["passage"].to_pylist() == rows["passage"].to_pylist()
+    assert out.table["usefulness"].to_pylist() == [3, 3, 3, 1]
     prompt = out.stats["prompt_tokens"]
     assert out.stats["cached_prompt_tokens"] == 4 * 20 < prompt
     assert out.stats["cost_usd"] == pytest.approx((prompt - 80) / 1e3 + 80 / 1e4, abs=1e-6)

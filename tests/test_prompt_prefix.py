@@ -41,6 +41,18 @@ def test_the_share_is_the_prefix_every_request_shares_over_the_mean_prompt(promp
     assert prompt_prefix.prefix_share([], words)["requests"] == 0
 
 
+def test_a_request_reuses_the_longest_prefix_it_shares_with_any_earlier_one(prompt_prefix):
+    """An unbounded prefix cache: the first request reuses nothing; a later one the longest
+    start it shares with any request before it, not only with all of them or the last."""
+    reused = prompt_prefix.reusable_prefix(
+        [[1, 2, 3, 4], [1, 2, 9], [1, 2, 3, 7], [1, 2, 9, 9], [5], [1, 2, 3, 4]]
+    )
+    assert reused == [0, 2, 3, 3, 0, 4]
+    # at full scale: firsts of a group reuse their other prefix, the rest their group prefix
+    share = prompt_prefix.projected_share([10, 10], [4, 4], [8, 6], not_first=0.5)
+    assert share == pytest.approx((4 + 4 + 0.5 * (4 + 2)) / 20)
+
+
 def test_every_judge_is_measured_on_the_prompts_its_task_sends(prompt_prefix):
     """The stand-in tokenizer over the prompts each task renders: the fixed instructions come
     first, so the shared prefix ends where the first row's data begins."""
@@ -52,6 +64,14 @@ def test_every_judge_is_measured_on_the_prompts_its_task_sends(prompt_prefix):
     for stage, r in rows.items():
         assert r["requests"] == len(load_gold(stage)), stage
         assert 0 < r["prefix_tokens"] <= r["fixed_tokens"] and r["share"] <= r["ceiling"], r
+        # a row's own group shares at least what every request shares, and more where the
+        # task names the values its prompt opens with
+        assert r["prefix_tokens"] <= r["other_prefix_tokens"] <= r["group_prefix_tokens"], r
+    for stage in ("judge-analogy", "judge-transfer", "judge-negatives"):
+        r = rows[stage]
+        assert r["group_prefix_tokens"] > r["fixed_tokens"], r  # the query paper, the question
+        assert r["groups"] < r["requests"] and r["reusable"] > r["share"], r
+    assert rows["judge-analogy"]["projected"] > rows["judge-analogy"]["reusable"]
     prompts = prompt_prefix.stage_prompts("judge-transfer")
     assert len({p[:200] for p in prompts}) == 1  # the instructions, the same for every row
     assert "<data>" in prompts[0] and prompts[0].rstrip().endswith("</data>")

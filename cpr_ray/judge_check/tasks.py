@@ -33,6 +33,7 @@ class QueryReviewStep(LLMTask):
     )
 
     prompts = (QueryWriter.prompts[2],)
+    prefix_columns = QueryWriter.prefix_columns
 
     def __init__(self) -> None:
         self.writer = QueryWriter()

@@ -6,7 +6,8 @@ output columns. `run_llm_task`:
 1. keys every row by (stage, model, prompt versions, answer schema, the row's request inputs);
 2. drops rows whose key already has a valid answer in the stage's cache (an anti-join against
    every earlier run), so a rerun or a nightly refresh pays only for new rows;
-3. sends the rest through a pool of `LLMActor`s (async, a semaphore of requests in flight each).
+3. sends the rest, rows whose prompts open alike one after another (`LLMTask.prefix_columns`),
+   through a pool of `LLMActor`s (async, a semaphore of requests in flight each).
    Each actor appends its answers to the cache and every row's cost to the ledger as they
    arrive (small atomic Parquet parts, flushed at least every `FLUSH_S`), so a killed run loses
    at most a second of paid answers and its rerun asks only for what is missing. An actor lost
@@ -99,6 +100,7 @@ def run_llm_task(
     cached = read_cache(storage, cache, unique_keys, schema)
     todo = inputs.filter(pc.invert(pc.is_in(inputs[KEY], value_set=cached[KEY])))
     todo = first_per_key(todo)  # identical requests within this run are asked once
+    todo = task.in_ask_order(todo)  # rows opening their prompts alike, asked together
     inline = todo.num_rows <= cfg.inline_max_rows
     console.print(
         f"  {task.stage}: {inputs.num_rows:,} rows, {cached.num_rows:,} already answered "

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.prompts import Prompt
@@ -45,6 +46,12 @@ class LLMTask(ABC):
     prompts: tuple[Prompt, ...]
     key_columns: tuple[str, ...]
     output_schema: pa.Schema
+    # The inputs whose text comes first in the prompt's data, right after the fixed text: rows
+    # that share them share the prompt's start up to the first value of the row's own (the query
+    # paper a judge reads before each of its cited papers, the question a grader reads before
+    # each passage). The runner asks such rows one after another (`in_ask_order`), so a prefix
+    # cache (vLLM's, a provider's) still holds that start when the next of them comes.
+    prefix_columns: tuple[str, ...] = ()
 
     @property
     def input_columns(self) -> tuple[str, ...]:
@@ -60,6 +67,17 @@ class LLMTask(ABC):
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
         """Ask, check, decide: (output columns, status, reason when not ok)."""
+
+    def in_ask_order(self, rows: pa.Table) -> pa.Table:
+        """`rows` with those sharing their `prefix_columns` next to each other (a stable sort:
+        otherwise in their order), the order the runner asks them in."""
+        if not self.prefix_columns or rows.num_rows < 2:
+            return rows
+        order = pc.sort_indices(
+            rows.select(list(self.prefix_columns)),
+            sort_keys=[(c, "ascending") for c in self.prefix_columns],
+        )
+        return rows.take(order)
 
     @property
     def prompt_version(self) -> str:

@@ -254,6 +254,7 @@ class SameProblemJudge(LLMTask):
     stage = "dedup"
     prompts = (prompts.load("dedup", "v3"),)
     key_columns = ("query_a", "query_b")
+    prefix_columns = ("query_a",)
     output_schema = pa.schema([("same_problem", pa.bool_()), ("same_reason", pa.string())])
 
     async def run(
@@ -280,6 +281,7 @@ class StrongestAnalogyJudge(LLMTask):
     stage = "dedup"
     prompts = (prompts.load("strongest"), prompts.load("strongest_candidate"))
     key_columns = ("base_id", "q_title", "q_abstract", "candidates")
+    prefix_columns = ("q_title", "q_abstract")
     output_schema = pa.schema([("strongest_index", pa.int32()), ("strongest_reason", pa.string())])
 
     def derive(self, table: pa.Table) -> pa.Table:

@@ -97,6 +97,7 @@ class AnalogyJudge(LLMTask):
 
     stage = "judge-analogy"
     prompts = (prompts.load("analogy", "v3"),)
+    prefix_columns = ("q_title", "q_abstract", "q_topic")
     key_columns = (
         "base_id",
         "cited_id",
@@ -168,6 +169,7 @@ class TransferVerifier(LLMTask):
 
     stage = "judge-transfer"
     prompts = (prompts.load("transfer", "v3"),)
+    prefix_columns = ("q_title", "q_abstract")
     key_columns = (
         "base_id",
         "cited_id",

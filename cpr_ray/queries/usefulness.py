@@ -60,6 +60,7 @@ class UsefulnessGrader(LLMTask):
     stage = "score-positives"
     prompts = (prompts.load("usefulness", "v2"), prompts.load("usefulness_reference", "v1"))
     key_columns = ("query", "passage", "mappings")
+    prefix_columns = ("query",)
     output_schema = pa.schema([("usefulness", pa.int8())])
 
     def render(self, row: dict[str, Any]) -> str:

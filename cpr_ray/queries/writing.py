@@ -291,6 +291,7 @@ class QueryWriter(LLMTask):
         prompts.load("rewrite", "v2"),
         prompts.load("review", "v2"),
     )
+    prefix_columns = ("q_title", "q_abstract")
     key_columns = (
         "base_id",
         "cited_id",
