@@ -57,6 +57,7 @@ def test_every_judge_is_measured_on_the_prompts_its_task_sends(prompt_prefix):
     """The stand-in tokenizer over the prompts each task renders: the fixed instructions come
     first, so the shared prefix ends where the first row's data begins."""
     from cpr_ray.judge_check.gold import JUDGE_STAGES, load_gold
+    from cpr_ray.judge_check.projection import PREFIX_SHARES
 
     report = prompt_prefix.measure(JUDGE_STAGES)
     rows = {r["stage"]: r for r in report["stages"]}
@@ -72,6 +73,10 @@ def test_every_judge_is_measured_on_the_prompts_its_task_sends(prompt_prefix):
         assert r["group_prefix_tokens"] > r["fixed_tokens"], r  # the query paper, the question
         assert r["groups"] < r["requests"] and r["reusable"] > r["share"], r
     assert rows["judge-analogy"]["projected"] > rows["judge-analogy"]["reusable"]
+    # the projection bills what this projects (SCALE.md's table)
+    assert {s: PREFIX_SHARES[s] for s in rows} == {
+        s: pytest.approx(r["projected"], abs=5e-4) for s, r in rows.items()
+    }
     prompts = prompt_prefix.stage_prompts("judge-transfer")
     assert len({p[:200] for p in prompts}) == 1  # the instructions, the same for every row
     assert "<data>" in prompts[0] and prompts[0].rstrip().endswith("</data>")

@@ -22,8 +22,9 @@ USD is tokens × `llm.prices[model]`; the total is compared with `llm.max_usd` (
 cap, `cpr_ray/llm/spend.py`). Hours assume the endpoint keeps every actor's requests in flight
 at the latency measured here: hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600.
 
-USD with a prefix cache bills the share of each stage's prompt tokens that every request shares
-(`PREFIX_SHARES`, measured by benchmarks/prompt_prefix.py) at
+USD with a prefix cache bills the share of each stage's prompt tokens a prefix cache reuses when
+the build asks rows whose prompts open alike one after another (`PREFIX_SHARES`, measured and
+projected to a full build's rows per group by benchmarks/prompt_prefix.py) at
 `llm.prices[model].cached_input_per_mtok`, the rest as without one.
 """
 
@@ -72,19 +73,20 @@ LEDGER_MEANS: dict[str, tuple[float, float, float]] = {  # calls, prompt, comple
     "synthesize-queries": (1.0, 427, 63),
 }
 LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
-# the share of a stage's prompt tokens that is a prefix every request shares, which vLLM's
-# prefix caching and hosted prompt caches reuse (benchmarks/prompt_prefix.py on the gold
-# cases' sample texts, MiniLM WordPiece standing in for the judges' tokenizers; table in
+# the share of a stage's prompt tokens that vLLM's prefix caching and hosted prompt caches
+# reuse, with rows asked in the runner's order (`LLMTask.in_ask_order`) at a full build's rows
+# per query paper or question: the reusable share benchmarks/prompt_prefix.py projects from the
+# gold cases' sample texts (MiniLM WordPiece standing in for the judges' tokenizers; table in
 # benchmarks/SCALE.md). write-queries: its review's, for all three calls; synthesis: not
 # measured, so no discount.
 PREFIX_SHARES: dict[str, float] = {
-    "judge-analogy": 0.661,
-    "judge-transfer": 0.366,
-    "write-queries": 0.343,
-    "dedup": 0.843,
-    "strongest": 0.100,
-    "score-positives": 0.245,
-    "judge-negatives": 0.361,
+    "judge-analogy": 0.821,
+    "judge-transfer": 0.473,
+    "write-queries": 0.640,
+    "dedup": 0.869,
+    "strongest": 0.118,
+    "score-positives": 0.369,
+    "judge-negatives": 0.405,
     "synthesize-queries": 0.0,
 }
 PREFIX_SOURCE = "benchmarks/prompt_prefix.py; SCALE.md"
