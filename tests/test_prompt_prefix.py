@@ -58,12 +58,15 @@ def test_every_judge_is_measured_on_the_prompts_its_task_sends(prompt_prefix):
     first, so the shared prefix ends where the first row's data begins."""
     from cpr_ray.judge_check.gold import JUDGE_STAGES, load_gold
     from cpr_ray.judge_check.projection import PREFIX_SHARES
+    from cpr_ray.judge_check.tasks import make_task
 
     report = prompt_prefix.measure(JUDGE_STAGES)
     rows = {r["stage"]: r for r in report["stages"]}
     assert list(rows) == list(JUDGE_STAGES)
     for stage, r in rows.items():
         assert r["requests"] == len(load_gold(stage)), stage
+        # the runner sorts by them before any call, so they are among the inputs it checks
+        assert set(make_task(stage).prefix_columns) <= set(make_task(stage).input_columns)
         assert 0 < r["prefix_tokens"] <= r["fixed_tokens"] and r["share"] <= r["ceiling"], r
         # a row's own group shares at least what every request shares, and more where the
         # task names the values its prompt opens with
