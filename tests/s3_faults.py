@@ -16,7 +16,8 @@ start; with `match` (a regex), only requests whose "METHOD /path?query" it finds
 the first `skip` of those pass. Controls: POST `/_faults` {"seed", "slowdown", "internal",
 "reset" (shares of requests), "max_faults", "for_s", "match", "skip"} starts a schedule (and
 zeroes the counts); POST `/_faults/clear` ends it;
-GET `/_stats` answers {"requests", "faults": {kind: n}, "faulted": [[kind, method, path], …]}.
+GET `/_stats` answers {"requests", "faults": {kind: n}, "faulted": [[kind, method, path?query],
+…]}.
 """
 
 from __future__ import annotations
