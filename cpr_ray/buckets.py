@@ -256,11 +256,14 @@ def write_bucketed_table(
             fragment = pickle.loads(blob)
             fragments.append(fragment)
             files[fragment.data_files()[0].path] = k
-    lance.LanceDataset.commit(
+    storage.commit_lance(
         uri,
-        lance.LanceOperation.Overwrite(schema, fragments),
-        storage_options=opts,
-        enable_stable_row_ids=True,
+        lambda: lance.LanceDataset.commit(
+            uri,
+            lance.LanceOperation.Overwrite(schema, fragments),
+            storage_options=opts,
+            enable_stable_row_ids=True,
+        ),
     )
     return BucketLayout(key, num_buckets, files), rows
 

@@ -243,8 +243,8 @@ def run_stage(
     metrics.stage_published(name, result.tables)
     progress.finish("done")
     _remove_old_runs(storage, name, keep=run_id)
-    # what the driver's storage calls retried (S3 throttling, resets); the workers' own retries
-    # and pyarrow's and Lance's inside their clients are not counted (they expose no count)
+    # what the driver's storage calls retried (S3 throttling, resets: boto3's, Lance's 5xx and
+    # Storage's own); the workers' and pyarrow's are not counted (cpr_ray/s3_retries.py)
     console.print(f"[bold]{name}[/]: published in {seconds} s; storage retries: {retries}")
     return manifest
 

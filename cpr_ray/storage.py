@@ -34,7 +34,7 @@ from cpr_ray.conditional_writes import (
     md5,
 )
 from cpr_ray.errors import StorageError
-from cpr_ray.s3_retries import broken_off, read_again, retried
+from cpr_ray.s3_retries import broken_off, count_lance_retries, retried, sent_again
 from cpr_ray.s3_without_folders import S3WithoutFolders
 from cpr_ray.sections import Section
 
@@ -177,6 +177,7 @@ class Storage:
     def lance_options(self, uri: str | None = None) -> dict[str, str]:
         """The same endpoint settings, in the form Lance's object store takes, for the bucket
         of `uri` (None: the defaults)."""
+        count_lance_retries()  # before Lance's first request with them
         settings = (
             self.cfg.for_bucket(self.resolve(uri).path.split("/", 1)[0])
             if uri and uri.startswith("s3://")
@@ -209,6 +210,40 @@ class Storage:
         except (OSError, ValueError) as exc:  # Lance's IO errors come as either
             if uri.startswith("s3://") and ACCESS_DENIED.search(str(exc)):
                 raise StorageError(access_denied(uri)) from None
+            raise
+
+    def commit_lance(self, uri: str, commit: Callable[[], object]) -> None:
+        """Make one commit to the Lance table at `uri` (a merge_insert, a delete, a restore, an
+        overwrite): `commit` opens the table and commits once.
+
+        Lance's client retries what S3 throttled or failed, but passes up a listing broken off
+        mid-body (a reset connection), which every commit makes to find the version it builds
+        on: the commit is then made again, at most `storage.max_retries` times, for every
+        caller. Safe because Lance publishes a version only by writing its manifest, and the
+        root's lease makes this run the table's only writer: a version past the one before is
+        this commit, landed with its answer lost, and is not made twice (a merge_insert applied
+        twice would count its inserts as updates); none means nothing was committed (the
+        attempt's data files stay unreferenced)."""
+        before = self._lance_version(uri)
+        for attempt in range(self.cfg.max_retries + 1):
+            try:
+                commit()
+                return
+            except (OSError, ValueError) as exc:  # Lance's IO errors come as either
+                if attempt == self.cfg.max_retries or not broken_off(exc):
+                    raise
+            sent_again()
+            if self._lance_version(uri) != before:
+                return
+            time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
+
+    def _lance_version(self, uri: str) -> int | None:
+        """The latest version of the Lance table at `uri`; None: no table there yet."""
+        try:
+            return self.open_lance(uri).version
+        except ValueError as exc:
+            if "was not found" in str(exc):
+                return None
             raise
 
     def make_dirs(self, uri: str) -> None:
@@ -264,7 +299,7 @@ class Storage:
             except (OSError, ValueError, *boto_errors()) as exc:
                 if attempt == self.cfg.max_retries or not broken_off(exc):
                     raise
-                read_again()
+                sent_again()
                 time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
         raise AssertionError("unreachable")
 

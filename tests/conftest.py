@@ -311,13 +311,23 @@ class S3Faults:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def start(self, seed: int = 0, max_faults: int = 100, for_s: float = 600, **shares: float):
+    def start(
+        self,
+        seed: int = 0,
+        max_faults: int = 100,
+        for_s: float = 600,
+        match: str | None = None,
+        skip: int = 0,
+        **shares: float,
+    ):
         """Fail that share of requests with each kind (slowdown, internal, reset), at random,
-        at most `max_faults` in all and within `for_s` seconds."""
+        at most `max_faults` in all and within `for_s` seconds; with `match`, only of the
+        requests whose "METHOD /path?query" the regex finds, after the first `skip` of them."""
         post_json(
             f"{self.url}/_faults",
-            {"seed": seed, "max_faults": max_faults, "for_s": for_s, **shares},
-        )
+            {"seed": seed, "max_faults": max_faults, "for_s": for_s, "match": match,
+             "skip": skip, **shares},
+        )  # fmt: skip
 
     def clear(self) -> None:
         post_json(f"{self.url}/_faults/clear", {})

@@ -12,16 +12,21 @@ Every request goes on to `--upstream` (tests/s3_standin.py) as it came, except a
   write unsafe.
 
 Faults are bounded: at most `max_faults` in all, only within `for_s` seconds of the schedule's
-start. Controls: POST `/_faults` {"seed", "slowdown", "internal", "reset" (shares of requests),
-"max_faults", "for_s"} starts a schedule (and zeroes the counts); POST `/_faults/clear` ends it;
-GET `/_stats` answers {"requests", "faults": {kind: n}, "faulted": [[kind, method, path], …]}.
+start; with `match` (a regex), only requests whose "METHOD /path?query" it finds are drawn, and
+the first `skip` of those pass. Controls: POST `/_faults` {"seed", "slowdown", "internal",
+"reset" (shares of requests), "max_faults", "for_s", "match", "skip"} starts a schedule (and
+zeroes the counts); POST `/_faults/clear` ends it;
+GET `/_stats` answers {"requests", "faults": {kind: n}, "faulted": [[kind, method, path?query],
+…]}.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import re
 import socket
 import struct
 import time
@@ -35,6 +40,7 @@ ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "internal": (500, "InternalError", "We encountered an internal error. Please try again."),
 }
+MID_BODY_S = 0.05
 # hop-by-hop headers, and those aiohttp sets itself from the body it sends
 DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "expect", "upgrade"}
 
@@ -50,6 +56,8 @@ class Schedule:
         self.requests = 0
         self.counts = dict.fromkeys(KINDS, 0)
         self.faulted: list[tuple[str, str, str]] = []
+        self.match: re.Pattern[str] | None = None
+        self.skip = 0
 
     def start(self, cfg: dict[str, Any]) -> None:
         self.rates = {k: float(cfg.get(k, 0)) for k in KINDS}
@@ -59,6 +67,8 @@ class Schedule:
         self.requests = 0
         self.counts = dict.fromkeys(KINDS, 0)
         self.faulted = []
+        self.match = re.compile(cfg["match"]) if cfg.get("match") else None
+        self.skip = int(cfg.get("skip", 0))
 
     def clear(self) -> None:
         self.rates = {}
@@ -68,6 +78,11 @@ class Schedule:
         if not self.rates or sum(self.counts.values()) >= self.max_faults:
             return None
         if time.monotonic() > self.until:
+            return None
+        if self.match and not self.match.search(f"{method} {path}"):
+            return None
+        if self.skip:
+            self.skip -= 1
             return None
         roll = self.rng.random()
         for kind in KINDS:
@@ -127,7 +142,7 @@ def make_app(upstream: str) -> web.Application:
         if request.path in ("/_faults", "/_faults/clear", "/_stats"):
             return await control(request)
         body = await request.read()
-        kind = schedule.draw(request.method, request.path)
+        kind = schedule.draw(request.method, request.path_qs)
         if kind in ERRORS:
             return _error(kind, request.path)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROP}
@@ -152,6 +167,9 @@ def make_app(upstream: str) -> web.Application:
         await out.prepare(request)
         if kind == "reset":
             await out.write(payload[: len(payload) // 2])
+            # the caller has the headers and half the body when the reset comes: a reset at
+            # once can overtake them, and the caller sees a refused request (which it retries)
+            await asyncio.sleep(MID_BODY_S)
             _reset(request)
             return out
         if request.method != "HEAD":

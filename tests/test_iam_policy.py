@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,10 +24,18 @@ from typer.testing import CliRunner
 from cpr_ray.cli import app
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.errors import StorageError
-from cpr_ray.pipeline.build import check_root, run_build
+from cpr_ray.pipeline.build import STAGES, check_root, run_build
 from cpr_ray.storage import Storage, StorageConfig
 
-from .conftest import LLM_STAGES, OLD, S3Faults, S3Standin, ScriptedLLM, small_build
+from .conftest import (
+    LLM_STAGES,
+    OLD,
+    S3Faults,
+    S3Standin,
+    ScriptedLLM,
+    copy_build,
+    small_build,
+)
 from .iam_policy import (
     ALLOW,
     EXPLICIT_DENY,
@@ -207,12 +217,15 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     s3_bucket: str,
     scripted_llm: ScriptedLLM,
     ray_session: None,
+    sample_mined: Path,
     minilm: str,
     tmp_path: Path,
 ):
     """…and through S3 as it is at cluster scale: every job request goes through the fault
     proxy (tests/s3_faults.py), which answers a share `503 SlowDown` or `500 InternalError` and
-    resets connections after the store acted; the outputs are those of a fault-free store."""
+    resets connections after the store acted; the outputs are those of a fault-free run: the
+    shared local build of the sample (`sample_mined`), taken on to its export, and the same
+    training and index on that export."""
     from tests import tiny_models
 
     endpoint, bucket = faults.url, s3_bucket
@@ -248,17 +261,7 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
         calls = scripted_llm.stats()["total"]
         again = run_build(cfg, LLM_STAGES, force=True)  # the answers cached on S3 are reused
         s3 = ["--s3-endpoint", endpoint, "--set", "storage.s3_region=us-west-2"]
-        for args in (
-            ["train", "--data", export, "--format", "cpr", "--model", model,
-             "--out", f"s3://{bucket}/models/tiny", "--set", "train.workers=1",
-             "--set", "train.epochs=1", "--set", "train.batch_size=1",
-             "--set", "train.max_length=32", "--set", "train.max_steps=2",
-             "--set", "train.checkpoint_every=1"],
-            ["eval", "--benchmark", "cpr", "--data", export, "--retriever", "bm25",
-             "--out", f"s3://{bucket}/eval/bm25"],
-            ["index", "--corpus", export, "--model", model, "--out", f"s3://{bucket}/index/tiny",
-             "--set", "encoder.max_length=32"],
-        ):  # fmt: skip
+        for args in _train_eval_index(export, model, f"s3://{bucket}"):
             result = cli.invoke(app, [*args, *s3])
             assert result.exit_code == 0, (args[0], result.output)
     requests = s3_standin.requests(since)
@@ -267,6 +270,9 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     print("faults", injected["faults"], "of", injected["requests"], "requests;", "retries",
           {stage: m["storage_retries"] for stage, m in manifests.items()})  # fmt: skip
     assert all(injected["faults"][kind] for kind in ("slowdown", "internal", "reset")), injected
+    # what the driver counted (its boto3, Lance and Storage retries; not the workers', nor
+    # pyarrow's): never more than the proxy served (tests/test_s3_faults.py checks it exactly)
+    assert sum(m["storage_retries"] for m in manifests.values()) <= sum(injected["faults"].values())
     _nothing_half_written(_operator(s3_standin.url), bucket, {**manifests, **again})
     # the sample's corpus, as a local ingest gives it; the snapshot's manifest.json unread
     ingested = manifests["ingest"]
@@ -295,6 +301,81 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
         "BUCKET/s2/", "BUCKET/configs/", "BUCKET/builds/", "BUCKET/models/", "BUCKET/eval/",
         "BUCKET/index/", "openalex/data/",
     }  # fmt: skip
+    # the fault-free run: the same stages on the shared local build, the same commands after
+    clean_root = copy_build(sample_mined, tmp_path / "clean")
+    clean_cfg = load_config(
+        "dry-run", env={}, overrides=[f"storage.root={clean_root}", *overrides[2:]]
+    )
+    started = time.monotonic()
+    through_export = [*STAGES][: [*STAGES].index("export") + 1]
+    clean = run_build(clean_cfg, through_export)  # ingest, venues, mine: the shared ones, skipped
+    for args in _train_eval_index(clean["export"]["output"], model, str(tmp_path / "clean-out")):
+        if args[0] != "eval":  # metrics, not data: the same export gives the same
+            result = cli.invoke(app, args)
+            assert result.exit_code == 0, (args[0], result.output)
+    clean_storage = Storage(clean_cfg.storage)
+    compared = {
+        what: _same_data(storage, faulty, clean_storage, reference)
+        for what, faulty, reference in (
+            ("export", export, clean["export"]["output"]),
+            ("model", f"s3://{bucket}/models/tiny", str(tmp_path / "clean-out/models/tiny")),
+            ("index", f"s3://{bucket}/index/tiny", str(tmp_path / "clean-out/index/tiny")),
+        )
+    }
+    print("equal to the fault-free run:", compared, f"({time.monotonic() - started:.0f} s)")
+
+
+def _train_eval_index(export: str, model: str, out: str) -> list[list[str]]:
+    """The commands the test runs on the build's export, writing under `out`."""
+    return [
+        ["train", "--data", export, "--format", "cpr", "--model", model,
+         "--out", f"{out}/models/tiny", "--set", "train.workers=1",
+         "--set", "train.epochs=1", "--set", "train.batch_size=1",
+         "--set", "train.max_length=32", "--set", "train.max_steps=2",
+         "--set", "train.checkpoint_every=1"],
+        ["eval", "--benchmark", "cpr", "--data", export, "--retriever", "bm25",
+         "--out", f"{out}/eval/bm25"],
+        ["index", "--corpus", export, "--model", model, "--out", f"{out}/index/tiny",
+         "--set", "encoder.max_length=32"],
+    ]  # fmt: skip
+
+
+CHECKPOINT = re.compile(r"checkpoint_[0-9-_.]+")
+DATA = (".parquet", ".safetensors")  # manifests, cards and stats hold times, run ids and paths
+
+
+def _same_data(faulty: Storage, uri: str, clean: Storage, clean_uri: str) -> dict[str, int]:
+    """The data files under `uri` and `clean_uri`: the same names, tables equal row for row and
+    weights tensor for tensor (bit for bit: one worker, the same seed and data on CPU). Returns
+    the rows and tensors compared, by file."""
+    from safetensors.numpy import load
+
+    def files(storage: Storage, root: str) -> dict[str, str]:
+        """By name under `root`; Ray Train's checkpoints, named for the time, by their order."""
+        base = storage.resolve(root).path
+        found = [f.path for f in storage.list_files(root, DATA)]
+        named = sorted({m for f in found for m in CHECKPOINT.findall(f)})
+        order = {c: f"checkpoint_{i}" for i, c in enumerate(named)}
+        scheme = "s3://" if root.startswith("s3://") else ""
+        return {
+            CHECKPOINT.sub(lambda m: order[m.group()], f.removeprefix(base)): scheme + f
+            for f in found
+        }
+
+    ours, theirs = files(faulty, uri), files(clean, clean_uri)
+    assert ours.keys() == theirs.keys() and ours, (sorted(ours), sorted(theirs))
+    sizes = {}
+    for name in ours:
+        if name.endswith(".parquet"):
+            got, want = faulty.read_parquet(ours[name]), clean.read_parquet(theirs[name])
+            assert got.equals(want), name
+            sizes[name] = got.num_rows
+        else:
+            got, want = load(faulty.read_bytes(ours[name])), load(clean.read_bytes(theirs[name]))
+            assert got.keys() == want.keys(), name
+            assert all((got[k] == want[k]).all() for k in got), name
+            sizes[name] = len(got)
+    return sizes
 
 
 FAULTS = 20  # at most, in the build, training, evaluation and index (each costs a backoff)

@@ -3,6 +3,7 @@ the versions it records, and the upserts, deletes and change counts of a release
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -51,8 +52,15 @@ class Corpus:
         return self.layouts[name]
 
     def table(self, name: str) -> lance.LanceDataset:
-        uri = self.papers_uri if name == "papers" else self.citations_uri
-        return self.storage.open_lance(uri)
+        return self.storage.open_lance(self.uri(name))
+
+    def uri(self, name: str) -> str:
+        return self.papers_uri if name == "papers" else self.citations_uri
+
+    def commit(self, name: str, change: Callable[[lance.LanceDataset], object]) -> None:
+        """`change` made to the table's latest version, committed once (`Storage.commit_lance`:
+        made again when S3 broke off its answer, never twice)."""
+        self.storage.commit_lance(self.uri(name), lambda: change(self.table(name)))
 
     def recorded_version(self, name: str) -> int | None:
         return self.manifest["tables"][name].get("version")
@@ -64,7 +72,7 @@ class Corpus:
             recorded = self.recorded_version(name)
             ds = self.table(name)
             if recorded is not None and ds.version != recorded:
-                ds.checkout_version(recorded).restore()
+                self.commit(name, lambda t, v=recorded: t.checkout_version(v).restore())
                 restored.append(f"{name} {ds.version} → {recorded}")
         return restored
 
@@ -76,25 +84,28 @@ class Corpus:
     def upsert(self, name: str, rows: pa.Table) -> None:
         if rows.num_rows:
             on = "corpus_id" if name == "papers" else CITATION_KEY
-            (
-                self.table(name)
-                .merge_insert(on)
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute(rows)
+            self.commit(
+                name,
+                lambda t: (
+                    t.merge_insert(on)
+                    .when_matched_update_all()
+                    .when_not_matched_insert_all()
+                    .execute(rows)
+                ),
             )
 
     def delete_keys(self, name: str, keys: pa.Table) -> None:
         if keys.num_rows:
             on = "corpus_id" if name == "papers" else CITATION_KEY
-            self.table(name).merge_insert(on).when_matched_delete().execute(keys)
+            self.commit(name, lambda t: t.merge_insert(on).when_matched_delete().execute(keys))
 
     def delete_citations_of(self, ids: pa.Array) -> None:
         """Citations from or to deleted papers go with them."""
         values = ids.to_pylist()
         for start in range(0, len(values), DELETE_CHUNK):
             chunk = ", ".join(str(int(v)) for v in values[start : start + DELETE_CHUNK])
-            self.table("citations").delete(f"citing_id IN ({chunk}) OR cited_id IN ({chunk})")
+            where = f"citing_id IN ({chunk}) OR cited_id IN ({chunk})"
+            self.commit("citations", lambda t, where=where: t.delete(where))
 
     def versions(self) -> dict[str, int]:
         return {name: self.table(name).version for name in ("papers", "citations")}
