@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from math import ceil
 from typing import Any
 
 import numpy as np
@@ -152,11 +153,11 @@ def snapshot_docs(
     wanted: pa.Array,
 ) -> Snapshot:
     """The universe's DOCS rows under `docs_uri`, with their content key under each document
-    template, one folder per shard: one plain task per key bucket of the papers, each reading
-    its bucket of mine's universe (the same key buckets), so neither the driver nor a task
-    holds the whole universe. The tasks hand back their counts and the few `wanted` papers'
-    dates and topics. (A Ray Data scan of the table cost ~6 s to start, more than the scan
-    itself on a refresh's or a dry run's corpus.)"""
+    template, one folder per shard: one plain task per key bucket of the papers (asking Ray for
+    a bucket's rows), each reading its bucket of mine's universe (the same key buckets), so
+    neither the driver nor a task holds the whole universe. The tasks hand back their counts
+    and the few `wanted` papers' dates and topics. (A Ray Data scan of the table cost ~6 s to
+    start, more than the scan itself on a refresh's or a dry run's corpus.)"""
     fn = partial(
         _docs_of_bucket,
         storage=storage,
@@ -167,7 +168,8 @@ def snapshot_docs(
         shards=shards,
         wanted=wanted,
     )
-    found = run_buckets(plan.layout.num_buckets, fn, 1)
+    buckets = plan.layout.num_buckets
+    found = run_buckets(buckets, fn, 1, index_memory(ceil(plan.rows / buckets), DOC_BYTES))
     counts = np.sum([c for c, _, _ in found], axis=0, dtype=np.int64).reshape(shards)
     folders = {int(s): join(docs_uri, f"shard-{s:05d}") for s in np.flatnonzero(counts)}
     meta = pa.concat_tables([m for _, _, m in found])
