@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -109,6 +110,9 @@ class PoolerSearch:
         index_uri: str | None,
     ) -> None:
         self.plan, self.storage = plan, Storage(storage)
+        # query vectors by block (first id, last id, rows): every shard sees the same blocks,
+        # so each is encoded once per pass, not once per shard (bounded by the queries)
+        self._encoded: dict[tuple[str, str, int], Any] = {}
         if plan.kind == "dense":
             from cpr_ray.retrieval.encoder import DenseEncoder
 
@@ -163,7 +167,7 @@ class PoolerSearch:
         if n == 0 or batch.num_rows == 0:
             return SHARD_HITS.empty_table()
         if self.plan.kind == "dense":
-            queries = self.encoder.encode_queries(batch["query"].to_pylist())  # (c, d)
+            queries = self._queries(batch)  # (c, d)
             hits = index_hits(
                 self.index, self.universe, queries, QueryBatch.build(self.universe, batch)
             )
@@ -172,18 +176,25 @@ class PoolerSearch:
         parts = []
         for s in range(0, batch.num_rows, step):
             chunk = batch.slice(s, step)
-            scores = self._scores(chunk["query"].to_pylist())  # (c, N)
+            scores = self._scores(chunk)  # (c, N)
             hits = exact_hits(scores, QueryBatch.build(self.universe, chunk), positive_only=True)
             parts.append(self._table(chunk, hits))
         return pa.concat_tables(parts)
 
-    def _scores(self, texts: list[str]) -> np.ndarray:
+    def _queries(self, batch: pa.Table) -> Any:
+        ids = batch["query_id"]
+        key = (ids[0].as_py(), ids[-1].as_py(), batch.num_rows)
+        if key not in self._encoded:
+            self._encoded[key] = self.encoder.encode_queries(batch["query"].to_pylist())
+        return self._encoded[key]
+
+    def _scores(self, batch: pa.Table) -> np.ndarray:
         if self.plan.kind == "splade":
-            product = self.encoder.encode_queries(texts) @ self._docs_t  # (c, N) sparse
+            product = self._queries(batch) @ self._docs_t  # (c, N) sparse
             return np.asarray(product.todense(), dtype=np.float32)
         if self.bm25 is None:
-            return np.zeros((len(texts), len(self.universe)), dtype=np.float32)
-        return self.bm25.scores(texts)
+            return np.zeros((batch.num_rows, len(self.universe)), dtype=np.float32)
+        return self.bm25.scores(batch["query"].to_pylist())
 
     def _table(self, batch: pa.Table, hits: Hits) -> pa.Table:
         return shard_hits(batch, self.universe, hits, self.plan.name)
