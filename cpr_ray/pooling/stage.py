@@ -24,6 +24,7 @@ it reads the queries, the judged pairs and counts, and the universe is cut into 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import partial
 from math import ceil
@@ -199,6 +200,7 @@ def _search(
     depths = [t.select(["query_id", "depth"]) for t in tables]
 
     def search(plan: PoolerPlan, parts: list[Shard]) -> pa.Table:
+        started = time.perf_counter()
         n = min(cfg.search_actors, len(parts))
         actor = ray.remote(PoolerSearch).options(
             num_cpus=plan.num_cpus,
@@ -217,13 +219,19 @@ def _search(
                     held.load.remote(part.docs, part.index)
                 refs.append([held.search.remote(b) for b in blocks])
             merged = [SHARD_HITS.empty_table()] * len(blocks)
+            first = 0.0
             for shard_refs in refs:
                 for i, ref in enumerate(shard_refs):
                     merged[i] = merge_hits([merged[i], ray.get(ref)], depths[i])
                     shard_refs[i] = None  # its lists are merged: free them
+                    first = first or time.perf_counter() - started
         finally:
             for a in actors:
                 ray.kill(a)
+        console.print(
+            f"  pool: {plan.name} searched in {len(parts)} shard(s) by {n} actor(s) in "
+            f"{time.perf_counter() - started:.1f} s (first shard's lists after {first:.1f} s)"
+        )
         return as_hits(pa.concat_tables(merged)) if merged else HITS.empty_table()
 
     parts = [search(plan, shards[plan.name]) for plan in pool_plans if shards[plan.name]]
