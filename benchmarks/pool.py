@@ -149,6 +149,9 @@ def publish(storage: Storage, world: dict) -> None:
             # one key bucket: the pool stage reads the whole table in one task
             layout = BucketLayout("corpus_id", 1, {}).as_dict()
             table.update(version=written.version, layout=layout)
+        elif name == "universe":  # mine writes it in the papers' key buckets (here one)
+            uri = table["uri"] = join(storage.root, stage, "runs", "0", name)
+            storage.write_parquet(world[name], join(uri, "part-00000.parquet"))
         else:
             storage.write_parquet(world[name], uri)
         storage.write_json(
@@ -220,6 +223,12 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--out", default=None, help="build root (default: a temporary folder)")
     ap.add_argument(
+        "--shard-vectors",
+        type=int,
+        default=None,
+        help="pooling.shard_vectors: papers per shard of the universe (default: the config's)",
+    )
+    ap.add_argument(
         "--encode",
         action="store_true",
         help="let the stage encode the documents (default: prefilled embedding stores)",
@@ -243,6 +252,7 @@ def main() -> None:
             f"pooling.poolers={poolers}",
             "pooling.min_group_size=50",
             "pooling.search_actors=2",
+            *([f"pooling.shard_vectors={args.shard_vectors}"] if args.shard_vectors else []),
         ],
     )
     storage = Storage(cfg.storage)

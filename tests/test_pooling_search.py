@@ -18,6 +18,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from cpr_ray.pooling.rules import topic_group  # noqa: E402
 from cpr_ray.pooling.schemas import GROUPS, SEARCH_QUERIES  # noqa: E402
 from cpr_ray.pooling.search import QueryBatch, Universe, exact_hits, index_hits  # noqa: E402
+from cpr_ray.pooling.shards import (  # noqa: E402
+    INDEX_COPIES,
+    TASK_BASE,
+    UNIVERSE_BYTES,
+    index_memory,
+    merge_hits,
+    shard_count,
+    shard_hits,
+    shard_of,
+)
+from cpr_ray.retrieval.base import top_k_rows  # noqa: E402
 from cpr_ray.retrieval.encoder import (  # noqa: E402
     DenseEncoder,
     Encoder,
@@ -122,6 +133,69 @@ def test_faiss_index_search_agrees_with_exact_search(world, factory, nprobe):
     exact = exact_hits(world["qvecs"] @ world["vectors"].T, batch, positive_only=False)
     index = VectorIndex(u.corpus_ids, world["vectors"], factory, nprobe=nprobe)
     assert _entries(index_hits(index, u, world["qvecs"], batch)) == _entries(exact)
+
+
+def _lists(table: pa.Table) -> list[tuple]:
+    return sorted(
+        zip(*(table[c].to_pylist() for c in ("query_id", "group", "candidate_id", "rank")))
+    )
+
+
+@pytest.mark.parametrize("backend", ["exact", "exact_ties", "Flat"])
+def test_shards_merged_give_the_lists_of_one_index_over_the_universe(world, backend):
+    """The universe cut in 5 shards by `shard_of`, each searched alone as a search actor does
+    (its own Universe, cutoffs, groups and index), the lists merged one shard at a time: the
+    lists one search over the whole universe gives, ranks and tie-breaking included. Rounded
+    scores make ties common, at every list's end too."""
+    docs, q, unit = world["docs"], world["queries"], world["vectors"]
+    vectors = dict(zip(world["universe"].corpus_ids.tolist(), unit))
+
+    def search(part: pa.Table) -> pa.Table:
+        u = Universe(part)
+        vecs = np.stack([vectors[i] for i in u.corpus_ids.tolist()])
+        batch = QueryBatch.build(u, q)
+        if backend == "Flat":
+            hits = index_hits(VectorIndex(u.corpus_ids, vecs), u, world["qvecs"], batch)
+        else:
+            scores = world["qvecs"] @ vecs.T
+            if backend == "exact_ties":
+                scores = np.round(np.maximum(scores, 0), 1)  # a few values, zeros dropped
+            hits = exact_hits(scores, batch, positive_only=backend == "exact_ties")
+        return shard_hits(q, u, hits, "p")
+
+    depths = q.select(["query_id", "depth"])
+    whole = merge_hits([search(docs)], depths)
+    shard = shard_of(docs["corpus_id"].to_numpy(), 5)
+    assert np.bincount(shard).min() > 0.8 * N / 5  # even shards
+    merged = merge_hits([], depths)
+    for s in range(5):
+        merged = merge_hits([merged, search(docs.filter(pa.array(shard == s)))], depths)
+    assert len(whole) > 1000 and _lists(merged) == _lists(whole)
+    if backend == "exact":  # and the unsharded lists are exact search's own
+        u = world["universe"]
+        plain = exact_hits(world["qvecs"] @ unit.T, QueryBatch.build(u, q), positive_only=False)
+        assert _lists(whole) == _lists(shard_hits(q, u, plain, "p"))
+
+
+def test_top_k_keeps_the_lowest_columns_of_a_tie_at_the_kth_score():
+    scores = np.random.default_rng(1).integers(0, 3, (40, 3000)).astype(np.float32)
+    idx, _ = top_k_rows(scores, 25)
+    for row, got in zip(scores, idx):
+        assert got.tolist() == np.lexsort((np.arange(len(row)), -row))[:25].tolist()
+
+
+def test_shard_sizes_and_the_memory_a_shard_asks_for():
+    assert shard_count(10, 5) == 2 and shard_count(11, 5) == 3 and shard_count(0, 5) == 1
+    # 5M papers of a 1024-dim float32 pooler: 20 GB of vectors, held 3 times while loading
+    per_paper = INDEX_COPIES * 1024 * 4 + UNIVERSE_BYTES
+    assert index_memory(5_000_000, 1024 * 4) == TASK_BASE + 5_000_000 * per_paper
+    assert index_memory(0, 4096) == TASK_BASE
+    assert index_memory(1000, 4096, base=0) == 1000 * per_paper
+    # sequential ids (a key bucket's are ids mod n) spread evenly, and always to the same shard
+    ids = np.arange(0, 64 * 10_000, 64)
+    counts = np.bincount(shard_of(ids, 7), minlength=7)
+    assert counts.min() > 0.9 * len(ids) / 7
+    assert (shard_of(ids, 7) == shard_of(ids.copy(), 7)).all()
 
 
 def test_sparse_scores_retrieve_only_papers_scoring_above_zero(world):

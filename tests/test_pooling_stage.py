@@ -1,6 +1,7 @@
 """The `pool` stage end to end on Ray: on the bundled sample's build (a copy of the session's
 `sample_positives`) locally, and on a small hand-made build on S3 (moto) whose candidates are
-known exactly; reruns are skipped, and a forced rerun reuses every stored embedding. The dense
+known exactly, its universe in three shards; reruns are skipped, and a rerun with the sample's
+universe in shards gives the same candidates, every embedding served by the store. The dense
 pooler is the tiny random Qwen3 (last-token pooling): the rules under test do not depend on what
 the vectors mean."""
 
@@ -134,14 +135,13 @@ def test_pool_on_the_sample_build_with_rejected_citations_first(
     root = copy_build(sample_positives, tmp_path / "build")
     # one encoding pooler and BM25 (the S3 test below pools with SPLADE too); lists of 3 are
     # full, so the groups short of 5 are pooled again at 300
-    cfg = scripted_config(
-        root,
-        llm,
+    cfg_overrides = [
         f"pooling.poolers={poolers(tiny_models['qwen'])}",
         "pooling.top_k=3",
         "pooling.top_k_short=300",
         "pooling.min_group_size=5",
-    )
+    ]
+    cfg = scripted_config(root, llm, *cfg_overrides)
     manifests = run_build(cfg, BEFORE_POOL)  # the shared build's: all skipped
     storage = Storage(cfg.storage)
     # the scripted judge accepts every pair: reject every judged pair that is not a positive, as
@@ -198,7 +198,20 @@ def test_pool_on_the_sample_build_with_rejected_citations_first(
 
     again = run_build(cfg, ["pool"])["pool"]
     assert again["run_id"] == m["run_id"]  # same inputs and config: skipped
-    # a forced rerun served by the embedding store: the S3 test below
+
+    # the universe in shards of a few hundred papers (another config: another run), each shard
+    # indexed and searched alone and the lists merged: exactly the candidates of one index,
+    # the deeper search included; every vector served by the embedding store
+    small = max(1, stats["universe"] // 4)
+    sharded = run_build(
+        scripted_config(root, llm, *cfg_overrides, f"pooling.shard_vectors={small}"), ["pool"]
+    )["pool"]
+    assert sharded["run_id"] != m["run_id"]
+    assert sharded["stats"]["universe_shards"] >= 4 and stats["universe_shards"] == 1
+    assert sharded["stats"]["poolers"]["dense"]["shards"] == sharded["stats"]["universe_shards"]
+    assert sharded["stats"]["poolers"]["dense"]["encoded"] == 0
+    assert sharded["stats"]["queries_pooled_deeper"] == stats["queries_pooled_deeper"]
+    assert storage.read_parquet(sharded["tables"]["candidates"]["uri"]).equals(candidates)
 
 
 # -- a hand-made build on S3 --------------------------------------------------------------------
@@ -305,7 +318,11 @@ def publish_world(storage: Storage, world: dict[str, list[dict]]) -> dict[str, s
         ("score-positives", "positives", pa.Table.from_pylist(world["positives"])),
     ]:
         uri = join(storage.root, stage, "runs", "0", f"{name}.parquet")
-        storage.write_parquet(rows, uri)
+        if name == "universe":  # mine writes it in the papers' key buckets (here one)
+            uri = join(storage.root, stage, "runs", "0", name)
+            storage.write_parquet(rows, join(uri, "part-00000.parquet"))
+        else:
+            storage.write_parquet(rows, uri)
         publish(stage, name, uri)
         uris[name] = uri
     return uris
@@ -324,6 +341,7 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
             f"storage.s3_endpoint={s3_endpoint}",
             f"pooling.poolers={poolers(tiny_models['qwen'], tiny_models['splade'])}",
             "pooling.min_group_size=5",
+            "pooling.shard_vectors=15",  # 3 shards of the 42 papers' universe
         ],
     )
     storage = Storage(cfg.storage)
@@ -365,6 +383,5 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
     ]
     # short groups, but no list was full at top_k: a deeper search could add nothing
     assert m["stats"]["short_groups"] > 0 and m["stats"]["queries_pooled_deeper"] == 0
-    forced = pool(cfg, storage, force=True)
-    assert all(forced["stats"]["poolers"][n]["encoded"] == 0 for n in ("dense", "splade"))
-    assert storage.read_parquet(forced["tables"]["candidates"]["uri"]).equals(candidates)
+    assert m["stats"]["universe_shards"] == 3
+    assert m["stats"]["poolers"]["splade"]["shards"] == 3

@@ -108,14 +108,24 @@ class PoolingConfig(_Section):
     )
     ivf_lists: int | None = Field(None, ge=1, description="IVF lists; unset: 4·√documents.")
     ivf_nprobe: int = Field(64, ge=1, description="IVF lists searched per query.")
+    shard_vectors: int = Field(
+        1_500_000,
+        ge=1,
+        description="Papers per shard of the universe, about (a hash of the corpus id spreads "
+        "them): each dense or SPLADE pooler's index is built and searched one shard at a time, "
+        "and the shards' lists merged into exactly those one index gives. A search actor asks "
+        "Ray for one shard's memory (768-dim float32: ~9.3 kB a paper while it loads, plus "
+        "2 GiB), so size this to the GPU nodes' memory (benchmarks/SCALE.md). BM25 searches "
+        "every paper in one actor.",
+    )
     search_batch: int = Field(
         256, ge=1, description="Queries per search call of a pooler's search actor."
     )
     search_actors: int = Field(
         1,
         ge=1,
-        description="Search actors per pooler, at most; each loads the pooler's index (and its "
-        "query encoder, with the pooler's CPUs and GPUs).",
+        description="Search actors per pooler, at most; each loads the pooler's query encoder "
+        "(with the pooler's CPUs and GPUs) and one shard of its index at a time.",
     )
     encode_batch_rows: int = Field(
         1024, ge=1, description="Documents per map_batches call of an encoder actor."

@@ -7,10 +7,14 @@ Ray Data actor pool, only the universe papers whose key the store lacks, and app
 rerun, or a nightly refresh whose universe grew, pays GPU time for the new or changed texts
 only.
 
-**The index** of a run (``RUN/index/{pooler}/``) is its universe's vectors in search order
-(`search.Universe`): for dense poolers the saved form of a
-:class:`~cpr_ray.retrieval.index.VectorIndex` (flat below ``pooling.ivf_min_docs`` documents,
-IVF above) that each search actor loads; for SPLADE ``sparse.parquet``.
+**The index** of a run is one per shard of its universe (`shards`;
+``RUN/index/{pooler}/shard-SSSSS/``): the shard's vectors in search order (`search.Universe`),
+for dense poolers the saved form of a :class:`~cpr_ray.retrieval.index.VectorIndex` (flat below
+``pooling.ivf_min_docs`` documents, IVF above), for SPLADE ``sparse.parquet``. Every step is a
+task per shard or per part of the store, declaring the memory it needs: finding the texts the
+store lacks (`missing_texts`), copying the store's rows to their shards' folders
+(`route_part`, so a shard reads its own rows, not the whole store), and assembling a shard's
+index (`assemble_index`).
 """
 
 from __future__ import annotations
@@ -22,18 +26,16 @@ from math import ceil
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import ray
 
 from cpr_ray.errors import StorageError
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
 from cpr_ray.pooling.rules import doc_text
 from cpr_ray.pooling.search import Universe
+from cpr_ray.pooling.shards import shard_of
 from cpr_ray.ray_runtime import read_parquet_dataset
 from cpr_ray.retrieval.index import factory_for, save_vectors
 from cpr_ray.retrieval.vector_store import VectorStore, text_keys, vector_columns
 from cpr_ray.storage import Storage, StorageConfig, join
-
-KEYS = pa.schema([("corpus_id", pa.int64()), ("key", pa.uint64())])
 
 
 def vector_store(storage: Storage, plan: PoolerPlan) -> VectorStore:
@@ -57,49 +59,43 @@ def with_keys(docs: pa.Table, templates: Sequence[str]) -> pa.Table:
     return docs
 
 
-def texts_to_encode(batch: pa.Table, template: str, stored: pa.Array) -> pa.Table:
-    """(corpus_id, key, text) of the DOCS rows whose key the store does not hold yet."""
-    text = doc_text(batch["title"], batch["abstract"], template)
-    keys = text_keys(text, batch["corpus_id"])
-    table = pa.table({"corpus_id": batch["corpus_id"], "key": keys, "text": text})
-    return table.filter(pc.invert(pc.is_in(keys, value_set=stored)))
-
-
-def gather(ds: ray.data.Dataset, schema: pa.Schema) -> pa.Table:
-    """A dataset's (small) output on the driver, as one table of `schema`."""
-    tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
-    return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+def missing_texts(
+    storage_cfg: StorageConfig, plan: PoolerPlan, docs_uri: str, todo_uri: str
+) -> int:
+    """Write (corpus_id, key, text) of the papers of one shard (`docs_uri`) whose text the
+    pooler's store lacks to `todo_uri`; returns how many. A task per shard: it holds its
+    shard's papers and streams the store's key column through a filter, never the whole
+    universe or store."""
+    storage = Storage(storage_cfg)
+    docs = storage.read_parquet(
+        docs_uri, ["corpus_id", "title", "abstract", key_column(plan.template)]
+    )
+    keys = docs[key_column(plan.template)].combine_chunks()
+    held = vector_store(storage, plan).read(keys, ["key"])["key"].combine_chunks()
+    todo = pc.invert(pc.is_in(keys, value_set=held.cast(pa.uint64())))
+    docs = docs.filter(todo)
+    if docs.num_rows:
+        text = doc_text(docs["title"], docs["abstract"], plan.template)
+        table = pa.table(
+            {"corpus_id": docs["corpus_id"], "key": docs[key_column(plan.template)], "text": text}
+        )
+        storage.write_parquet(table, todo_uri)
+    return docs.num_rows
 
 
 def encode_missing(
-    storage: Storage, plan: PoolerPlan, docs_uri: str, batch_rows: int
-) -> tuple[pa.Table, int]:
-    """Encode the universe papers the pooler's store lacks; returns (this universe's keys,
-    papers encoded now)."""
+    storage: Storage, plan: PoolerPlan, todo_uri: str, todo: int, batch_rows: int
+) -> None:
+    """Encode the `todo` texts under `todo_uri` (`missing_texts`' parts) on an actor pool and
+    append their vectors to the pooler's store."""
     # here, not at the top: the stage's tasks (docs snapshot, index assembly) import this module
     # in every Ray worker they run in, and only the encoder actors need torch
     from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
 
-    column = key_column(plan.template)
-    keys = storage.read_parquet(docs_uri, ["corpus_id", column]).rename_columns(KEYS.names)
-    keys = keys.cast(KEYS)
-    store = vector_store(storage, plan)
-    stored = store.keys()
-    todo = int(pc.sum(pc.invert(pc.is_in(keys["key"], value_set=stored))).as_py() or 0)
-    if todo == 0:
-        return keys, 0
     # blocks small enough that every actor gets work, at most batch_rows rows per call
     rows = max(1, min(batch_rows, ceil(todo / (2 * plan.actors))))
-    loc = storage.resolve(docs_uri)
-    docs = read_parquet_dataset(loc.path, filesystem=loc.fs).select_columns(
-        ["corpus_id", "title", "abstract"]
-    )
-    missing = docs.map_batches(
-        texts_to_encode,
-        fn_kwargs={"template": plan.template, "stored": stored},
-        batch_format="pyarrow",
-        batch_size=None,
-    ).repartition(ceil(todo / rows))
+    loc = storage.resolve(todo_uri)
+    missing = read_parquet_dataset(loc.path, filesystem=loc.fs).repartition(ceil(todo / rows))
     options = RayEncodeOptions(
         max_actors=plan.actors,
         batch_size=rows,
@@ -107,34 +103,70 @@ def encode_missing(
         num_gpus=plan.num_gpus,
         resources=plan.resources,
     )
+    store = vector_store(storage, plan)
     encoded = encode_dataset(missing, store.spec, store.kind, options)
     sloc = storage.resolve(store.uri)
     encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)
-    return keys, todo
+
+
+def store_parts(storage: Storage, plan: PoolerPlan) -> list[tuple[str, int]]:
+    """(uri, bytes) of every Parquet part of the pooler's store."""
+    store = vector_store(storage, plan)
+    root = storage.resolve(store.uri).path.rstrip("/")
+    return [
+        (join(store.uri, f.path[len(root) :].lstrip("/")), f.size)
+        for f in storage.list_files(store.uri, (".parquet",), missing_ok=True)
+    ]
+
+
+def route_part(
+    storage_cfg: StorageConfig, kind: str, part_uri: str, out_uri: str, shards: int
+) -> np.ndarray:
+    """Copy one part of a store into a folder per shard (``out_uri/shard-SSSSS/``), each row to
+    its paper's shard, so that a shard's index reads its own rows rather than the whole store.
+    Returns (shards, 2): rows and Arrow bytes of the vectors written per shard."""
+    storage = Storage(storage_cfg)
+    table = storage.read_parquet(part_uri, ["corpus_id", "key", *vector_columns(kind)])
+    shard = shard_of(table["corpus_id"].to_numpy(), shards)
+    name = part_uri.rsplit("/", 1)[-1]
+    out = np.zeros((shards, 2), np.int64)
+    for s in np.unique(shard):
+        rows = table.filter(pa.array(shard == s))
+        storage.write_parquet(rows, join(out_uri, f"shard-{s:05d}", name))
+        out[s] = rows.num_rows, rows.select(vector_columns(kind)).nbytes
+    return out
 
 
 def assemble_index(
     storage_cfg: StorageConfig,
     plan: PoolerPlan,
     docs_uri: str,
+    vectors_uri: str,
     index_uri: str,
-    keys: pa.Table,
     ivf_min_docs: int,
     ivf_lists: int | None,
     nprobe: int,
 ) -> dict[str, object]:
-    """Write the pooler's index for this run: the store's vectors of exactly this universe's
-    texts (`keys`), in search order. Runs as a Ray task, off the driver."""
+    """Write the index of one shard for this run: the vectors of exactly its papers' texts (the
+    keys in `docs_uri`, from the shard's rows of the store under `vectors_uri`), in search
+    order. Runs as a Ray task, off the driver, declaring the memory of one shard."""
     storage = Storage(storage_cfg)
-    universe = Universe(storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"]))
-    store = vector_store(storage, plan)
+    column = key_column(plan.template)
+    docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids", column])
+    universe = Universe(docs)
     columns = ["corpus_id", "key", *vector_columns(plan.kind)]
-    table = store.read(keys["key"].combine_chunks(), columns)  # one row per text
-    positions = universe.positions(table["corpus_id"].to_numpy())
-    if table.num_rows != len(universe) or (positions < 0).any():
+    table, positions = None, None
+    if storage.exists(vectors_uri):
+        table = storage.read_parquet(vectors_uri, columns)
+        table = table.filter(pc.is_in(table["key"], value_set=docs[column].combine_chunks()))
+        _, first = np.unique(table["key"].to_numpy(), return_index=True)
+        table = table.take(pa.array(first))  # one row per text
+        positions = universe.positions(table["corpus_id"].to_numpy())
+    if table is None or table.num_rows != len(universe) or (positions < 0).any():
         raise StorageError(
-            f"embedding store {store.uri} holds {table.num_rows:,} of this universe's "
-            f"{len(universe):,} document texts; rerun pool (cpr build --stages pool --force)"
+            f"embedding store {vector_store(storage, plan).uri} holds "
+            f"{0 if table is None else table.num_rows:,} of {len(universe):,} document texts "
+            "of a shard of this universe; rerun pool (cpr build --stages pool --force)"
         )
     table = table.take(pa.array(np.argsort(positions)))
     if plan.kind == "dense":
@@ -147,5 +179,5 @@ def assemble_index(
         )
         return {"index": factory, "documents": len(vectors), "dim": dim}
     storage.write_parquet(table.select(["corpus_id", "indices", "values"]), join(index_uri, SPARSE))
-    nonzeros = pc.mean(pc.list_value_length(table["indices"])).as_py() or 0.0
-    return {"index": "sparse", "documents": table.num_rows, "nonzeros_per_doc": round(nonzeros, 1)}
+    nonzeros = pc.sum(pc.list_value_length(table["indices"])).as_py() or 0
+    return {"index": "sparse", "documents": table.num_rows, "nonzeros": int(nonzeros)}

@@ -2,16 +2,18 @@
 actor that turns batches of queries into one pooler's ranked lists.
 
 The plan is what travels to actors (plain values, an :class:`EncoderSpec`), so an actor loads its
-model and index where it runs, never on the driver. A search actor loads the universe, the
-pooler's index (dense: a faiss :class:`VectorIndex` on the GPU when it has one; SPLADE: the
-sparse matrix, transposed for query-by-corpus products; BM25: a bm25s index built over the
-document texts) and its query encoder once, then answers SEARCH_QUERIES batches with HITS.
+model and index where it runs, never on the driver. A search actor loads its query encoder
+once, and one shard of the universe at a time with that shard's index (dense: a faiss
+:class:`VectorIndex` on the GPU when it has one; SPLADE: the sparse matrix, transposed for
+query-by-corpus products; BM25: a bm25s index built over every paper's text, its only shard),
+and answers SEARCH_QUERIES batches with that shard's SHARD_HITS (`shards`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +22,9 @@ import scipy.sparse as sp
 
 from cpr_ray.config import PoolingConfig
 from cpr_ray.pooling.rules import doc_text
-from cpr_ray.pooling.schemas import GROUPS, HITS
+from cpr_ray.pooling.schemas import SHARD_HITS
 from cpr_ray.pooling.search import Hits, QueryBatch, Universe, exact_hits, index_hits
+from cpr_ray.pooling.shards import shard_hits
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.retrieval.vector_store import store_key
 from cpr_ray.storage import Storage, StorageConfig, join
@@ -92,30 +95,51 @@ def sparse_rows(table: pa.Table, dim: int) -> sp.csr_matrix:
 
 
 class PoolerSearch:
-    """map_batches callable (one actor per pooler): SEARCH_QUERIES -> HITS."""
+    """A pooler's search actor: SEARCH_QUERIES -> SHARD_HITS of the shard it holds.
+
+    It loads the pooler's query encoder once and one shard at a time (`load`): the shard's
+    papers (DOCS parts: one folder, or for BM25 every shard's) and their index. Lists are ranked
+    by score, then search order, so that `shards.merge_hits` merges several shards' lists into
+    the lists one index over the whole universe gives."""
 
     def __init__(
-        self, plan: PoolerPlan, storage: StorageConfig, docs_uri: str, index_uri: str | None
+        self,
+        plan: PoolerPlan,
+        storage: StorageConfig,
+        docs_uris: str | Sequence[str],
+        index_uri: str | None,
     ) -> None:
-        st = Storage(storage)
-        lexical = plan.kind == "bm25"
-        columns = ["corpus_id", "date_key", "topic_ids"] + (
-            ["title", "abstract"] if lexical else []
-        )
-        docs = st.read_parquet(docs_uri, columns)
-        self.plan = plan
-        self.universe = Universe(docs)
+        self.plan, self.storage = plan, Storage(storage)
+        # query vectors by block (first id, last id, rows): every shard sees the same blocks,
+        # so each is encoded once per pass, not once per shard (bounded by the queries)
+        self._encoded: dict[tuple[str, str, int], Any] = {}
         if plan.kind == "dense":
             from cpr_ray.retrieval.encoder import DenseEncoder
-            from cpr_ray.retrieval.index import VectorIndex
 
             self.encoder = DenseEncoder(plan.spec)
-            self.index = VectorIndex.load(st, index_uri, device="auto" if plan.num_gpus else "cpu")
-            self._check_order(index_uri, self.index.ids)
         elif plan.kind == "splade":
             from cpr_ray.retrieval.encoder import SpladeEncoder
 
             self.encoder = SpladeEncoder(plan.spec)
+        self.load(docs_uris, index_uri)
+
+    def load(self, docs_uris: str | Sequence[str], index_uri: str | None) -> None:
+        """Hold this shard (its papers and index) instead of the one held before."""
+        plan, st = self.plan, self.storage
+        lexical = plan.kind == "bm25"
+        columns = ["corpus_id", "date_key", "topic_ids"] + (
+            ["title", "abstract"] if lexical else []
+        )
+        uris = [docs_uris] if isinstance(docs_uris, str) else list(docs_uris)
+        docs = pa.concat_tables([st.read_parquet(u, columns) for u in uris])
+        self.index = self._docs_t = self.bm25 = None  # the shard before, freed first
+        self.universe = Universe(docs)
+        if plan.kind == "dense":
+            from cpr_ray.retrieval.index import VectorIndex
+
+            self.index = VectorIndex.load(st, index_uri, device="auto" if plan.num_gpus else "cpu")
+            self._check_order(index_uri, self.index.ids)
+        elif plan.kind == "splade":
             table = st.read_parquet(join(index_uri, SPARSE))
             self._check_order(index_uri, table["corpus_id"].to_numpy())
             self._docs_t = sparse_rows(table, self.encoder.dim).T.tocsr()  # (V, N)
@@ -124,7 +148,7 @@ class PoolerSearch:
 
             ordered = docs.take(pa.array(self.universe.order))
             texts = doc_text(ordered["title"], ordered["abstract"], plan.template)
-            self.bm25: BM25Retriever | None = BM25Retriever()
+            self.bm25 = BM25Retriever()
             try:
                 self.bm25.index(texts.to_pylist())
             except EmptyVocabulary:  # every paper scores 0, so this pooler brings none
@@ -134,12 +158,16 @@ class PoolerSearch:
         if not np.array_equal(ids, self.universe.corpus_ids):
             raise ValueError(f"{uri}: index vectors are not this universe's, in search order")
 
+    def search(self, batch: pa.Table) -> pa.Table:
+        """The held shard's lists for a block of queries (the actor's remote method)."""
+        return self(batch)
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         n = len(self.universe)
         if n == 0 or batch.num_rows == 0:
-            return HITS.empty_table()
+            return SHARD_HITS.empty_table()
         if self.plan.kind == "dense":
-            queries = self.encoder.encode_queries(batch["query"].to_pylist())  # (c, d)
+            queries = self._queries(batch)  # (c, d)
             hits = index_hits(
                 self.index, self.universe, queries, QueryBatch.build(self.universe, batch)
             )
@@ -148,27 +176,25 @@ class PoolerSearch:
         parts = []
         for s in range(0, batch.num_rows, step):
             chunk = batch.slice(s, step)
-            scores = self._scores(chunk["query"].to_pylist())  # (c, N)
+            scores = self._scores(chunk)  # (c, N)
             hits = exact_hits(scores, QueryBatch.build(self.universe, chunk), positive_only=True)
             parts.append(self._table(chunk, hits))
         return pa.concat_tables(parts)
 
-    def _scores(self, texts: list[str]) -> np.ndarray:
+    def _queries(self, batch: pa.Table) -> Any:
+        ids = batch["query_id"]
+        key = (ids[0].as_py(), ids[-1].as_py(), batch.num_rows)
+        if key not in self._encoded:
+            self._encoded[key] = self.encoder.encode_queries(batch["query"].to_pylist())
+        return self._encoded[key]
+
+    def _scores(self, batch: pa.Table) -> np.ndarray:
         if self.plan.kind == "splade":
-            product = self.encoder.encode_queries(texts) @ self._docs_t  # (c, N) sparse
+            product = self._queries(batch) @ self._docs_t  # (c, N) sparse
             return np.asarray(product.todense(), dtype=np.float32)
         if self.bm25 is None:
-            return np.zeros((len(texts), len(self.universe)), dtype=np.float32)
-        return self.bm25.scores(texts)
+            return np.zeros((batch.num_rows, len(self.universe)), dtype=np.float32)
+        return self.bm25.scores(batch["query"].to_pylist())
 
     def _table(self, batch: pa.Table, hits: Hits) -> pa.Table:
-        return pa.table(
-            {
-                "query_id": batch["query_id"].take(pa.array(hits.rows)),
-                "group": pa.array(GROUPS).take(pa.array(hits.groups)),
-                "candidate_id": self.universe.corpus_ids[hits.positions],
-                "pooler": pa.array([self.plan.name]).take(np.zeros(len(hits.rows), np.int64)),
-                "rank": hits.ranks.astype(np.int32),
-            },
-            schema=HITS,
-        )
+        return shard_hits(batch, self.universe, hits, self.plan.name)

@@ -75,3 +75,12 @@ HITS = pa.schema(
         ("rank", pa.int32()),  # 0-based, within this pooler's list for this group
     ]
 )
+
+# HITS of one shard, with the keys one index over the whole universe ranks by after the score
+SHARD_HITS = pa.schema(
+    [
+        *HITS,
+        ("score", pa.float32()),
+        ("day", pa.int32()),  # the candidate's date_key in days since 1970: its search order
+    ]
+)

@@ -141,16 +141,25 @@ class QueryBatch:
 
 @dataclass(frozen=True)
 class Hits:
-    """Ranked-list entries: query row in its batch, group code (GROUPS index), position, rank."""
+    """Ranked-list entries: query row in its batch, group code (GROUPS index), position, rank,
+    and the score it was ranked by (what merging the lists of several shards compares)."""
 
     rows: np.ndarray
     groups: np.ndarray
     positions: np.ndarray
     ranks: np.ndarray
+    scores: np.ndarray
 
     @classmethod
-    def of(cls, group: int, rows: np.ndarray, positions: np.ndarray, ranks: np.ndarray) -> Hits:
-        return cls(rows, np.full(len(rows), group, np.int8), positions, ranks)
+    def of(
+        cls,
+        group: int,
+        rows: np.ndarray,
+        positions: np.ndarray,
+        ranks: np.ndarray,
+        scores: np.ndarray,
+    ) -> Hits:
+        return cls(rows, np.full(len(rows), group, np.int8), positions, ranks, scores)
 
     @classmethod
     def concat(cls, parts: list[Hits]) -> Hits:
@@ -159,24 +168,23 @@ class Hits:
 
 def top_k_pairs(
     rows: np.ndarray, cols: np.ndarray, scores: np.ndarray, depth: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row, its `depth[row]` best-scoring pairs (non-finite scores dropped; equal scores to
-    the lower column): (rows, cols, ranks from 0)."""
+    the lower column): (rows, cols, ranks from 0, scores)."""
     keep = np.isfinite(scores)
     rows, cols, scores = rows[keep], cols[keep], scores[keep]
     order = np.lexsort((cols, -scores, rows))
-    rows, cols = rows[order], cols[order]
+    rows, cols, scores = rows[order], cols[order], scores[order]
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else np.zeros(0, int)
     ranks = np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
     keep = ranks < depth[rows]
-    return rows[keep], cols[keep], ranks[keep]
+    return rows[keep], cols[keep], ranks[keep], scores[keep]
 
 
 def _topic_group_hits(batch: QueryBatch, pair_scores) -> list[Hits]:
     out = []
     for group, (rows, cols) in enumerate(batch.members):
-        r, c, k = top_k_pairs(rows, cols, pair_scores(rows, cols), batch.depth)
-        out.append(Hits.of(group, r, c, k))
+        out.append(Hits.of(group, *top_k_pairs(rows, cols, pair_scores(rows, cols), batch.depth)))
     return out
 
 
@@ -196,7 +204,7 @@ def exact_hits(scores: np.ndarray, batch: QueryBatch, *, positive_only: bool) ->
     ranks = np.broadcast_to(np.arange(idx.shape[1]), idx.shape)
     keep = np.isfinite(val) & (ranks < batch.depth[:, None])
     rows = np.broadcast_to(np.arange(c)[:, None], idx.shape)[keep]
-    return Hits.concat([*parts, Hits.of(2, rows, idx[keep], ranks[keep])])
+    return Hits.concat([*parts, Hits.of(2, rows, idx[keep], ranks[keep], val[keep])])
 
 
 def pair_scores(
@@ -215,24 +223,35 @@ def index_hits(
 ) -> Hits:
     """Ranked lists of a dense pooler: groups 1 and 2 scored exactly against the index's
     vectors (in universe order), group 3 from the index, searched deeper for the queries whose
-    first search held too few eligible papers (old queries, whose cutoff is early)."""
+    first search held too few eligible papers (old queries, whose cutoff is early).
+
+    Group 3's papers are scored again as groups 1 and 2 are (`pair_scores`) and ranked by that
+    score, then search order: faiss's own scores of one pair can differ in the last bit with the
+    index's size, and equal scores come back in its order, so a universe searched in shards
+    would otherwise rank near-ties differently from one index over all of it."""
     n = len(universe)
-    parts = _topic_group_hits(
-        batch, lambda rows, cols: pair_scores(queries, index.vectors, rows, cols)
-    )
+
+    def scores_of(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        return pair_scores(queries, index.vectors, rows, cols)
+
+    parts = _topic_group_hits(batch, scores_of)
     members = batch.member_keys(n)
     per_row = np.bincount(np.concatenate([r for r, _ in batch.members]), minlength=len(batch))
     pending = np.arange(len(batch))
     k = int(min(n, 2 * batch.depth.max() + per_row.max(initial=0)))
+    found_rows, found_pos = [], []
     while len(pending) and k > 0:
         ids, _ = index.search(queries[pending], k)  # (p, k) corpus ids, -1 past the end
         pos = universe.positions(ids.ravel()).reshape(ids.shape)
         rows = pending[:, None]
         ok = (pos >= 0) & (pos < batch.cutoff[rows]) & (pos != batch.excluded[rows])
         ok &= ~_in_sorted(rows * n + pos, members)
-        rank = np.cumsum(ok, axis=1) - 1
         done = (ok.sum(axis=1) >= batch.depth[pending]) | (k >= n) | (ids[:, -1] < 0)
-        take = ok & (rank < batch.depth[rows]) & done[:, None]
-        parts.append(Hits.of(2, np.broadcast_to(rows, ids.shape)[take], pos[take], rank[take]))
+        take = ok & done[:, None]
+        found_rows.append(np.broadcast_to(rows, ids.shape)[take])
+        found_pos.append(pos[take])
         pending, k = pending[~done], min(n, k * OVERFETCH)
+    if found_rows:
+        rows, cols = np.concatenate(found_rows), np.concatenate(found_pos)
+        parts.append(Hits.of(2, *top_k_pairs(rows, cols, scores_of(rows, cols), batch.depth)))
     return Hits.concat(parts)

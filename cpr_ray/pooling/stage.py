@@ -2,16 +2,21 @@
 before q, each filled with q's rejected citations, then the round-robin merge of the poolers'
 ranked lists for that group.
 
-Phases (their seconds are in the stats):
+Phases (their seconds are in the stats). No step holds the whole universe, the driver least:
+it reads the queries, the judged pairs and counts, and the universe is cut into shards of about
+``pooling.shard_vectors`` papers (`shards`), each task and actor asking Ray for its shard's memory.
 
 - **prepare**: the queries (score-positives' positives, with dates and topics from ingest's
-  papers); the universe's texts (mine's universe × ingest's papers, one task per key bucket of
-  the papers) written as the run's ``docs``; the rejected citations (judge-analogy's judged pairs).
-- **encode**: per encoding pooler, the universe texts its embedding store lacks, on a Ray Data
-  actor pool (`embeddings.encode_missing`).
-- **index**: per encoding pooler, this universe's vectors in search order (a Ray task each).
-- **search**: per pooler, search actors turn batches of queries into per-group ranked lists
-  (`poolers.PoolerSearch`, `search`).
+  papers); the universe's texts (one task per key bucket: mine's universe part × ingest's
+  papers of that bucket) written as the run's ``docs``, one folder per shard; the rejected
+  citations (judge-analogy's judged pairs, with the dates and topics the tasks hand back).
+- **encode**: per encoding pooler, the texts of each shard its embedding store lacks (a task
+  per shard), encoded on a Ray Data actor pool (`embeddings.encode_missing`).
+- **index**: per encoding pooler, the store's rows copied to their shards (a task per store
+  part), then each shard's vectors in search order (a task per shard).
+- **search**: per pooler, search actors that hold one shard at a time turn blocks of queries
+  into per-group ranked lists, merged across shards as exactly one index ranks them
+  (`poolers.PoolerSearch`, `shards.merge_hits`).
 - **merge**: the fill order (`rules.round_robin`, DuckDB). Queries left with a group shorter than
   ``min_group_size`` that a deeper list can grow (`rules.deeper_queries`) are searched again at
   ``top_k_short`` (search_short, merge_short).
@@ -19,9 +24,13 @@ Phases (their seconds are in the stats):
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from functools import partial
+from math import ceil
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -29,7 +38,14 @@ import ray
 from cpr_ray.buckets import BucketPlan, read_lance_bucket, run_buckets
 from cpr_ray.config import Config, PoolingConfig
 from cpr_ray.corpus.tables import INGEST, PinnedTable, bucket_plan, papers_by_id
-from cpr_ray.pooling.embeddings import assemble_index, encode_missing, gather, with_keys
+from cpr_ray.pooling.embeddings import (
+    assemble_index,
+    encode_missing,
+    missing_texts,
+    route_part,
+    store_parts,
+    with_keys,
+)
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.pooling.rules import (
     build_queries,
@@ -40,7 +56,19 @@ from cpr_ray.pooling.rules import (
     topic_ids,
     universe_docs,
 )
-from cpr_ray.pooling.schemas import CANDIDATES, DOCS, GROUPS, HITS, REJECTED
+from cpr_ray.pooling.schemas import CANDIDATES, GROUPS, HITS, REJECTED, SHARD_HITS
+from cpr_ray.pooling.shards import (
+    BM25_BYTES,
+    DOC_BYTES,
+    SEARCH_BASE,
+    MiB,
+    as_hits,
+    bytes_memory,
+    index_memory,
+    merge_hits,
+    shard_count,
+    shard_of,
+)
 from cpr_ray.retrieval.model_source import locate
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
@@ -55,7 +83,18 @@ UPSTREAM = {
 PAPER_COLUMNS = ["corpus_id", "title", "abstract", "publication_date", "year", "topics"]
 SEARCH_PHASES = ("search", "merge", "search_short", "merge_short")
 
+_missing = ray.remote(missing_texts)
+_route = ray.remote(route_part)
 _assemble = ray.remote(assemble_index)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one search actor loads at a time: papers (DOCS folders), their index, the memory."""
+
+    docs: list[str]
+    index: str | None
+    memory: int
 
 
 def paper_meta(storage: Storage, papers: PinnedTable, ids: pa.Array) -> pa.Table:
@@ -73,73 +112,189 @@ def _docs_of_bucket(
     *,
     storage: Storage,
     plan: BucketPlan,
-    universe_ids: pa.Array,
+    universe_uri: str,
     docs_uri: str,
     templates: list[str],
-) -> None:
-    docs = _keyed_docs(read_lance_bucket(plan, storage, k, PAPER_COLUMNS), universe_ids, templates)
-    if docs.num_rows:  # a retried task rewrites its own part
-        storage.write_parquet(docs, join(docs_uri, f"part-{k:05d}.parquet"))
+    shards: int,
+    wanted: pa.Array,
+) -> tuple[np.ndarray, int, pa.Table]:
+    ids = storage.read_parquet(join(universe_uri, f"part-{k:05d}.parquet"), ["corpus_id"])
+    ids = ids["corpus_id"].combine_chunks()
+    docs = _keyed_docs(read_lance_bucket(plan, storage, k, PAPER_COLUMNS), ids, templates)
+    shard = shard_of(docs["corpus_id"].to_numpy(), shards)
+    counts = np.bincount(shard, minlength=shards)
+    for s in np.flatnonzero(counts):  # a retried task rewrites its own parts
+        part = join(docs_uri, f"shard-{s:05d}", f"part-{k:05d}.parquet")
+        storage.write_parquet(docs.filter(pa.array(shard == s)), part)
+    meta = docs.filter(pc.is_in(docs["corpus_id"], value_set=wanted))
+    return counts, len(ids), meta.select(["corpus_id", "date_key", "topic_ids"])
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The universe's DOCS rows as the bucket tasks wrote them, per shard."""
+
+    shards: dict[int, str]  # shard -> its DOCS folder, the shards holding papers only
+    counts: np.ndarray  # (shards,) papers per shard
+    universe: int  # papers of mine's universe, those without abstract or date included
+    meta: pa.Table  # (corpus_id, date_key, topic_ids) of the `wanted` papers in it
+
+    @property
+    def documents(self) -> int:
+        return int(self.counts.sum())
 
 
 def snapshot_docs(
-    storage: Storage, plan: BucketPlan, universe_uri: str, docs_uri: str, templates: list[str]
-) -> int:
+    storage: Storage,
+    plan: BucketPlan,
+    universe_uri: str,
+    docs_uri: str,
+    templates: list[str],
+    shards: int,
+    wanted: pa.Array,
+) -> Snapshot:
     """The universe's DOCS rows under `docs_uri`, with their content key under each document
-    template: one plain task per key bucket of the papers, each filtering its bucket against the
-    (broadcast) universe ids. (A Ray Data scan of the table cost ~6 s to start, more than the
-    scan itself on a refresh's or a dry run's corpus.) Returns the universe's size."""
-    universe_ids = storage.read_parquet(universe_uri, ["corpus_id"])["corpus_id"].combine_chunks()
+    template, one folder per shard: one plain task per key bucket of the papers (asking Ray for
+    a bucket's rows), each reading its bucket of mine's universe (the same key buckets), so
+    neither the driver nor a task holds the whole universe. The tasks hand back their counts
+    and the few `wanted` papers' dates and topics. (A Ray Data scan of the table cost ~6 s to
+    start, more than the scan itself on a refresh's or a dry run's corpus.)"""
     fn = partial(
         _docs_of_bucket,
         storage=storage,
         plan=plan,
-        universe_ids=universe_ids,
+        universe_uri=universe_uri,
         docs_uri=docs_uri,
         templates=templates,
+        shards=shards,
+        wanted=wanted,
     )
-    run_buckets(plan.layout.num_buckets, fn, 1)
-    if not storage.exists(docs_uri) or not storage.list_files(docs_uri, (".parquet",)):
-        storage.write_parquet(
-            with_keys(DOCS.empty_table(), templates), join(docs_uri, "empty.parquet")
-        )
-    return len(universe_ids)
+    buckets = plan.layout.num_buckets
+    found = run_buckets(buckets, fn, 1, index_memory(ceil(plan.rows / buckets), DOC_BYTES))
+    counts = np.sum([c for c, _, _ in found], axis=0, dtype=np.int64).reshape(shards)
+    folders = {int(s): join(docs_uri, f"shard-{s:05d}") for s in np.flatnonzero(counts)}
+    meta = pa.concat_tables([m for _, _, m in found])
+    return Snapshot(folders, counts, sum(n for _, n, _ in found), meta)
+
+
+def universe_rows(storage: Storage, universe_uri: str) -> int:
+    """Papers in mine's universe, from its parts' footers (the driver reads no row of it)."""
+    files = storage.list_files(universe_uri, (".parquet",))
+    return sum(
+        storage.parquet_file(join(universe_uri, f.base_name)).metadata.num_rows for f in files
+    )
 
 
 def _search(
-    run: StageRun,
-    pool_plans: list[PoolerPlan],
-    queries: pa.Table,
-    docs_uri: str,
-    index_uris: dict[str, str],
+    run: StageRun, pool_plans: list[PoolerPlan], queries: pa.Table, shards: dict[str, list[Shard]]
 ) -> pa.Table:
-    """Every pooler's HITS for the SEARCH_QUERIES rows in `queries`: one actor pool per pooler,
-    one pooler after another (concurrent Ray Data executions each size themselves to the whole
-    cluster: on a small one, actors holding every CPU starve the other's tasks)."""
+    """Every pooler's HITS for the SEARCH_QUERIES rows in `queries`: per pooler, search actors
+    (at most ``pooling.search_actors``) each holding one shard at a time; every block of queries
+    is searched in every shard and the shards' lists merged (`shards.merge_hits`) as they come
+    back, so the driver holds the merged lists only. One pooler after another: actors holding
+    every CPU would starve the other's."""
     cfg = run.cfg.pooling
     step = cfg.search_batch
-    blocks = [queries.slice(s, step) for s in range(0, queries.num_rows, step)]
+    tables = [queries.slice(s, step) for s in range(0, queries.num_rows, step)]
+    blocks = [ray.put(t) for t in tables]
+    depths = [t.select(["query_id", "depth"]) for t in tables]
 
-    def search(plan: PoolerPlan) -> pa.Table:
-        ds = ray.data.from_arrow(blocks).map_batches(
-            PoolerSearch,
-            fn_constructor_kwargs={
-                "plan": plan,
-                "storage": run.storage.cfg,
-                "docs_uri": docs_uri,
-                "index_uri": index_uris.get(plan.name),
-            },
-            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.search_actors),
-            batch_size=step,
-            batch_format="pyarrow",
+    def search(plan: PoolerPlan, parts: list[Shard]) -> pa.Table:
+        started = time.perf_counter()
+        n = min(cfg.search_actors, len(parts))
+        actor = ray.remote(PoolerSearch).options(
             num_cpus=plan.num_cpus,
             num_gpus=plan.num_gpus,
+            memory=max(p.memory for p in parts),
             **({"resources": dict(plan.resources)} if plan.resources else {}),
         )
-        return gather(ds, HITS)
+        actors = [
+            actor.remote(plan, run.storage.cfg, parts[a].docs, parts[a].index) for a in range(n)
+        ]
+        try:
+            refs = []
+            for s, part in enumerate(parts):  # an actor's calls run in order: load, then search
+                held = actors[s % n]
+                if s >= n:
+                    held.load.remote(part.docs, part.index)
+                refs.append([held.search.remote(b) for b in blocks])
+            merged = [SHARD_HITS.empty_table()] * len(blocks)
+            first = 0.0
+            for shard_refs in refs:
+                for i, ref in enumerate(shard_refs):
+                    merged[i] = merge_hits([merged[i], ray.get(ref)], depths[i])
+                    shard_refs[i] = None  # its lists are merged: free them
+                    first = first or time.perf_counter() - started
+        finally:
+            for a in actors:
+                ray.kill(a)
+        console.print(
+            f"  pool: {plan.name} searched in {len(parts)} shard(s) by {n} actor(s) in "
+            f"{time.perf_counter() - started:.1f} s (first shard's lists after {first:.1f} s)"
+        )
+        return as_hits(pa.concat_tables(merged)) if merged else HITS.empty_table()
 
-    parts = [search(plan) for plan in pool_plans]
+    parts = [search(plan, shards[plan.name]) for plan in pool_plans if shards[plan.name]]
     return pa.concat_tables(parts) if parts else HITS.empty_table()
+
+
+def _indexes(
+    run: StageRun, encoding: list[PoolerPlan], snap: Snapshot, shards: int
+) -> tuple[dict[str, list[Shard]], dict[str, dict[str, Any]]]:
+    """Each encoding pooler's index, one per shard (`embeddings.assemble_index`), from the
+    store's rows copied to their shards' folders first (`embeddings.route_part`, once per
+    store); returns each pooler's shards and its index's figures."""
+    cfg, storage = run.cfg.pooling, run.storage
+    routed: dict[str, tuple[str, np.ndarray]] = {}
+    for plan in encoding:
+        if plan.store_key in routed:
+            continue
+        out = join(run.out, "_work", "vectors", plan.store_key)
+        refs = [
+            _route.options(memory=bytes_memory(size)).remote(
+                storage.cfg, plan.kind, uri, out, shards
+            )
+            for uri, size in store_parts(storage, plan)
+        ]
+        routed[plan.store_key] = (out, sum(ray.get(refs), np.zeros((shards, 2), np.int64)))
+    refs, bytes_per_doc = {}, {}
+    for plan in encoding:
+        vectors, sizes = routed[plan.store_key]
+        bytes_per_doc[plan.name] = sizes[:, 1].sum() / max(1, sizes[:, 0].sum())
+        for s, docs in snap.shards.items():
+            memory = index_memory(int(sizes[s, 0]), bytes_per_doc[plan.name])
+            refs[plan.name, s] = _assemble.options(memory=memory).remote(
+                storage.cfg,
+                plan,
+                docs,
+                join(vectors, f"shard-{s:05d}"),
+                join(run.out, "index", plan.name, f"shard-{s:05d}"),
+                cfg.ivf_min_docs,
+                cfg.ivf_lists,
+                cfg.ivf_nprobe,
+            )
+    built = {key: ray.get(ref) for key, ref in refs.items()}
+    for vectors, _ in routed.values():
+        storage.delete_dir(vectors)
+    out: dict[str, list[Shard]] = {}
+    figures: dict[str, dict[str, Any]] = {}
+    for plan in encoding:
+        mine = [built[plan.name, s] for s in snap.shards]
+        memory = index_memory(int(snap.counts.max()), bytes_per_doc[plan.name], SEARCH_BASE)
+        out[plan.name] = [
+            Shard([docs], join(run.out, "index", plan.name, f"shard-{s:05d}"), memory)
+            for s, docs in snap.shards.items()
+        ]
+        docs = sum(int(b["documents"]) for b in mine)
+        first = mine[0] if mine else {}
+        fig: dict[str, Any] = {"index": first.get("index"), "documents": docs, "shards": len(mine)}
+        if plan.kind == "dense":
+            fig["dim"] = first.get("dim")
+        else:
+            fig["nonzeros_per_doc"] = round(sum(b["nonzeros"] for b in mine) / max(1, docs), 1)
+        fig["search_actor_memory_mib"] = memory // MiB
+        figures[plan.name] = fig
+    return out, figures
 
 
 def _pool(
@@ -165,45 +320,58 @@ def _pool(
         queries, search = build_queries(positives, paper_meta(storage, papers, ids), cfg.top_k)
         if queries.num_rows:
             templates = [p.template for p in pool_plans if p.spec is not None]
-            in_universe = snapshot_docs(storage, papers_plan, universe_uri, docs_uri, templates)
-            docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids"])
             judged = storage.read_parquet(judged_uri, ["base_id", "cited_id", "status", "decision"])
-            rejected = rejected_citations(judged, search, docs)
+            no = pc.and_(
+                pc.equal(judged["status"], "ok"), pc.equal(judged["decision"], "not_analogy")
+            )
+            wanted = pc.unique(judged.filter(no)["cited_id"])
+            shards = shard_count(universe_rows(storage, universe_uri), cfg.shard_vectors)
+            snap = snapshot_docs(
+                storage,
+                papers_plan,
+                universe_uri,
+                docs_uri,
+                templates,
+                shards,
+                wanted.cast(pa.int64()),
+            )
+            rejected = rejected_citations(judged, search, snap.meta)
     if queries.num_rows == 0:
         console.print("  pool: score-positives published no positives; nothing to pool")
         return _publish(run, queries, CANDIDATES.empty_table(), {"queries": 0}, phase)
 
     poolers: dict[str, dict[str, Any]] = {p.name: {"kind": p.kind} for p in pool_plans}
     encoding = [p for p in pool_plans if p.spec is not None]
-    keys: dict[tuple[str, str], pa.Table] = {}
     with phase("encode"):
+        done: set[tuple[str, str]] = set()
         for plan in encoding:
-            shared = (plan.store_key, plan.template)
-            if shared not in keys:
-                keys[shared], encoded = encode_missing(
-                    storage, plan, docs_uri, cfg.encode_batch_rows
+            if (plan.store_key, plan.template) in done:
+                continue
+            done.add((plan.store_key, plan.template))
+            todo_uri = join(run.out, "_work", "todo", plan.name)
+            refs = [
+                _missing.options(memory=index_memory(int(snap.counts[s]), DOC_BYTES)).remote(
+                    storage.cfg, plan, docs, join(todo_uri, f"shard-{s:05d}.parquet")
                 )
-                poolers[plan.name].update(encoded=encoded, reused=keys[shared].num_rows - encoded)
-    index_uris = {p.name: join(run.out, "index", p.name) for p in encoding}
+                for s, docs in snap.shards.items()
+            ]
+            todo = sum(ray.get(refs))
+            if todo:
+                encode_missing(storage, plan, todo_uri, todo, cfg.encode_batch_rows)
+            poolers[plan.name].update(encoded=todo, reused=snap.documents - todo)
     with phase("index"):
-        refs = {
-            p.name: _assemble.options(num_cpus=1).remote(
-                storage.cfg,
-                p,
-                docs_uri,
-                index_uris[p.name],
-                keys[(p.store_key, p.template)],
-                cfg.ivf_min_docs,
-                cfg.ivf_lists,
-                cfg.ivf_nprobe,
-            )
-            for p in encoding
-        }
-        for name, ref in refs.items():
-            poolers[name].update(ray.get(ref))
+        shard_plans, figures = _indexes(run, encoding, snap, shards)
+        for name, fig in figures.items():
+            poolers[name].update(fig)
+    everything = list(snap.shards.values())
+    for plan in pool_plans:
+        if plan.kind == "bm25" and everything:
+            memory = index_memory(snap.documents, BM25_BYTES)
+            shard_plans[plan.name] = [Shard(everything, None, memory)]
+        shard_plans.setdefault(plan.name, [])
 
     with phase("search"):
-        hits = _search(run, pool_plans, search, docs_uri, index_uris)
+        hits = _search(run, pool_plans, search, shard_plans)
     with phase("merge"):
         candidates = round_robin(hits, rejected, names, search.select(["query_id", "depth"]))
         sizes = group_sizes(candidates, queries["query_id"])
@@ -218,7 +386,7 @@ def _pool(
             pa.array([cfg.top_k_short] * again.num_rows, pa.int32()),
         )
         with phase("search_short"):
-            hits_short = _search(run, pool_plans, again, docs_uri, index_uris)
+            hits_short = _search(run, pool_plans, again, shard_plans)
         with phase("merge_short"):
             kept = candidates.filter(pc.invert(pc.is_in(candidates["query_id"], value_set=deeper)))
             redone = round_robin(hits_short, rejected, names, again.select(["query_id", "depth"]))
@@ -230,8 +398,9 @@ def _pool(
 
     stats = _stats(queries, candidates, sizes, cfg, phase)
     stats.update(
-        universe=docs.num_rows,
-        universe_dropped_no_abstract_or_date=in_universe - docs.num_rows,
+        universe=snap.documents,
+        universe_dropped_no_abstract_or_date=snap.universe - snap.documents,
+        universe_shards=len(snap.shards),
         rejected_citations=rejected.num_rows,
         queries_pooled_deeper=len(deeper),
         poolers=poolers,

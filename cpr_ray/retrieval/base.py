@@ -47,6 +47,15 @@ def top_k_rows(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return empty.astype(np.int64), empty
     part = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (n_q, k) unordered
     part_scores = np.take_along_axis(scores, part, axis=1)
+    # argpartition keeps any of the columns tied at the k-th score: keep the lowest ones (rows
+    # tied at -inf, masked out, are left: those entries are no result)
+    kth = part_scores.min(axis=1)
+    tied = (scores == kth[:, None]).sum(axis=1) > (part_scores == kth[:, None]).sum(axis=1)
+    tied &= np.isfinite(kth)
+    for r in np.flatnonzero(tied):
+        above = np.flatnonzero(scores[r] > kth[r])
+        part[r] = np.r_[above, np.flatnonzero(scores[r] == kth[r])[: k - len(above)]]
+    part_scores = np.take_along_axis(scores, part, axis=1)
     order = np.lexsort((part, -part_scores), axis=-1)  # score desc, then lower index
     idx = np.take_along_axis(part, order, axis=1)
     return idx.astype(np.int64), np.take_along_axis(scores, idx, axis=1)
