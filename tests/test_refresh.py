@@ -435,28 +435,46 @@ def test_cpr_refresh_against_a_dead_s2_api_is_one_line(scenario):
     assert "Semantic Scholar API unreachable at http://127.0.0.1:9/" in error_line(result)
 
 
-def test_diff_files_parse_to_rows_and_a_truncated_one_stops_in_one_line(ray_session, tmp_path):
-    """A refresh parses each diff file in its own task: a malformed line becomes a rejected row
-    with its reason, and a file cut short names itself instead of failing deep in a worker."""
+def test_diff_files_parse_in_tasks_into_key_buckets_and_a_truncated_one_stops_in_one_line(
+    ray_session, tmp_path
+):
+    """A refresh parses each diff file in its own task straight into the key buckets of a
+    staging table: the driver gets counts per bucket, never rows; a malformed line becomes a
+    rejected row with its reason, and a file cut short names itself instead of failing deep in a
+    worker."""
     import gzip
 
-    from cpr_ray.corpus import records
-    from cpr_ray.corpus.parsing import ParseRecords, parse_files
+    from cpr_ray.config import load_config
+    from cpr_ray.corpus import records, release_step
+    from cpr_ray.corpus.parsing import ParseRecords
     from cpr_ray.storage import StorageConfig
 
     sample = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"
-    good_line = gzip.open(sample, "rt").readline()
+    lines = gzip.open(sample, "rt").readlines()[:6]
     good = tmp_path / "update-0.jsonl.gz"
-    good.write_bytes(gzip.compress((good_line + '{"corpusid": "not a number"\n').encode()))
+    good.write_bytes(gzip.compress(("".join(lines) + '{"corpusid": "not a number"\n').encode()))
     cut = tmp_path / "update-1.jsonl.gz"
-    cut.write_bytes(gzip.compress((good_line * 50).encode())[:-40])
+    cut.write_bytes(gzip.compress((lines[0] * 50).encode())[:-40])
     storage = Storage(StorageConfig(root=str(tmp_path)))
-    step = ParseRecords(records.SPECS["papers"], 1, 10_000)
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
+    step = ParseRecords(records.SPECS["papers"], 4, 10_000)
 
-    parsed = parse_files(storage, [str(good)], step, 1_000, 1)
-    assert pc.sum(pc.equal(parsed[buckets.BUCKET], 0)).as_py() == 1
-    rejected = parsed.filter(pc.equal(parsed[buckets.BUCKET], buckets.REJECTED))
-    assert rejected.num_rows == 1 and rejected["reject_reason"][0].as_py()
-    assert parse_files(storage, [], step, 1_000, 1).schema == parsed.schema
+    out, rejects = str(tmp_path / "staged"), str(tmp_path / "rejects" / "papers-update")
+    staged = release_step.stage(cfg, storage, [str(good)], step, out, rejects)
+    ids = [json.loads(line)["corpusid"] for line in lines]
+    assert staged.rows_by_bucket == {k: sum(i % 4 == k for i in ids) for k in {i % 4 for i in ids}}
+    assert (staged.kept, staged.rejected, staged.skipped) == (6, 1, 0)
+    for k in staged.rows_by_bucket:  # each bucket's rows, where the apply task of bucket k looks
+        rows = buckets.read_parquet_bucket(storage, out, k, release_step_schema())
+        assert sorted(rows["corpus_id"].to_pylist()) == sorted(i for i in ids if i % 4 == k)
+    [reject_file] = (tmp_path / "rejects").iterdir()
+    assert pq.read_table(reject_file)["reject_reason"][0].as_py()
+    assert release_step.touched_buckets(4, [staged], ids=[7]) == sorted({*staged.rows_by_bucket, 3})
     with pytest.raises(InputError, match=r"shard .*update-1\.jsonl\.gz is corrupt"):
-        parse_files(storage, [str(good), str(cut)], step, 1_000, 1)
+        release_step.stage(cfg, storage, [str(good), str(cut)], step, out, rejects)
+
+
+def release_step_schema() -> pa.Schema:
+    from cpr_ray.corpus.refresh import record_schema
+
+    return record_schema("papers")

@@ -51,6 +51,13 @@ class RefreshConfig(_Section):
         "it) once the fragments refreshes appended, which mix buckets and which every mining "
         "bucket scans, hold more than this share of its rows; 0: after every refresh, 1: never.",
     )
+    task_memory_mb: int = Field(
+        2048,
+        gt=0,
+        description="Memory each refresh task declares to Ray: one diff file fetched and parsed "
+        "a batch (ingest.batch_size lines) at a time, or one key bucket's share of a release "
+        "step applied.",
+    )
     retain_versions_days: float = Field(
         7.0,
         ge=0,
