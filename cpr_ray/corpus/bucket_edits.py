@@ -50,29 +50,43 @@ class BucketEdit:
     counts: dict[str, int] = field(default_factory=dict)  # inserted / updated / deleted
 
 
+def bucket_scanners(
+    p: BucketPlan, storage: Storage, k: int, where: pc.Expression, columns: Sequence[str]
+) -> list[tuple[lance.LanceScanner, bool]]:
+    """The scans that find bucket k's rows matching `where`: one over its own fragments and one
+    over the fragments that mix buckets (True: its rows must still be picked out) — no other
+    fragment is read."""
+    ds = storage.open_lance(p.uri, p.version)
+    return [
+        (
+            ds.scanner(
+                fragments=[ds.get_fragment(i) for i in ids],
+                columns=list(dict.fromkeys([*columns, p.layout.key])),
+                filter=where,
+                with_row_id=True,
+                with_row_address=True,
+            ),
+            mixed,
+        )
+        for ids, mixed in ((p.by_bucket[k], False), (p.mixed, True))
+        if ids
+    ]
+
+
 def current_rows(
     p: BucketPlan, storage: Storage, k: int, where: pc.Expression, columns: Sequence[str]
 ) -> pa.Table:
-    """Bucket k's rows matching `where`, with their stable row id and address: its own fragments
-    and its rows of the mixed ones — never another bucket's fragments."""
-    ds = storage.open_lance(p.uri, p.version)
+    """Bucket k's rows matching `where`, with their stable row id and address."""
     parts = []
-    for ids, mixed in ((p.by_bucket[k], False), (p.mixed, True)):
-        if not ids:
-            continue
-        found = ds.scanner(
-            fragments=[ds.get_fragment(i) for i in ids],
-            columns=list(dict.fromkeys([*columns, p.layout.key])),
-            filter=where,
-            with_row_id=True,
-            with_row_address=True,
-        ).to_table()
+    for scanner, mixed in bucket_scanners(p, storage, k, where, columns):
+        found = scanner.to_table()
         if mixed:  # other buckets' rows too: keep bucket k's
             key = found[p.layout.key].to_numpy(zero_copy_only=False)
             found = found.filter(pa.array(key % p.layout.num_buckets == k))
         parts.append(found.select([*columns, ROW_ID, ROW_ADDR]))
     if parts:
         return pa.concat_tables(parts)
+    ds = storage.open_lance(p.uri, p.version)
     schema = pa.schema([ds.schema.field(c) for c in columns])
     return (
         schema.append(pa.field(ROW_ID, pa.uint64()))

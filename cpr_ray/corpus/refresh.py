@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+import pyarrow.fs as pafs
 
 from cpr_ray import buckets
 from cpr_ray.buckets import BUCKET
@@ -114,14 +115,14 @@ def new_work_files(cfg: Config, storage: Storage, pinned: str | None) -> tuple[l
 
 
 def _new_keys(storage: Storage, keys_uri: str, part: str) -> pa.Array:
-    """The keys (a column, not rows) the key table's files of one snapshot hold."""
+    """The keys (a column, not rows) that the key table's files of one snapshot hold."""
     loc = storage.resolve(keys_uri)
-    found = pds.dataset(
-        loc.path, filesystem=loc.fs, format="parquet", partitioning="hive", ignore_prefixes=["."]
-    )
-    named = pc.starts_with(pc.field("__filename"), f"{loc.path.rstrip('/')}/")
-    mine = pc.match_substring(pc.field("__filename"), f"/part-{part}-")
-    return found.to_table(columns=["key"], filter=named & mine)["key"].unique()
+    found = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+    files = [f.path for f in found if f.base_name.startswith(f"part-{part}-")]
+    if not files:
+        return pa.array([], pa.string())
+    keys = pds.dataset(files, filesystem=loc.fs, format="parquet").to_table(columns=["key"])
+    return keys["key"].unique()
 
 
 def _relink_ids(corpus: Corpus, new_keys: pa.Array) -> pa.Array:
@@ -187,7 +188,13 @@ def _gone_ids(storage: Storage, staged: release_step.Staged | None) -> pa.Array:
     if staged is None or not staged.kept:
         return pa.array([], pa.int64())
     loc = storage.resolve(staged.uri)
-    found = pds.dataset(loc.path, filesystem=loc.fs, format="parquet", partitioning="hive")
+    found = pds.dataset(
+        loc.path,
+        filesystem=loc.fs,
+        format="parquet",
+        partitioning="hive",
+        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
+    )
     return (
         found.to_table(columns=["corpus_id"])["corpus_id"]
         .combine_chunks()

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
-from cpr_ray import buckets
+from cpr_ray import buckets, duck
 from cpr_ray.buckets import BUCKET, BucketPlan, read_parquet_bucket, run_buckets, write_partitions
 from cpr_ray.config import Config
 from cpr_ray.corpus import bucket_edits, linking, updates
@@ -337,7 +337,9 @@ def _citations_bucket(
         )
         rows = rows.filter(alive)
     if gone.num_rows and rows.num_rows:
-        rows = rows.join(gone, CITATION_KEY, join_type="left anti").select(rows.schema.names)
+        rows = duck.query(
+            "SELECT * FROM rows ANTI JOIN gone USING (citing_id, cited_id)", rows=rows, gone=gone
+        ).cast(rows.schema)
     return bucket_edits.edit_bucket(
         p, storage, k, found, rows, gone, on=CITATION_KEY, fragment_rows=fragment_rows
     )
