@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 from cpr_ray import buckets, leases
 from cpr_ray.cli import app
 from cpr_ray.config import load_config, sample_dir
+from cpr_ray.corpus import release_step
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.ledger import ledger_summary
@@ -321,7 +323,16 @@ def scenario(tmp_path_factory, scripted_llm):
             require_manifest(storage["killed"], "ingest")
         out["refused"] = str(refused.value)
         out["built_fragments"] = fragments_by_bucket(storage["full"])
-        out["summary"] = refresh(cfg["full"])
+        with pytest.MonkeyPatch.context() as patch:  # what the refresh's tasks hand back
+            out["task_results"] = []
+
+            def spy(*args, **kwargs):
+                found = buckets.run_buckets(*args, **kwargs)
+                out["task_results"].extend(found)
+                return found
+
+            patch.setattr(release_step, "run_buckets", spy)
+            out["summary"] = refresh(cfg["full"])
         out["api_calls"] = s2.stats()["api"]
         papers = require_manifest(storage["full"], "ingest")["tables"]["papers"]["uri"]
         with leases.reading(storage["full"], papers):  # an index reading the corpus meanwhile
@@ -358,6 +369,11 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     assert not set(citations["cited_id"].to_pylist()) & plan.deleted_papers
     [step] = [s for s in summary["steps"] if s["source"] == "s2"]
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
+    # the parse and apply tasks hand the driver counts and fragment metadata, never rows
+    results = scenario["task_results"]
+    assert {type(r).__name__ for r in results} == {"Staged", "BucketEdit"}
+    assert not [v for r in results for v in vars(r).values() if isinstance(v, pa.Table)]
+    assert max(len(pickle.dumps(r)) for r in results) < 16_000
     assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
     assert scenario["api_after_again"].get("key_elsewhere", 0) == 0  # ... to the API host only
     # the bulk inputs differ now (the new OpenAlex partition): a build must not silently go

@@ -48,8 +48,9 @@ class RefreshConfig(_Section):
         ge=0,
         le=1,
         description="Rewrite a corpus table into its key-bucket fragments (which also compacts "
-        "it) once the fragments refreshes appended, which mix buckets and which every mining "
-        "bucket scans, hold more than this share of its rows; 0: after every refresh, 1: never.",
+        "it) once fragments that mix buckets (appended by refreshes of earlier versions; a "
+        "refresh now writes one bucket per fragment), which every mining bucket scans, hold "
+        "more than this share of its rows; 0: after every refresh, 1: never.",
     )
     task_memory_mb: int = Field(
         2048,
