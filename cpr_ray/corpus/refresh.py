@@ -4,11 +4,13 @@ stages, the leases and the removal of old versions are orchestration (`pipeline.
 
 **Corpus.** From the release applied last (the ingest manifest's ``corpus.release``; first
 ``refresh.base_release``) to S2's latest, each release step's ``update_files`` are upserted
-and its ``delete_files`` removed by key in the Lance tables (``merge_insert``), papers rebuilt
-as ingest built them (`updates`). OpenAlex snapshot partitions newer than the pinned one are
-parsed into the key table first, and the papers they match are relinked; the new snapshot is
-then the pinned one. Lance's change API (``delta``) tells what each step inserted, updated and
-deleted. The venues table is recounted.
+and its ``delete_files`` removed by key in the Lance tables, papers rebuilt as ingest built
+them (`updates`): the files fetched and parsed in tasks, the step applied one key bucket per
+task (`release_step`, `bucket_edits`), so no diff row reaches the driver. OpenAlex snapshot
+partitions newer than the pinned one are parsed into the key table first, and the papers they
+match are relinked; the new snapshot is then the pinned one. The bucket tasks count what each
+step inserted, updated and deleted (as Lance's change API would). The venues table is
+recounted.
 
 **Commit.** The ingest manifest is the commit of a step: it records the applied release, the
 Lance version of each table and a new ``run_id`` (``{ingest run}+{release}``), which is how every

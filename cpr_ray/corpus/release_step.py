@@ -165,7 +165,7 @@ def _on(i: int, *, chosen: Sequence[int], fn: Callable[[int], T]) -> T:
 
 
 def _edit_buckets(
-    cfg: Config, p: BucketPlan, chosen: Sequence[int], fn: Callable[..., bucket_edits.BucketEdit]
+    cfg: Config, chosen: Sequence[int], fn: Callable[[int], bucket_edits.BucketEdit]
 ) -> list[bucket_edits.BucketEdit]:
     task = partial(_on, chosen=list(chosen), fn=fn)
     return run_buckets(len(chosen), task, cfg.ingest.cpus_per_task, _memory(cfg))
@@ -292,7 +292,7 @@ def apply_papers(
         key_buckets=key_buckets,
         fragment_rows=cfg.ingest.lance_fragment_rows,
     )
-    edits = _edit_buckets(cfg, p, chosen, fn)
+    edits = _edit_buckets(cfg, chosen, fn)
     return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits)
 
 
@@ -368,5 +368,5 @@ def apply_citations(
         gone_papers=gone_papers,
         fragment_rows=cfg.ingest.lance_fragment_rows,
     )
-    edits = _edit_buckets(cfg, p, chosen, fn)
+    edits = _edit_buckets(cfg, chosen, fn)
     return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits)
