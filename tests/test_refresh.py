@@ -370,7 +370,7 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     [step] = [s for s in summary["steps"] if s["source"] == "s2"]
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
     # the parse and apply tasks hand the driver counts and fragment metadata, never rows
-    results = scenario["task_results"]
+    results = [r[1] if isinstance(r, tuple) else r for r in scenario["task_results"]]
     assert {type(r).__name__ for r in results} == {"Staged", "BucketEdit"}
     assert not [v for r in results for v in vars(r).values() if isinstance(v, pa.Table)]
     assert max(len(pickle.dumps(r)) for r in results) < 16_000
@@ -501,7 +501,9 @@ def test_diff_files_parse_in_tasks_into_key_buckets_and_a_truncated_one_stops_in
     step = ParseRecords(records.SPECS["papers"], 4, 10_000)
 
     out, rejects = str(tmp_path / "staged"), str(tmp_path / "rejects" / "papers-update")
-    staged = release_step.stage(cfg, storage, [str(good)], step, out, rejects)
+    [staged] = release_step.stage(
+        cfg, storage, [release_step.Side((str(good),), step, out, rejects)]
+    )
     ids = [json.loads(line)["corpusid"] for line in lines]
     assert staged.rows_by_bucket == {k: sum(i % 4 == k for i in ids) for k in {i % 4 for i in ids}}
     assert (staged.kept, staged.rejected, staged.skipped) == (6, 1, 0)
@@ -512,7 +514,9 @@ def test_diff_files_parse_in_tasks_into_key_buckets_and_a_truncated_one_stops_in
     assert pq.read_table(reject_file)["reject_reason"][0].as_py()
     assert release_step.touched_buckets(4, [staged], ids=[7]) == sorted({*staged.rows_by_bucket, 3})
     with pytest.raises(InputError, match=r"shard .*update-1\.jsonl\.gz is corrupt"):
-        release_step.stage(cfg, storage, [str(good), str(cut)], step, out, rejects)
+        release_step.stage(
+            cfg, storage, [release_step.Side((str(good), str(cut)), step, out, rejects)]
+        )
 
 
 def release_step_schema() -> pa.Schema:

@@ -149,6 +149,7 @@ def _relink_ids(corpus: Corpus, new_keys: pa.Array) -> pa.Array:
 # -- applying changes ----------------------------------------------------------------------------
 
 NO_CHANGES = {"inserted": 0, "updated": 0, "deleted": 0}
+CITATION_SIDES = [("citations", "update"), ("citations", "delete")]
 
 
 def _schemas(key_buckets: int) -> dict[str, pa.Schema]:
@@ -323,42 +324,55 @@ def _stage(
     corpus: Corpus,
     step_dir: str,
     steps: dict[str, DiffStep],
+    report: StepReport,
+    wanted: list[tuple[str, str]],
+) -> dict[tuple[str, str], release_step.Staged | None]:
+    """Sides (dataset, update|delete) of a step fetched and parsed into the key buckets of their
+    table, all in one round of tasks (`release_step.stage`); rejects written and counted.
+    Downloads are kept for a rerun of the step (its URLs change, the files' order does not)."""
+    sides: dict[tuple[str, str], release_step.Side] = {}
+    for name, kind in wanted:
+        step = steps.get(name)
+        if step is None:
+            continue
+        urls = step.update_files if kind == "update" else step.delete_files
+        table = "citations" if name == "citations" else "papers"
+        out = join(step_dir, "parsed", f"{name}-{kind}")
+        run.storage.delete_dir(out)  # what a killed try parsed: parsed again
+        sides[name, kind] = release_step.Side(
+            tuple(join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz") for i in range(len(urls))),
+            ParseRecords(
+                records.SPECS[name],
+                corpus.bucket_layout(table).num_buckets,
+                run.cfg.ingest.raw_line_limit,
+            ),
+            out,
+            join(run.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}"),
+            urls=tuple(urls),
+        )
+    started = time.perf_counter()
+    staged = release_step.stage(run.cfg, run.storage, list(sides.values()), run.client.fetcher())
+    seconds = time.perf_counter() - started
+    for ((name, kind), side), found in zip(sides.items(), staged):
+        if side.urls:
+            console.print(
+                f"    {name} {kind}: {len(side.urls)} file(s), {found.fetched_bytes / 1e6:,.1f} "
+                f"MB fetched, {found.kept:,} records (with the step's other files: "
+                f"{seconds:,.0f} s)",
+                highlight=False,
+            )
+        _count(run, steps[name], name, kind, found, report)
+    return {key: dict(zip(sides, staged)).get(key) for key in wanted}
+
+
+def _count(
+    run: RefreshRun,
+    step: DiffStep,
     name: str,
     kind: str,
+    staged: release_step.Staged,
     report: StepReport,
-) -> release_step.Staged | None:
-    """One side of a dataset's step fetched and parsed into the key buckets of its table, in
-    tasks (`release_step.stage`); rejects written and counted. Downloads are kept for a rerun
-    of the step (its URLs change, the files' order does not)."""
-    step = steps.get(name)
-    if step is None:
-        return None
-    urls = step.update_files if kind == "update" else step.delete_files
-    table = "citations" if name == "citations" else "papers"
-    parse = ParseRecords(
-        records.SPECS[name],
-        corpus.bucket_layout(table).num_buckets,
-        run.cfg.ingest.raw_line_limit,
-    )
-    out = join(step_dir, "parsed", f"{name}-{kind}")
-    run.storage.delete_dir(out)  # what a killed try parsed: parsed again
-    started = time.perf_counter()
-    staged = release_step.stage(
-        run.cfg,
-        run.storage,
-        [join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz") for i in range(len(urls))],
-        parse,
-        out,
-        join(run.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}"),
-        urls=urls,
-        fetch=run.client.fetcher(),
-    )
-    if urls:
-        console.print(
-            f"    {name} {kind}: {len(urls)} file(s), {staged.fetched_bytes / 1e6:,.1f} MB "
-            f"fetched, {staged.kept:,} records in {time.perf_counter() - started:,.0f} s",
-            highlight=False,
-        )
+) -> None:
     counts = report.records.setdefault(name, {})
     counts[f"{kind}_records"] = staged.kept
     counts[f"{kind}_rejected"] = staged.rejected
@@ -371,7 +385,6 @@ def _stage(
             f"{step.from_release} → {step.to_release} were rejected (> "
             f"ingest.max_reject_rate={limit:.1%}); reasons in {run.work}/rejects"
         )
-    return staged
 
 
 def _apply_step(
@@ -382,18 +395,14 @@ def _apply_step(
     one = next(iter(steps.values()))
     step_dir = join(run.work, "downloads", _slug(one.to_release))
 
-    def staged(name: str, kind: str) -> release_step.Staged | None:
-        return _stage(run, corpus, step_dir, steps, name, kind, report)
-
-    sides = release_step.PaperSides(
-        staged("papers", "update"),
-        staged("abstracts", "update"),
-        staged("papers", "delete"),
-        staged("abstracts", "delete"),
-    )
+    paper_sides = [("papers", "update"), ("abstracts", "update")]
+    paper_sides += [("papers", "delete"), ("abstracts", "delete")]
+    found = _stage(run, corpus, step_dir, steps, report, paper_sides)
+    sides = release_step.PaperSides(*(found[key] for key in paper_sides))
     console.print(f"  {report.label}: papers")
     papers = _apply_papers(run, corpus, sides, pa.array([], pa.int64()))
-    citations, gone_citations = staged("citations", "update"), staged("citations", "delete")
+    staged = _stage(run, corpus, step_dir, steps, report, CITATION_SIDES)
+    citations, gone_citations = (staged[key] for key in CITATION_SIDES)
     console.print(f"  {report.label}: citations")
     layout, cited = release_step.apply_citations(
         run.cfg,
@@ -435,14 +444,14 @@ def _openalex(
     keys_uri = manifest["tables"]["openalex_keys"]["uri"]
     step = ParseWorks(records.SPECS["works"], n, run.cfg.ingest.raw_line_limit)
     part = f"openalex-{newest}"  # named for the snapshot: a retried refresh rewrites its files
-    staged = release_step.stage(
+    [staged] = release_step.stage(
         run.cfg,
         run.storage,
-        files,
-        step,
-        keys_uri,
-        join(run.work, "rejects", part),
-        part=part,
+        [
+            release_step.Side(
+                tuple(files), step, keys_uri, join(run.work, "rejects", part), part=part
+            )
+        ],
     )
     relink = _relink_ids(corpus, _new_keys(run.storage, keys_uri, part))
     report.records["works"] = {

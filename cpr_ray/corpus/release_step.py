@@ -59,31 +59,44 @@ class Staged:
 
 
 @dataclass(frozen=True)
-class FetchParse:
-    """Task i: diff file i downloaded (unless a rerun finds it) and parsed batch by batch into
-    the key buckets of `out` (memory: one batch), its rejected lines into `rejects`-….parquet."""
+class Side:
+    """Files to stage into one staging table: one side of one dataset's step (or new OpenAlex
+    partitions, already in storage: no `urls`)."""
 
-    urls: tuple[str, ...]  # empty: the files are already in storage (OpenAlex partitions)
     files: tuple[str, ...]
-    fetch: FileFetcher | None
-    reader: ReadShards
     step: ParseRecords
     out: str
-    rejects: str
-    part: str  # names the written files; a retried task rewrites its own
+    rejects: str  # prefix of its rejects files
+    urls: tuple[str, ...] = ()
+    part: str = "diff"  # names the written files; a retried task rewrites its own
+
+
+@dataclass(frozen=True)
+class FetchParse:
+    """Task i: file i of all sides downloaded (unless a rerun finds it) and parsed batch by batch
+    into the key buckets of its side's table (memory: one batch), rejected lines beside."""
+
+    sides: tuple[Side, ...]
+    fetch: FileFetcher | None
+    reader: ReadShards
     batch_lines: int
 
-    def __call__(self, i: int) -> Staged:
-        storage = self.reader.storage
+    @property
+    def tasks(self) -> list[tuple[int, int]]:
+        return [(s, i) for s, side in enumerate(self.sides) for i in range(len(side.files))]
+
+    def __call__(self, t: int) -> tuple[int, Staged]:
+        s, i = self.tasks[t]
+        side, storage = self.sides[s], self.reader.storage
         fetched = 0
-        if self.urls and not storage.is_file(self.files[i]):
+        if side.urls and not storage.is_file(side.files[i]):
             assert self.fetch is not None
-            with storage.atomic_output(self.files[i]) as sink:
-                fetched = self.fetch.download(self.urls[i], sink)
+            with storage.atomic_output(side.files[i]) as sink:
+                fetched = self.fetch.download(side.urls[i], sink)
         by_bucket: dict[int, int] = {}
         rejected = skipped = 0
         for j, rows in enumerate(
-            parsed_batches(self.reader, self.files[i], self.step, self.batch_lines)
+            parsed_batches(self.reader, side.files[i], side.step, self.batch_lines)
         ):
             bucket = rows[BUCKET]
             kept = rows.filter(pc.greater_equal(bucket, 0))
@@ -92,43 +105,24 @@ class FetchParse:
             rejected += bad.num_rows
             for item in pc.value_counts(kept[BUCKET]).to_pylist():
                 by_bucket[item["values"]] = by_bucket.get(item["values"], 0) + item["counts"]
-            part = f"{self.part}-{i:05d}-{j:04d}"
+            part = f"{side.part}-{i:05d}-{j:04d}"
             if kept.num_rows:
-                write_partitions(kept.drop_columns(list(PARSED_DROP)), self.out, storage, part)
+                write_partitions(kept.drop_columns(list(PARSED_DROP)), side.out, storage, part)
             if bad.num_rows:
                 storage.write_parquet(
-                    bad.select(["path", "reject_reason", "raw"]), f"{self.rejects}-{part}.parquet"
+                    bad.select(["path", "reject_reason", "raw"]), f"{side.rejects}-{part}.parquet"
                 )
-        return Staged(self.out, by_bucket, rejected, skipped, fetched)
+        return s, Staged(side.out, by_bucket, rejected, skipped, fetched)
 
 
 def stage(
-    cfg: Config,
-    storage: Storage,
-    files: Sequence[str],
-    step: ParseRecords,
-    out: str,
-    rejects: str,
-    *,
-    urls: Sequence[str] = (),
-    fetch: FileFetcher | None = None,
-    part: str = "diff",
-) -> Staged:
-    """Every file (fetched first from `urls`, when given) parsed into the buckets of `out`, one
-    task each; the counts of all of them."""
-    task = FetchParse(
-        tuple(urls),
-        tuple(files),
-        fetch,
-        ReadShards(storage, "fail"),
-        step,
-        out,
-        rejects,
-        part,
-        cfg.ingest.batch_size,
-    )
-    parts = run_buckets(len(files), task, cfg.ingest.cpus_per_task, _memory(cfg))
-    return merge_staged(out, parts)
+    cfg: Config, storage: Storage, sides: Sequence[Side], fetch: FileFetcher | None = None
+) -> list[Staged]:
+    """Every file of every side (fetched first from its URL, when it has one) parsed into the
+    buckets of its side's table, one task each, all at once; the counts of each side."""
+    task = FetchParse(tuple(sides), fetch, ReadShards(storage, "fail"), cfg.ingest.batch_size)
+    done = run_buckets(len(task.tasks), task, cfg.ingest.cpus_per_task, _memory(cfg))
+    return [merge_staged(side.out, [r for s, r in done if s == n]) for n, side in enumerate(sides)]
 
 
 def merge_staged(uri: str, parts: Sequence[Staged]) -> Staged:
