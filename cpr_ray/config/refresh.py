@@ -14,7 +14,14 @@ class RefreshConfig(_Section):
     """The nightly refresh from Semantic Scholar's incremental diffs (`cpr refresh`)."""
 
     operational: ClassVar[frozenset[str]] = frozenset(
-        {"api_url", "api_key_env", "requests_per_second", "max_retries", "timeout_s"}
+        {
+            "api_url",
+            "api_key_env",
+            "requests_per_second",
+            "max_retries",
+            "timeout_s",
+            "task_memory_mb",
+        }
     )
 
     base_release: str | None = Field(
