@@ -18,11 +18,12 @@ Two kinds of bucketed table:
   fragment holds which bucket (`BucketLayout`, keyed by the fragment's first data file), so
   mining reads bucket k in place with no per-build snapshot. `read_lance_bucket` scans exactly
   bucket k's fragments at the version its `BucketPlan` names, with projection and predicates
-  pushed into Lance. The nightly refresh's upserts delete rows from their fragments (a fragment
-  stays one bucket's) and append fragments that mix buckets; those are not in the record, so
-  every bucket's reader scans them too with the bucket predicate pushed down — the record is
-  never wrong, only incomplete, and `rewrite` makes it complete again. `plan` reports how many
-  rows are read that way.
+  pushed into Lance. The nightly refresh edits each bucket's fragments in that bucket's task
+  and writes its new rows as fragments of that bucket, recorded too (`corpus.bucket_edits`).
+  Refreshes of earlier versions appended fragments that mix buckets; those are not in the
+  record, so every bucket's reader scans them too with the bucket predicate pushed down — the
+  record is never wrong, only incomplete, and `rewrite` makes it complete again. `plan` reports
+  how many rows are read that way.
 """
 
 from __future__ import annotations

@@ -212,9 +212,10 @@ class Storage:
                 raise StorageError(access_denied(uri)) from None
             raise
 
-    def commit_lance(self, uri: str, commit: Callable[[], object]) -> None:
+    def commit_lance(self, uri: str, commit: Callable[[], _T]) -> _T | lance.LanceDataset:
         """Make one commit to the Lance table at `uri` (a merge_insert, a delete, a restore, an
-        overwrite): `commit` opens the table and commits once.
+        overwrite, a refresh's bucket edits): `commit` opens the table and commits once; returns
+        what it returned, or the table at its new version where the answer was lost.
 
         Lance's client retries what S3 throttled or failed, but passes up a listing broken off
         mid-body (a reset connection), which every commit makes to find the version it builds
@@ -227,14 +228,13 @@ class Storage:
         before = self._lance_version(uri)
         for attempt in range(self.cfg.max_retries + 1):
             try:
-                commit()
-                return
+                return commit()
             except (OSError, ValueError) as exc:  # Lance's IO errors come as either
                 if attempt == self.cfg.max_retries or not broken_off(exc):
                     raise
             sent_again()
             if self._lance_version(uri) != before:
-                return
+                return self.open_lance(uri)
             time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
 
     def _lance_version(self, uri: str) -> int | None:

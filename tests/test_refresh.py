@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from typer.testing import CliRunner
 from cpr_ray import buckets, leases
 from cpr_ray.cli import app
 from cpr_ray.config import load_config, sample_dir
+from cpr_ray.corpus import release_step
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.ledger import ledger_summary
@@ -257,6 +260,22 @@ def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) ->
     s2.reset()
 
 
+def fragments_by_bucket(storage: Storage) -> dict[str, dict[int, set[int]]]:
+    tables = require_manifest(storage, "ingest")["tables"]
+    return {
+        name: {
+            k: set(ids)
+            for k, ids in buckets.plan(
+                buckets.BucketLayout.from_dict(tables[name]["layout"]),
+                storage,
+                tables[name]["uri"],
+                tables[name]["version"],
+            ).by_bucket.items()
+        }
+        for name in ("papers", "citations")
+    }
+
+
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory, scripted_llm):
     """Two builds of the sample and one release step of changes at the stand-in. `full` is
@@ -303,7 +322,17 @@ def scenario(tmp_path_factory, scripted_llm):
         with pytest.raises(StorageError) as refused:
             require_manifest(storage["killed"], "ingest")
         out["refused"] = str(refused.value)
-        out["summary"] = refresh(cfg["full"])
+        out["built_fragments"] = fragments_by_bucket(storage["full"])
+        with pytest.MonkeyPatch.context() as patch:  # what the refresh's tasks hand back
+            out["task_results"] = []
+
+            def spy(*args, **kwargs):
+                found = buckets.run_buckets(*args, **kwargs)
+                out["task_results"].extend(found)
+                return found
+
+            patch.setattr(release_step, "run_buckets", spy)
+            out["summary"] = refresh(cfg["full"])
         out["api_calls"] = s2.stats()["api"]
         papers = require_manifest(storage["full"], "ingest")["tables"]["papers"]["uri"]
         with leases.reading(storage["full"], papers):  # an index reading the corpus meanwhile
@@ -340,6 +369,11 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     assert not set(citations["cited_id"].to_pylist()) & plan.deleted_papers
     [step] = [s for s in summary["steps"] if s["source"] == "s2"]
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
+    # the parse and apply tasks hand the driver counts and fragment metadata, never rows
+    results = [r[1] if isinstance(r, tuple) else r for r in scenario["task_results"]]
+    assert {type(r).__name__ for r in results} == {"Staged", "BucketEdit"}
+    assert not [v for r in results for v in vars(r).values() if isinstance(v, pa.Table)]
+    assert max(len(pickle.dumps(r)) for r in results) < 16_000
     assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
     assert scenario["api_after_again"].get("key_elsewhere", 0) == 0  # ... to the API host only
     # the bulk inputs differ now (the new OpenAlex partition): a build must not silently go
@@ -375,12 +409,12 @@ def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_delet
 
 
 @pytest.mark.slow
-def test_mining_after_a_refresh_reads_the_fragments_it_added_and_equals_whole_table_mining(
+def test_mining_after_a_refresh_reads_its_one_bucket_fragments_and_equals_whole_table_mining(
     scenario,
 ):
-    """The refresh's upserts append fragments that mix buckets; mining scans them in every
-    bucket with the bucket predicate and still gives what one DuckDB query over the refreshed
-    tables gives."""
+    """The refresh writes each bucket's new rows as fragments of that bucket, recorded in the
+    layout: mining reads them in their bucket only and still gives what one DuckDB query over
+    the refreshed tables gives."""
 
     def plans(storage):
         tables = require_manifest(storage, "ingest")["tables"]
@@ -395,9 +429,16 @@ def test_mining_after_a_refresh_reads_the_fragments_it_added_and_equals_whole_ta
         }
 
     storage = scenario["storage"]["full"]
-    assert all(p.mixed and p.mixed_rows > 0 for p in plans(storage).values())
-    # past refresh.rebucket_share (0 there), the tables are rewritten into one-bucket fragments
-    assert not any(p.mixed for p in plans(scenario["storage"]["killed"]).values())
+    built = scenario["built_fragments"]
+    for name, p in plans(storage).items():
+        assert not p.mixed  # nothing for every bucket to scan
+        added = {k: set(ids) - built[name].get(k, set()) for k, ids in p.by_bucket.items()}
+        assert any(added.values()), name  # the refresh's own fragments, one bucket each
+        ds = lance.dataset(p.uri, version=p.version)
+        for k, ids in added.items():
+            for i in ids:
+                keys = ds.get_fragment(i).to_table(columns=[p.layout.key])[p.layout.key]
+                assert all(v % p.layout.num_buckets == k for v in keys.to_pylist())
     assert_equals_whole_table_mining(
         storage, scenario["cfg"]["full"], require_manifest(storage, "mine")
     )
@@ -435,28 +476,119 @@ def test_cpr_refresh_against_a_dead_s2_api_is_one_line(scenario):
     assert "Semantic Scholar API unreachable at http://127.0.0.1:9/" in error_line(result)
 
 
-def test_diff_files_parse_to_rows_and_a_truncated_one_stops_in_one_line(ray_session, tmp_path):
-    """A refresh parses each diff file in its own task: a malformed line becomes a rejected row
-    with its reason, and a file cut short names itself instead of failing deep in a worker."""
+def test_diff_files_parse_in_tasks_into_key_buckets_and_a_truncated_one_stops_in_one_line(
+    ray_session, tmp_path
+):
+    """A refresh parses each diff file in its own task straight into the key buckets of a
+    staging table: the driver gets counts per bucket, never rows; a malformed line becomes a
+    rejected row with its reason, and a file cut short names itself instead of failing deep in a
+    worker."""
     import gzip
 
-    from cpr_ray.corpus import records
-    from cpr_ray.corpus.parsing import ParseRecords, parse_files
+    from cpr_ray.config import load_config
+    from cpr_ray.corpus import records, release_step
+    from cpr_ray.corpus.parsing import ParseRecords
     from cpr_ray.storage import StorageConfig
 
     sample = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"
-    good_line = gzip.open(sample, "rt").readline()
+    lines = gzip.open(sample, "rt").readlines()[:6]
     good = tmp_path / "update-0.jsonl.gz"
-    good.write_bytes(gzip.compress((good_line + '{"corpusid": "not a number"\n').encode()))
+    good.write_bytes(gzip.compress(("".join(lines) + '{"corpusid": "not a number"\n').encode()))
     cut = tmp_path / "update-1.jsonl.gz"
-    cut.write_bytes(gzip.compress((good_line * 50).encode())[:-40])
+    cut.write_bytes(gzip.compress((lines[0] * 50).encode())[:-40])
     storage = Storage(StorageConfig(root=str(tmp_path)))
-    step = ParseRecords(records.SPECS["papers"], 1, 10_000)
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
+    step = ParseRecords(records.SPECS["papers"], 4, 10_000)
 
-    parsed = parse_files(storage, [str(good)], step, 1_000, 1)
-    assert pc.sum(pc.equal(parsed[buckets.BUCKET], 0)).as_py() == 1
-    rejected = parsed.filter(pc.equal(parsed[buckets.BUCKET], buckets.REJECTED))
-    assert rejected.num_rows == 1 and rejected["reject_reason"][0].as_py()
-    assert parse_files(storage, [], step, 1_000, 1).schema == parsed.schema
+    out, rejects = str(tmp_path / "staged"), str(tmp_path / "rejects" / "papers-update")
+    [staged] = release_step.stage(
+        cfg, storage, [release_step.Side((str(good),), step, out, rejects)]
+    )
+    ids = [json.loads(line)["corpusid"] for line in lines]
+    assert staged.rows_by_bucket == {k: sum(i % 4 == k for i in ids) for k in {i % 4 for i in ids}}
+    assert (staged.kept, staged.rejected, staged.skipped) == (6, 1, 0)
+    for k in staged.rows_by_bucket:  # each bucket's rows, where the apply task of bucket k looks
+        rows = buckets.read_parquet_bucket(storage, out, k, release_step_schema())
+        assert sorted(rows["corpus_id"].to_pylist()) == sorted(i for i in ids if i % 4 == k)
+    [reject_file] = (tmp_path / "rejects").iterdir()
+    assert pq.read_table(reject_file)["reject_reason"][0].as_py()
+    assert release_step.touched_buckets(4, [staged], ids=[7]) == sorted({*staged.rows_by_bucket, 3})
     with pytest.raises(InputError, match=r"shard .*update-1\.jsonl\.gz is corrupt"):
-        parse_files(storage, [str(good), str(cut)], step, 1_000, 1)
+        release_step.stage(
+            cfg, storage, [release_step.Side((str(good), str(cut)), step, out, rejects)]
+        )
+
+
+def release_step_schema() -> pa.Schema:
+    from cpr_ray.corpus.refresh import record_schema
+
+    return record_schema("papers")
+
+
+def test_a_bucket_edit_touches_only_its_bucket_and_lance_sees_updates_as_updates(
+    ray_session, tmp_path
+):
+    """Bucket 1's task finds its rows in its own fragments (and its share of a fragment that
+    mixes buckets), writes a fragment of bucket 1 only, and carries the row ids of the rows it
+    rewrites: Lance's change API counts them as updated, as after a `merge_insert`; the other
+    buckets' fragments are left as they were."""
+    from cpr_ray.corpus import bucket_edits
+    from cpr_ray.storage import StorageConfig
+
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    uri = str(tmp_path / "t.lance")
+    schema = pa.schema([("corpus_id", pa.int64()), ("title", pa.string())])
+
+    def rows(ids, title):
+        return pa.table({"corpus_id": pa.array(ids, pa.int64()), "title": [title] * len(ids)})
+
+    layout, _ = buckets.write_bucketed_table(
+        4,
+        lambda k: rows([i for i in range(40) if i % 4 == k], "old"),
+        uri,
+        schema,
+        key="corpus_id",
+        fragment_rows=100,
+        storage=storage,
+        cpus=1,
+    )
+    lance.dataset(uri).insert(rows([40, 41, 45], "appended"))  # mixes buckets 0, 1
+    p = buckets.plan(layout, storage, uri, lance.dataset(uri).version)
+    assert len(p.mixed) == 1
+
+    where = pc.field("corpus_id").isin(pa.array([1, 5, 9, 45, 13], pa.int64()))
+    scanned = [  # Lance's own count of what each scan read: bucket 1's rows and the mixed ones
+        re.search(r"fragments_scanned=(\d+).*rows_scanned=(\d+)", s.analyze_plan()).groups()
+        for s, _ in bucket_edits.bucket_scanners(p, storage, 1, where, ["corpus_id"])
+    ]
+    assert scanned == [("1", "10"), ("1", "3")]
+    found = bucket_edits.current_rows(p, storage, 1, where, ["corpus_id", "title"])
+    assert sorted(found["corpus_id"].to_pylist()) == [1, 5, 9, 13, 45]
+    edit = bucket_edits.edit_bucket(
+        p,
+        storage,
+        1,
+        found,
+        rows([1, 45, 101], "new"),  # 1 and 45 rewritten, 101 new
+        pa.table({"corpus_id": pa.array([9], pa.int64())}),
+        on=["corpus_id"],
+        fragment_rows=100,
+    )
+    assert edit.counts == {"inserted": 1, "updated": 2, "deleted": 1}
+    new_layout = bucket_edits.commit(p, storage, [edit])
+
+    ds = lance.dataset(uri)
+    delta = ds.delta(begin_version=p.version, end_version=ds.version)
+    assert delta.get_updated_rows().read_all().num_rows == 2
+    assert delta.get_inserted_rows().read_all().num_rows == 1
+    assert sum(len(b) for b in delta.get_deleted_row_ids()) == 1
+    after = buckets.plan(new_layout, storage, uri, ds.version)
+    for k in (0, 2, 3):  # untouched buckets: same fragments, no deletion marks
+        assert after.by_bucket[k] == p.by_bucket[k]
+        assert all(ds.get_fragment(i).metadata.deletion_file is None for i in after.by_bucket[k])
+    [written] = set(after.by_bucket[1]) - set(p.by_bucket[1])
+    assert sorted(ds.get_fragment(written).to_table()["corpus_id"].to_pylist()) == [1, 45, 101]
+    table = ds.to_table().sort_by("corpus_id")
+    titles = dict(zip(table["corpus_id"].to_pylist(), table["title"].to_pylist()))
+    assert 9 not in titles and titles[1] == titles[45] == titles[101] == "new"
+    assert titles[13] == "old" and titles[41] == "appended" and len(titles) == 43

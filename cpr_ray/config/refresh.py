@@ -14,7 +14,14 @@ class RefreshConfig(_Section):
     """The nightly refresh from Semantic Scholar's incremental diffs (`cpr refresh`)."""
 
     operational: ClassVar[frozenset[str]] = frozenset(
-        {"api_url", "api_key_env", "requests_per_second", "max_retries", "timeout_s"}
+        {
+            "api_url",
+            "api_key_env",
+            "requests_per_second",
+            "max_retries",
+            "timeout_s",
+            "task_memory_mb",
+        }
     )
 
     base_release: str | None = Field(
@@ -48,8 +55,16 @@ class RefreshConfig(_Section):
         ge=0,
         le=1,
         description="Rewrite a corpus table into its key-bucket fragments (which also compacts "
-        "it) once the fragments refreshes appended, which mix buckets and which every mining "
-        "bucket scans, hold more than this share of its rows; 0: after every refresh, 1: never.",
+        "it) once fragments that mix buckets (appended by refreshes of earlier versions; a "
+        "refresh now writes one bucket per fragment), which every mining bucket scans, hold "
+        "more than this share of its rows; 0: after every refresh, 1: never.",
+    )
+    task_memory_mb: int = Field(
+        2048,
+        gt=0,
+        description="Memory each refresh task declares to Ray: one diff file fetched and parsed "
+        "a batch (ingest.batch_size lines) at a time, or one key bucket's share of a release "
+        "step applied.",
     )
     retain_versions_days: float = Field(
         7.0,

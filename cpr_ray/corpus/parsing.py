@@ -1,11 +1,10 @@
 """Bulk shards parsed into key-bucketed rows: the parse steps over a batch of lines, one Ray task
-per shard writing straight into bucket folders, and the small-file path a refresh takes."""
+per shard writing straight into bucket folders (a refresh's diff files: `release_step`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +17,7 @@ from cpr_ray.config import Config
 from cpr_ray.corpus import linking
 from cpr_ray.corpus.inputs import InputSet
 from cpr_ray.corpus.records import RecordSpec, parse_lines
-from cpr_ray.corpus.shards import CORRUPT_SHARD, LINES, ReadShards
+from cpr_ray.corpus.shards import CORRUPT_SHARD, ReadShards
 from cpr_ray.stage import StageRun
 from cpr_ray.storage import Storage
 
@@ -91,25 +90,6 @@ def parsed_batches(
             lines, n_lines = [], 0
     if lines:
         yield step(pa.concat_tables(lines))
-
-
-def _parse_file(
-    k: int, *, files: tuple[str, ...], reader: ReadShards, step: ParseRecords, batch_lines: int
-) -> pa.Table:
-    parts = list(parsed_batches(reader, files[k], step, batch_lines))
-    return pa.concat_tables(parts) if parts else step(LINES.empty_table())
-
-
-def parse_files(
-    storage: Storage, files: Sequence[str], step: ParseRecords, batch_lines: int, cpus: float
-) -> pa.Table:
-    """Small shards (a refresh's diff files, new works partitions) → their parsed rows on the
-    driver, `_bucket` -1 for rejected and -2 for skipped lines: one plain task per file (a Ray
-    Data pipeline cost ~1 s to start, for each of a refresh's handful of small files)."""
-    reader = ReadShards(storage, "fail")
-    fn = partial(_parse_file, files=tuple(files), reader=reader, step=step, batch_lines=batch_lines)
-    tables = [t for t in run_buckets(len(files), fn, cpus) if t.num_rows]
-    return pa.concat_tables(tables) if tables else step(LINES.empty_table())
 
 
 def parse_input(

@@ -4,11 +4,13 @@ stages, the leases and the removal of old versions are orchestration (`pipeline.
 
 **Corpus.** From the release applied last (the ingest manifest's ``corpus.release``; first
 ``refresh.base_release``) to S2's latest, each release step's ``update_files`` are upserted
-and its ``delete_files`` removed by key in the Lance tables (``merge_insert``), papers rebuilt
-as ingest built them (`updates`). OpenAlex snapshot partitions newer than the pinned one are
-parsed into the key table first, and the papers they match are relinked; the new snapshot is
-then the pinned one. Lance's change API (``delta``) tells what each step inserted, updated and
-deleted. The venues table is recounted.
+and its ``delete_files`` removed by key in the Lance tables, papers rebuilt as ingest built
+them (`updates`): the files fetched and parsed in tasks, the step applied one key bucket per
+task (`release_step`, `bucket_edits`), so no diff row reaches the driver. OpenAlex snapshot
+partitions newer than the pinned one are parsed into the key table first, and the papers they
+match are relinked; the new snapshot is then the pinned one. The bucket tasks count what each
+step inserted, updated and deleted (as Lance's change API would). The venues table is
+recounted.
 
 **Commit.** The ingest manifest is the commit of a step: it records the applied release, the
 Lance version of each table and a new ``run_id`` (``{ingest run}+{release}``), which is how every
@@ -24,25 +26,24 @@ import datetime as dt
 import os
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+import pyarrow.fs as pafs
 
 from cpr_ray import buckets
-from cpr_ray.buckets import BUCKET, write_partitions
+from cpr_ray.buckets import BUCKET
 from cpr_ray.config import Config
-from cpr_ray.corpus import linking, records, updates
+from cpr_ray.corpus import records, release_step
 from cpr_ray.corpus.ingest import build_venues
 from cpr_ray.corpus.inputs import TEXT_SUFFIXES
-from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, parse_files, rows_schema
+from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, rows_schema
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
-from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES
-from cpr_ray.corpus.table_changes import CITATION_KEY, Corpus
+from cpr_ray.corpus.table_changes import Corpus
 from cpr_ray.corpus.tables import INGEST
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.ray_runtime import ensure_ray
@@ -87,23 +88,6 @@ def record_schema(name: str) -> pa.Schema:
     return rows_schema(ParseRecords(spec, 1, 1)(LINES.empty_table()).schema)
 
 
-def _parse_files(cfg: Config, storage: Storage, name: str, uris: Sequence[str]) -> pa.Table:
-    """Diff files (gzipped JSONL, the bulk format) → parsed rows with `_bucket` 0 (kept), -1
-    (rejected, with reason) or -2 (skipped by rule); one Ray task per file."""
-    step = ParseRecords(records.SPECS[name], 1, cfg.ingest.raw_line_limit)
-    return parse_files(storage, uris, step, cfg.ingest.batch_size, cfg.ingest.cpus_per_task)
-
-
-def _split(parsed: pa.Table, name: str) -> tuple[pa.Table, pa.Table, int]:
-    """Parsed rows → (kept rows in record shape, rejects, skipped count)."""
-    bucket = parsed[BUCKET]
-    kept = parsed.filter(pc.greater_equal(bucket, 0))
-    rejected = parsed.filter(pc.equal(bucket, buckets.REJECTED))
-    skipped = int(pc.sum(pc.equal(bucket, buckets.SKIPPED)).as_py() or 0)
-    schema = record_schema(name)
-    return kept.select(schema.names).cast(schema), rejected, skipped
-
-
 # -- OpenAlex: partitions newer than the pinned snapshot -----------------------------------------
 
 PARTITION = re.compile(r"updated_date=(\d{4}-\d{2}-\d{2})")
@@ -132,26 +116,15 @@ def new_work_files(cfg: Config, storage: Storage, pinned: str | None) -> tuple[l
     return (newer if pinned is not None else []), newest
 
 
-def _key_rows(storage: Storage, keys_uri: str, keys: pa.Table) -> pa.Table:
-    """OpenAlex key rows (payload included) for S2 key rows (`linking.s2_keys`): one scan of
-    the key table, pruned to the buckets those keys hash to."""
-    schema = rows_schema(ParseWorks(records.SPECS["works"], 1, 1)(LINES.empty_table()).schema)
-    if not keys.num_rows:
-        return schema.empty_table()
+def _new_keys(storage: Storage, keys_uri: str, part: str) -> pa.Array:
+    """The keys (a column, not rows) that the key table's files of one snapshot hold."""
     loc = storage.resolve(keys_uri)
-    ds = pds.dataset(
-        loc.path,
-        filesystem=loc.fs,
-        format="parquet",
-        partitioning="hive",
-        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
-    )
-    found = ds.to_table(
-        columns=schema.names,
-        filter=pc.field(BUCKET).isin(keys[BUCKET].unique())
-        & pc.field("key").isin(keys["key"].unique()),
-    )
-    return found.cast(schema)
+    found = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
+    files = [f.path for f in found if f.base_name.startswith(f"part-{part}-")]
+    if not files:
+        return pa.array([], pa.string())
+    keys = pds.dataset(files, filesystem=loc.fs, format="parquet").to_table(columns=["key"])
+    return keys["key"].unique()
 
 
 def _relink_ids(corpus: Corpus, new_keys: pa.Array) -> pa.Array:
@@ -175,46 +148,62 @@ def _relink_ids(corpus: Corpus, new_keys: pa.Array) -> pa.Array:
 
 # -- applying changes ----------------------------------------------------------------------------
 
+NO_CHANGES = {"inserted": 0, "updated": 0, "deleted": 0}
+CITATION_SIDES = [("citations", "update"), ("citations", "delete")]
 
-def _ids(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    flat = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return flat.cast(pa.int64())
+
+def _schemas(key_buckets: int) -> dict[str, pa.Schema]:
+    """The staged record shapes a bucket's task reads."""
+    works = ParseWorks(records.SPECS["works"], key_buckets, 1)(LINES.empty_table()).schema
+    return {
+        **{name: record_schema(name) for name in ("papers", "abstracts", "citations", "s2orc")},
+        "works": rows_schema(works),
+    }
+
+
+def _plan(run: RefreshRun, corpus: Corpus, name: str) -> buckets.BucketPlan:
+    ds = corpus.table(name)
+    return buckets.plan(corpus.bucket_layout(name), run.storage, ds.uri, ds.version)
 
 
 def _apply_papers(
-    corpus: Corpus,
-    keys_uri: str,
-    num_buckets: int,
-    papers: pa.Table,
-    abstracts: pa.Table,
-    relink: pa.Array,
-    forget_abstracts: pa.Array,
-) -> int:
-    """Rebuild and upsert every paper the records touch; returns rows written."""
-    relink, forget_abstracts = _ids(relink), _ids(forget_abstracts)
-    ids = pa.concat_arrays(
-        [_ids(papers["corpus_id"]), _ids(abstracts["corpus_id"]), relink, forget_abstracts]
-    ).unique()
-    if not len(ids):
-        return 0
-    current = corpus.rows_for("papers", "corpus_id", ids)
-    current = updates.forget_abstracts(current, forget_abstracts)
-    touched = pa.concat_arrays([relink, forget_abstracts])
-    paper_rec, abstract_rec = updates.rebuild_inputs(papers, abstracts, current, touched)
-    works = _key_rows(corpus.storage, keys_uri, linking.s2_keys(paper_rec, num_buckets))
-    rows = updates.rebuilt_papers(paper_rec, abstract_rec, works, num_buckets)
-    corpus.upsert("papers", rows)
-    return rows.num_rows
+    run: RefreshRun, corpus: Corpus, sides: release_step.PaperSides, relink: pa.Array
+) -> dict[str, int]:
+    """Rebuild and write every paper the records touch, one task per touched bucket."""
+    n = _key_buckets(run, corpus)
+    layout, counts = release_step.apply_papers(
+        run.cfg,
+        run.storage,
+        _plan(run, corpus, "papers"),
+        sides,
+        _schemas(n),
+        relink=relink.cast(pa.int64()),
+        keys_uri=corpus.manifest["tables"]["openalex_keys"]["uri"],
+        key_buckets=n,
+    )
+    corpus.layouts["papers"] = layout
+    return counts
 
 
-def _apply_citations(corpus: Corpus, citations: pa.Table) -> int:
-    if not citations.num_rows:
-        return 0
-    current = corpus.rows_for("citations", "citing_id", citations["citing_id"].unique())
-    empty_s2orc = record_schema("s2orc").empty_table()
-    rows = updates.changed_citations(citations, current, recover_contexts(empty_s2orc))
-    corpus.upsert("citations", rows)
-    return rows.num_rows
+def _gone_ids(storage: Storage, staged: release_step.Staged | None) -> pa.Array:
+    """The ids of the papers a step deletes (a key column, not rows): every citations bucket
+    looks for citations to them."""
+    if staged is None or not staged.kept:
+        return pa.array([], pa.int64())
+    loc = storage.resolve(staged.uri)
+    found = pds.dataset(
+        loc.path,
+        filesystem=loc.fs,
+        format="parquet",
+        partitioning="hive",
+        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
+    )
+    return (
+        found.to_table(columns=["corpus_id"])["corpus_id"]
+        .combine_chunks()
+        .cast(pa.int64())
+        .unique()
+    )
 
 
 @dataclass(frozen=True)
@@ -330,97 +319,102 @@ def _commit(
 # -- steps -----------------------------------------------------------------------------------------
 
 
-def _download(
-    run: RefreshRun, step_dir: str, name: str, kind: str, urls: Sequence[str]
-) -> list[str]:
-    """Diff files into the build root, each complete or absent; kept ones are reused by a
-    rerun of the same step (its URLs change, the files' order does not)."""
-    out, fetched, kept, started = [], 0, 0, time.perf_counter()
-    for i, url in enumerate(urls):
-        uri = join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz")
-        if run.storage.is_file(uri):
-            kept += 1
-        else:
-            with run.storage.atomic_output(uri) as sink:
-                fetched += run.client.download(url, sink)
-            console.print(
-                f"    {name} {kind} file {i + 1}/{len(urls)}: {fetched / 1e6:,.1f} MB in "
-                f"{time.perf_counter() - started:,.0f} s"
-                + (f" ({kept} kept from an earlier try)" if kept else ""),
-                highlight=False,
-            )
-        out.append(uri)
-    return out
-
-
-def _records(
+def _stage(
     run: RefreshRun,
+    corpus: Corpus,
     step_dir: str,
     steps: dict[str, DiffStep],
+    report: StepReport,
+    wanted: list[tuple[str, str]],
+) -> dict[tuple[str, str], release_step.Staged | None]:
+    """Sides (dataset, update|delete) of a step fetched and parsed into the key buckets of their
+    table, all in one round of tasks (`release_step.stage`); rejects written and counted.
+    Downloads are kept for a rerun of the step (its URLs change, the files' order does not)."""
+    sides: dict[tuple[str, str], release_step.Side] = {}
+    for name, kind in wanted:
+        step = steps.get(name)
+        if step is None:
+            continue
+        urls = step.update_files if kind == "update" else step.delete_files
+        table = "citations" if name == "citations" else "papers"
+        out = join(step_dir, "parsed", f"{name}-{kind}")
+        run.storage.delete_dir(out)  # what a killed try parsed: parsed again
+        sides[name, kind] = release_step.Side(
+            tuple(join(step_dir, name, f"{kind}-{i:05d}.jsonl.gz") for i in range(len(urls))),
+            ParseRecords(
+                records.SPECS[name],
+                corpus.bucket_layout(table).num_buckets,
+                run.cfg.ingest.raw_line_limit,
+            ),
+            out,
+            join(run.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}"),
+            urls=tuple(urls),
+        )
+    started = time.perf_counter()
+    staged = release_step.stage(run.cfg, run.storage, list(sides.values()), run.client.fetcher())
+    seconds = time.perf_counter() - started
+    for ((name, kind), side), found in zip(sides.items(), staged):
+        if side.urls:
+            console.print(
+                f"    {name} {kind}: {len(side.urls)} file(s), {found.fetched_bytes / 1e6:,.1f} "
+                f"MB fetched, {found.kept:,} records (with the step's other files: "
+                f"{seconds:,.0f} s)",
+                highlight=False,
+            )
+        _count(run, steps[name], name, kind, found, report)
+    return {key: dict(zip(sides, staged)).get(key) for key in wanted}
+
+
+def _count(
+    run: RefreshRun,
+    step: DiffStep,
     name: str,
     kind: str,
+    staged: release_step.Staged,
     report: StepReport,
-) -> pa.Table:
-    """Parsed kept rows of one side of a dataset's step, rejects written and counted."""
-    step = steps.get(name)
-    if step is None:
-        return record_schema(name).empty_table()
-    urls = step.update_files if kind == "update" else step.delete_files
-    files = _download(run, step_dir, name, kind, urls)
-    parsed = _parse_files(run.cfg, run.storage, name, files)
-    kept, rejected, skipped = _split(parsed, name)
+) -> None:
     counts = report.records.setdefault(name, {})
-    counts[f"{kind}_records"] = kept.num_rows
-    counts[f"{kind}_rejected"] = rejected.num_rows
-    counts[f"{kind}_skipped"] = skipped
-    if rejected.num_rows:
-        run.storage.write_parquet(
-            rejected.select(["path", "reject_reason", "raw"]),
-            join(run.work, "rejects", f"{_slug(step.to_release)}-{name}-{kind}.parquet"),
-        )
-    total = kept.num_rows + rejected.num_rows + skipped
+    counts[f"{kind}_records"] = staged.kept
+    counts[f"{kind}_rejected"] = staged.rejected
+    counts[f"{kind}_skipped"] = staged.skipped
+    total = staged.kept + staged.rejected + staged.skipped
     limit = run.cfg.ingest.max_reject_rate
-    if total and rejected.num_rows / total > limit:
+    if total and staged.rejected / total > limit:
         raise InputError(
-            f"{rejected.num_rows:,} of {total:,} {kind} records of {name} in release step "
+            f"{staged.rejected:,} of {total:,} {kind} records of {name} in release step "
             f"{step.from_release} → {step.to_release} were rejected (> "
             f"ingest.max_reject_rate={limit:.1%}); reasons in {run.work}/rejects"
         )
-    return kept
 
 
 def _apply_step(
     run: RefreshRun, corpus: Corpus, steps: dict[str, DiffStep], report: StepReport
-) -> None:
+) -> dict[str, dict[str, int]]:
+    """The step's papers and abstracts, then its citations (and those of deleted papers), each
+    table in one commit; returns what each changed."""
     one = next(iter(steps.values()))
     step_dir = join(run.work, "downloads", _slug(one.to_release))
-    n = _key_buckets(run, corpus)
-    keys_uri = corpus.manifest["tables"]["openalex_keys"]["uri"]
-    papers = _records(run, step_dir, steps, "papers", "update", report)
-    abstracts = _records(run, step_dir, steps, "abstracts", "update", report)
-    gone_papers = _records(run, step_dir, steps, "papers", "delete", report)
-    gone_abstracts = _records(run, step_dir, steps, "abstracts", "delete", report)
+
+    paper_sides = [("papers", "update"), ("abstracts", "update")]
+    paper_sides += [("papers", "delete"), ("abstracts", "delete")]
+    found = _stage(run, corpus, step_dir, steps, report, paper_sides)
+    sides = release_step.PaperSides(*(found[key] for key in paper_sides))
     console.print(f"  {report.label}: papers")
-    _apply_papers(
-        corpus,
-        keys_uri,
-        n,
-        papers,
-        abstracts,
-        pa.array([], pa.int64()),
-        gone_abstracts["corpus_id"],
-    )
-    citations = _records(run, step_dir, steps, "citations", "update", report)
-    gone_citations = _records(run, step_dir, steps, "citations", "delete", report)
+    papers = _apply_papers(run, corpus, sides, pa.array([], pa.int64()))
+    staged = _stage(run, corpus, step_dir, steps, report, CITATION_SIDES)
+    citations, gone_citations = (staged[key] for key in CITATION_SIDES)
     console.print(f"  {report.label}: citations")
-    _apply_citations(corpus, citations)
-    corpus.delete_keys(
-        "citations", gone_citations.select(CITATION_KEY).group_by(CITATION_KEY).aggregate([])
+    layout, cited = release_step.apply_citations(
+        run.cfg,
+        run.storage,
+        _plan(run, corpus, "citations"),
+        citations,
+        gone_citations,
+        _schemas(1),
+        _gone_ids(run.storage, sides.gone_papers),
     )
-    if gone_papers.num_rows:
-        ids = _ids(gone_papers["corpus_id"]).unique()
-        corpus.delete_keys("papers", pa.table({"corpus_id": ids}))
-        corpus.delete_citations_of(ids)
+    corpus.layouts["citations"] = layout
+    return {"papers": papers, "citations": cited}
 
 
 def _key_buckets(run: RefreshRun, corpus: Corpus) -> int:
@@ -449,28 +443,25 @@ def _openalex(
     n = _key_buckets(run, corpus)
     keys_uri = manifest["tables"]["openalex_keys"]["uri"]
     step = ParseWorks(records.SPECS["works"], n, run.cfg.ingest.raw_line_limit)
-    ingest = run.cfg.ingest
-    parsed = parse_files(run.storage, files, step, ingest.batch_size, ingest.cpus_per_task)
-    good = parsed.filter(pc.greater_equal(parsed[BUCKET], 0))
-    if good.num_rows:
-        # named for the snapshot: a retried refresh rewrites the same files
-        write_partitions(good, keys_uri, run.storage, f"openalex-{newest}")
-    relink = _relink_ids(corpus, good["key"].unique())
-    report.records["works"] = {
-        "update_records": good.num_rows,
-        "update_rejected": int(pc.sum(pc.equal(parsed[BUCKET], buckets.REJECTED)).as_py() or 0),
-    }
-    begin = corpus.versions()
-    _apply_papers(
-        corpus,
-        keys_uri,
-        n,
-        record_schema("papers").empty_table(),
-        record_schema("abstracts").empty_table(),
-        relink,
-        pa.array([], pa.int64()),
+    part = f"openalex-{newest}"  # named for the snapshot: a retried refresh rewrites its files
+    [staged] = release_step.stage(
+        run.cfg,
+        run.storage,
+        [
+            release_step.Side(
+                tuple(files), step, keys_uri, join(run.work, "rejects", part), part=part
+            )
+        ],
     )
-    report.changes = corpus.changes(begin)
+    relink = _relink_ids(corpus, _new_keys(run.storage, keys_uri, part))
+    report.records["works"] = {
+        "update_records": staged.kept,
+        "update_rejected": staged.rejected,
+    }
+    report.changes = {
+        "papers": _apply_papers(run, corpus, release_step.PaperSides(), relink),
+        "citations": dict(NO_CHANGES),
+    }
     state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
     return _commit(run, manifest, corpus, state, report)
 
@@ -536,9 +527,7 @@ def apply_diffs(run: RefreshRun) -> Applied:
     for group in steps:
         one = next(iter(group.values()))
         report = StepReport(f"{one.from_release} → {one.to_release}")
-        begin = corpus.versions()
-        _apply_step(run, corpus, group, report)
-        report.changes = corpus.changes(begin)
+        report.changes = _apply_step(run, corpus, group, report)
         state = {**state, "release": one.to_release}
         manifest = _commit(run, manifest, corpus, state, report)
         state = manifest["corpus"]

@@ -58,6 +58,28 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, (parts.hostname or "").lower(), parts.port or default
 
 
+@dataclass(frozen=True)
+class FileFetcher:
+    """What a Ray task needs to download pre-signed diff files: the client's retry settings and
+    no API key (a pre-signed URL carries its own signature, and the key goes to the API's host
+    only), so nothing secret travels with the task."""
+
+    max_retries: int
+    timeout_s: float
+    backoff_s: float
+
+    def download(self, url: str, sink: BinaryIO) -> int:
+        client = S2DatasetsClient(
+            "",
+            None,
+            requests_per_second=0,
+            max_retries=self.max_retries,
+            timeout_s=self.timeout_s,
+            backoff_s=self.backoff_s,
+        )
+        return client.download(url, sink)
+
+
 class KeyedSession(requests.Session):
     """A session that sets the API key on exactly the requests to one origin, the API's: on the
     first request and again on every hop of a redirect, where it is removed when the hop
@@ -210,6 +232,9 @@ class S2DatasetsClient:
                     f"from {step.from_release}"
                 )
         return steps
+
+    def fetcher(self) -> FileFetcher:
+        return FileFetcher(self.max_retries, self.timeout_s, self.backoff_s)
 
     def download(self, url: str, sink: BinaryIO, chunk_bytes: int = 1 << 20) -> int:
         """Stream one diff file into `sink`; returns bytes written."""

@@ -1,13 +1,11 @@
 """The corpus tables as a refresh changes them: the Lance tables the ingest manifest points at,
-the versions it records, and the upserts, deletes and change counts of a release step."""
+the versions and bucket layouts it records, and the restore of a step a killed refresh left
+unpublished (the edits themselves: `release_step`, `bucket_edits`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from cpr_ray import buckets
 from cpr_ray.corpus.ingest import KEPT_INPUTS
@@ -16,9 +14,6 @@ from cpr_ray.storage import Storage
 
 if TYPE_CHECKING:
     import lance
-
-CITATION_KEY = ["citing_id", "cited_id"]
-DELETE_CHUNK = 20_000  # ids per Lance delete predicate
 
 
 class Corpus:
@@ -75,54 +70,3 @@ class Corpus:
                 self.commit(name, lambda t, v=recorded: t.checkout_version(v).restore())
                 restored.append(f"{name} {ds.version} → {recorded}")
         return restored
-
-    def rows_for(self, name: str, column: str, ids: pa.Array) -> pa.Table:
-        if not len(ids):
-            return self.table(name).schema.empty_table()
-        return self.table(name).to_table(filter=pc.field(column).isin(ids))
-
-    def upsert(self, name: str, rows: pa.Table) -> None:
-        if rows.num_rows:
-            on = "corpus_id" if name == "papers" else CITATION_KEY
-            self.commit(
-                name,
-                lambda t: (
-                    t.merge_insert(on)
-                    .when_matched_update_all()
-                    .when_not_matched_insert_all()
-                    .execute(rows)
-                ),
-            )
-
-    def delete_keys(self, name: str, keys: pa.Table) -> None:
-        if keys.num_rows:
-            on = "corpus_id" if name == "papers" else CITATION_KEY
-            self.commit(name, lambda t: t.merge_insert(on).when_matched_delete().execute(keys))
-
-    def delete_citations_of(self, ids: pa.Array) -> None:
-        """Citations from or to deleted papers go with them."""
-        values = ids.to_pylist()
-        for start in range(0, len(values), DELETE_CHUNK):
-            chunk = ", ".join(str(int(v)) for v in values[start : start + DELETE_CHUNK])
-            where = f"citing_id IN ({chunk}) OR cited_id IN ({chunk})"
-            self.commit("citations", lambda t, where=where: t.delete(where))
-
-    def versions(self) -> dict[str, int]:
-        return {name: self.table(name).version for name in ("papers", "citations")}
-
-    def changes(self, begin: dict[str, int]) -> dict[str, dict[str, int]]:
-        """Rows inserted, updated and deleted since `begin`, from Lance's change API."""
-        out = {}
-        for name in ("papers", "citations"):
-            ds = self.table(name)
-            if ds.version == begin[name]:
-                out[name] = {"inserted": 0, "updated": 0, "deleted": 0}
-                continue
-            delta = ds.delta(begin_version=begin[name], end_version=ds.version)
-            deleted = delta.get_deleted_row_ids()
-            out[name] = {
-                "inserted": delta.get_inserted_rows().read_all().num_rows,
-                "updated": delta.get_updated_rows().read_all().num_rows,
-                "deleted": sum(len(b) for b in deleted) if deleted is not None else 0,
-            }
-        return out

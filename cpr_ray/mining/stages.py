@@ -288,8 +288,8 @@ def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any])
         top = storage.read_parquet(venues_m["tables"]["top_venues"]["uri"])
         mixed = {name: getattr(corpus, name) for name in ("papers", "citations")}
         console.print(
-            f"  reading the corpus in its {n} key buckets; rows in fragments a refresh added "
-            "(scanned by every bucket): "
+            f"  reading the corpus in its {n} key buckets; rows in fragments that mix buckets "
+            "(an earlier refresh's, scanned by every bucket): "
             + ", ".join(f"{name} {p.mixed_rows:,} of {p.rows:,}" for name, p in mixed.items())
         )
 
