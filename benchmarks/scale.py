@@ -14,9 +14,9 @@ plumbing, not the model). What grows with the corpus grows with the size: base p
 Per stage and size: wall seconds; peak resident memory (RSS, sampled every 0.2 s with psutil)
 of the driver and of the largest Ray worker process during the stage; object-store bytes
 spilled (the raylet's store stats); objects written under the build root (files created or
-replaced). Goals, per doubling: wall ≤ 2.2×, largest worker ≤ 1.25×, driver flat (≤ 1.1×); the
-refresh's share of the rebuild does not grow. Prints the table with ratios, writes `--out`
-(JSON) and `--plot` (log–log). Usage:
+replaced); the phases the stage's manifest reports. Goals, per doubling: wall ≤ 2.2×,
+largest worker ≤ 1.25×, driver flat (≤ 1.1×); the refresh's share of the rebuild does not grow.
+Prints the table with ratios, writes `--out` (JSON) and `--plot` (log–log). Usage:
 
     python benchmarks/scale.py [--sizes 250000,500000,1000000] [--out scale.json] \
         [--plot benchmarks/scale.png] [--work DIR] [--llm-latency-ms 100] [--in-flight 32]
@@ -217,7 +217,7 @@ class Probe:
             "spilled": spilled_bytes() - spilled,
             "objects": files_since(self.root, started),
         }
-        print(f"SCALE {name}: {json.dumps(into[name])}", flush=True)
+        print(f"SCALE {name}: {json.dumps(into[name])}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.stopped.set()
@@ -325,7 +325,9 @@ def measure(args: argparse.Namespace, papers: int) -> dict[str, Any]:
         )
         for name in STAGES:
             with probe.stage(name, stages):
-                run_build(cfg, [name])
+                manifest = run_build(cfg, [name])[name]
+            # where a stage's time went, as it says (a refresh replaces these manifests)
+            stages[name]["phases"] = manifest.get("stats", {}).get("phase_seconds")
         storage = Storage(cfg.storage)
         pairs = pq.read_table(require_manifest(storage, "mine")["tables"]["pairs"]["uri"])
         refresh_bench.release_diff(raw, s2.root, pairs, args.share)
