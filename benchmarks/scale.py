@@ -273,6 +273,23 @@ def tiny_dense(folder: Path) -> str:
     return str(folder)
 
 
+def corpus(args: argparse.Namespace, papers: int) -> Path:
+    """The raw synthetic corpus of `papers` papers under the work folder."""
+    return args.work / f"raw-{papers}-{papers * args.citations_per_paper}"
+
+
+def prepare(args: argparse.Namespace, papers: Sequence[int]) -> None:
+    """The corpora and the tiny encoder, made before any size is measured, so that a measured
+    driver's memory holds the build alone (not the generator's frames or an imported torch)."""
+    from cpr_ray.sample.synthetic import generate
+
+    for n in papers:
+        if not (corpus(args, n) / "s2").is_dir():
+            print(f"generating {n:,} papers", flush=True)
+            generate(corpus(args, n), n, n * args.citations_per_paper, seed=7)
+    tiny_dense(args.work / "dense-tiny")
+
+
 def measure(args: argparse.Namespace, papers: int) -> dict[str, Any]:
     """Build every stage, then refresh, on `papers` papers; each stage's measurements."""
     import shutil
@@ -286,19 +303,16 @@ def measure(args: argparse.Namespace, papers: int) -> dict[str, Any]:
 
     from cpr_ray.pipeline.build import STAGES, run_build
     from cpr_ray.pipeline.refresh import refresh
-    from cpr_ray.sample.synthetic import generate
     from cpr_ray.stage import require_manifest
     from cpr_ray.storage import Storage
 
     citations = papers * args.citations_per_paper
-    raw = args.work / f"raw-{papers}-{citations}"
+    raw = corpus(args, papers)
     root = args.work / f"build-{papers}"
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(args.work / f"s2-api-{papers}", ignore_errors=True)
     refresh_bench.clear_diff(raw)
-    if not (raw / "s2").is_dir():
-        generate(raw, papers, citations, seed=7)
-    encoder = tiny_dense(args.work / "dense-tiny")
+    encoder = str(args.work / "dense-tiny")  # built by the parent: no torch in this driver
     dense = (
         f"{{name: dense, kind: dense, encoder: {{model: '{encoder}', max_length: 64, "
         "batch_size: 64, device: cpu, actors: 2, cpus_per_actor: 1, gpus_per_actor: 0}}"
@@ -367,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     papers = [int(s) for s in args.sizes.split(",")]
     if papers != sorted(papers) or len(set(papers)) != len(papers):
         sys.exit("error: --sizes must be distinct and ascending, e.g. 250000,500000,1000000")
+    prepare(args, papers)
     results = []
     for n in papers:  # each size in a fresh process: its own Ray, a driver that starts empty
         print(f"size {n:,} papers: building (log: {args.work / f'size-{n}.log'})", flush=True)
