@@ -138,7 +138,7 @@ def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (wall, mem) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (wall, mem) = plt.subplots(1, 2, figsize=(12, 4.2))
     colours = plt.get_cmap("tab20").colors
     for i, r in enumerate(rows):
         style = {"color": colours[i % len(colours)], "marker": "o", "label": r["stage"]}
@@ -155,8 +155,8 @@ def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> N
         ax.set_xlabel("papers")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    wall.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
+    fig.legend(*wall.get_legend_handles_labels(), fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
     fig.savefig(path, dpi=60)
     plt.close(fig)
 
