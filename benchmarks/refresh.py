@@ -24,8 +24,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -35,7 +37,7 @@ from cpr_ray.config import Config, load_config  # noqa: E402
 from cpr_ray.llm.ledger import ledger_summary  # noqa: E402
 from cpr_ray.pipeline.build import run_build  # noqa: E402
 from cpr_ray.pipeline.refresh import refresh  # noqa: E402
-from cpr_ray.sample.diffs import make_diff  # noqa: E402
+from cpr_ray.sample.diffs import DiffPlan, make_diff  # noqa: E402
 from cpr_ray.sample.synthetic import generate  # noqa: E402
 from cpr_ray.stage import require_manifest  # noqa: E402
 from cpr_ray.storage import Storage  # noqa: E402
@@ -44,8 +46,16 @@ OLD, NEW = "2026-11-25", "2026-12-02"
 
 
 def config(
-    root: Path, raw: Path, llm_url: str, s2_url: str, in_flight: int, base_per_field: int
+    root: Path,
+    raw: Path,
+    llm_url: str,
+    s2_url: str,
+    in_flight: int,
+    base_per_field: int,
+    extra: Sequence[str] = (),
 ) -> Config:
+    """The benchmark's build: the dry-run profile on the synthetic corpus, the scripted judge
+    and the S2 stand-in; `extra` overrides come last (`benchmarks/scale.py` adds its own)."""
     return load_config(
         "dry-run",
         env={},
@@ -72,7 +82,33 @@ def config(
             f"refresh.base_release={OLD}",
             f"refresh.api_url={s2_url}",
             "refresh.requests_per_second=20",
+            *extra,
         ],
+    )
+
+
+def clear_diff(raw: Path) -> None:
+    """Remove a previous run's OpenAlex diff partition, which a build would otherwise ingest."""
+    shutil.rmtree(raw / "openalex" / "works" / "updated_date=2026-12-01", ignore_errors=True)
+
+
+def release_diff(raw: Path, api_root: Path, pairs: pa.Table, share: float) -> DiffPlan:
+    """One S2 release step that touches `share` of the mined `pairs` (new, changed and deleted
+    cited papers, deleted citations, and as many changed papers outside any pair) with its
+    OpenAlex partition, served by the stand-in rooted at `api_root`."""
+    hit = max(1, round(share * pairs.num_rows))
+    return make_diff(
+        raw / "s2",
+        raw / "openalex",
+        api_root,
+        pairs,
+        releases=(OLD, NEW),
+        new=max(1, hit // 2),
+        changed=max(1, hit // 4),
+        deleted=max(1, hit // 8),
+        deleted_citations=max(1, hit // 8),
+        unpaired_changes=hit,
+        openalex_date="2026-12-01",
     )
 
 
@@ -93,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="cpr-refresh-bench-"))
     raw, root = work / "raw", work / "build"
     shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(raw / "openalex" / "works" / "updated_date=2026-12-01", ignore_errors=True)
+    clear_diff(raw)
     if not (raw / "s2").is_dir():
         generate(raw, args.papers, args.citations, seed=7)
     llm_proc, llm = start_scripted_llm(work / "llm.log")
@@ -108,20 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         run_build(cfg)
         rebuild_s, rebuild_calls = time.perf_counter() - started, answers(storage)
         pairs = pq.read_table(require_manifest(storage, "mine")["tables"]["pairs"]["uri"])
-        hit = max(1, round(args.share * pairs.num_rows))
-        plan = make_diff(
-            raw / "s2",
-            raw / "openalex",
-            s2.root,
-            pairs,
-            releases=(OLD, NEW),
-            new=max(1, hit // 2),
-            changed=max(1, hit // 4),
-            deleted=max(1, hit // 8),
-            deleted_citations=max(1, hit // 8),
-            unpaired_changes=hit,
-            openalex_date="2026-12-01",
-        )
+        plan = release_diff(raw, s2.root, pairs, args.share)
         started = time.perf_counter()
         summary = refresh(cfg)
         refresh_s = time.perf_counter() - started
