@@ -119,9 +119,12 @@ def _call(fn: Callable[[int], T], k: int) -> T:
     return fn(k)
 
 
-def run_buckets(num_buckets: int, fn: Callable[[int], T], num_cpus: float) -> list[T]:
-    """`fn(k)` for every bucket k, one Ray task each (`fn` shipped once), in bucket order."""
-    task = ray.remote(num_cpus=num_cpus)(_call)
+def run_buckets(
+    num_buckets: int, fn: Callable[[int], T], num_cpus: float, *, memory: int | None = None
+) -> list[T]:
+    """`fn(k)` for every bucket k, one Ray task each (`fn` shipped once), in bucket order;
+    `memory`: the bytes each task declares to Ray, where it is bounded."""
+    task = ray.remote(num_cpus=num_cpus, memory=memory)(_call)
     ref = ray.put(fn)
     return ray.get([task.remote(ref, k) for k in range(num_buckets)])
 
