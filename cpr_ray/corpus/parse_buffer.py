@@ -2,8 +2,8 @@
 memory it declares to Ray for that.
 
 A parse task used to hold its rows until `rows_per_file × (num_buckets + 2)` of them were due:
-12.9M rows with the cluster profile's settings, a whole abstracts shard (~15 GB in Arrow) in
-each of 16 tasks per node, none of it declared. Now:
+12.9M rows with the cluster profile's settings, a whole abstracts shard (~15 GB in Arrow at
+~1.2 kB an abstract) in each of 16 tasks per node, none of it declared. Now:
 
 - its parsed rows wait in a `BucketBuffer`, sorted into their key buckets as they come, and
   are written — one Parquet file per bucket they fall in — as soon as they hold the budget in
@@ -12,7 +12,7 @@ each of 16 tasks per node, none of it declared. Now:
   lines); the config refuses a budget under 1 MiB per bucket file (`IngestConfig`);
 - a batch of lines handed to DuckDB is cut at `line_batch_bytes` of the budget as well as at
   `ingest.batch_size` lines: DuckDB's working memory for one call is up to ~20× its text when
-  lines are long (2,048 rows a vector: 32 MB of 16 kB abstracts took 85 MB more), so a batch
+  lines are long (it works 2,048 rows at a time: 4 MB of 16 kB abstracts took 85 MB), so a batch
   counted in lines alone grew with the lines (S2ORC documents are ~60 kB each).
 
 `parse_task_memory` is what the task asks Ray for: the process, plus `working_memory` (a fixed
