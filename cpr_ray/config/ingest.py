@@ -24,8 +24,8 @@ class IngestConfig(_Section):
         ge=1,
         description="MiB of parsed rows a parse task holds before it writes them, one Parquet "
         "file per key bucket (so files of ~parse_buffer_mb/(num_buckets+2) MiB; at least 1 MiB "
-        "each); a batch of lines is also cut at 1/32 of it. Bounds the task's memory whatever "
-        "the shard size: it declares 576 MiB + 2x this to Ray.",
+        "each); a batch of lines is also cut at 1/8 of it (1/32 for long lines). Bounds the "
+        "task's memory whatever the shard size: it declares 576 MiB + 2x this to Ray.",
     )
     max_reject_rate: float = Field(
         0.05,

@@ -10,10 +10,11 @@ A parse task used to hold its rows until `rows_per_file × (num_buckets + 2)` of
   bytes. A shard of S parsed bytes so gives (num_buckets + 2) × ceil(S / budget) files of about
   budget / (num_buckets + 2) bytes each (the two extra partitions hold rejected and skipped
   lines); the config refuses a budget under 1 MiB per bucket file (`IngestConfig`);
-- a batch of lines handed to DuckDB is cut at `line_batch_bytes` of the budget as well as at
-  `ingest.batch_size` lines: DuckDB's working memory for one call is up to ~20× its text when
-  lines are long (it works 2,048 rows at a time: 4 MB of 16 kB abstracts took 85 MB), so a batch
-  counted in lines alone grew with the lines (S2ORC documents are ~60 kB each).
+- a batch of lines handed to DuckDB is cut at `line_batch_bytes` (1/8 of the budget, 1/32 for
+  long lines) as well as at `ingest.batch_size` lines: DuckDB's working memory for one call is up
+  to ~20× its text when lines are long (it works 2,048 rows at a time: 4 MB of 16 kB abstracts
+  took 85 MB), so a batch counted in lines alone grew with the lines (S2ORC documents are ~60 kB
+  each). A cut at 1/32 for all lines cost 15% more parse CPU in 2–5× the DuckDB calls.
 
 `parse_task_memory` is what the task asks Ray for: the process, plus `working_memory` (a fixed
 part and twice the budget), measured. A Ray worker with the parser imported holds 262 MB; a
@@ -33,9 +34,13 @@ from cpr_ray.buckets import BUCKET, bucket_uri
 from cpr_ray.storage import Storage, join
 
 MIB = 1 << 20
-# a batch of lines is cut at this share of the budget: DuckDB's ~20× working set on top, a batch
-# costs well under the budget itself
-LINE_BATCH_SHARE = 32
+# DuckDB works 2,048 rows at a time, at up to ~20× their text (measured with 16 kB lines), and a
+# batch is held about three times over (its lines, DuckDB's input and its rows): so a batch of
+# lines is cut at budget / 8 while 2,048 of them take at most half the budget in DuckDB, and at
+# budget / 32 when they are longer (S2ORC documents, ~60 kB each)
+DUCKDB_VECTOR_ROWS = 2048
+DUCKDB_AMPLIFICATION = 20
+SHORT_LINES_SHARE, LONG_LINES_SHARE = 8, 32
 # ... but not below this, or DuckDB's cost per call (a connection and its macros: ~10 ms, and
 # ~100 ms on a loaded machine) would outweigh the parsing
 MIN_LINE_BATCH = 4 * MIB
@@ -44,17 +49,20 @@ PROCESS_BYTES = 320 * MIB
 # above the process and the buffer: one batch of MIN_LINE_BATCH through DuckDB, the writer
 # threads, and what the allocators keep between batches (150-180 MB measured with long lines)
 FIXED_BYTES = 256 * MIB
-# peak RSS per byte of budget: the buffer itself, a batch of budget / 32 through DuckDB (up to
-# ~20x its text), and the bucket files being encoded
+# peak RSS per byte of budget: the buffer itself (1), a batch of lines through DuckDB (at most
+# 3/8 + 1/2 for short lines, 3/32 + 20/32 for long ones), and the bucket files being encoded
 WORKING_FACTOR = 2.0
 # bucket files written at once: an object store's upload latency, not bandwidth, bounds them
 # (each writer thread also keeps allocator arenas: a few MB each)
 WRITE_THREADS = 4
 
 
-def line_batch_bytes(buffer_bytes: int) -> int:
-    """Bytes of lines handed to the parser at once, for a buffer of `buffer_bytes`."""
-    return max(MIN_LINE_BATCH, buffer_bytes // LINE_BATCH_SHARE)
+def line_batch_bytes(buffer_bytes: int, line_bytes: float) -> int:
+    """Bytes of lines handed to the parser at once, for a buffer of `buffer_bytes` and lines of
+    `line_bytes` on average."""
+    vector = DUCKDB_VECTOR_ROWS * DUCKDB_AMPLIFICATION * line_bytes
+    share = SHORT_LINES_SHARE if vector <= buffer_bytes / 2 else LONG_LINES_SHARE
+    return max(MIN_LINE_BATCH, buffer_bytes // share)
 
 
 def working_memory(buffer_bytes: int) -> int:

@@ -62,11 +62,7 @@ class ParseShard:
     def __call__(self, k: int) -> None:
         buffer, part = BucketBuffer(), 0
         batches = parsed_batches(
-            self.reader,
-            self.files[k],
-            self.step,
-            self.batch_lines,
-            line_batch_bytes(self.buffer_bytes),
+            self.reader, self.files[k], self.step, self.batch_lines, self.buffer_bytes
         )
         for rows in batches:
             buffer.add(rows)
@@ -78,17 +74,19 @@ class ParseShard:
 
 
 def parsed_batches(
-    reader: ReadShards, uri: str, step: ParseRecords, batch_lines: int, batch_bytes: int = 0
+    reader: ReadShards, uri: str, step: ParseRecords, batch_lines: int, buffer_bytes: int = 0
 ) -> Iterator[pa.Table]:
-    """One shard's lines parsed about `batch_lines` (or, if set, `batch_bytes` of lines) at a
-    time: DuckDB pays per call, so a few large calls, and memory stays bounded by one batch."""
+    """One shard's lines parsed about `batch_lines` at a time, or, for a parse buffer of
+    `buffer_bytes`, fewer (`line_batch_bytes`): DuckDB pays per call, so a few large calls, and
+    memory stays bounded by one batch."""
     lines: list[pa.Table] = []
     n_lines = n_bytes = 0
     for table in reader(pa.table({"path": [uri]})):
         lines.append(table)
         n_lines += table.num_rows
         n_bytes += table.get_total_buffer_size()
-        if n_lines >= batch_lines or 0 < batch_bytes <= n_bytes:
+        full = buffer_bytes and n_bytes >= line_batch_bytes(buffer_bytes, n_bytes / max(n_lines, 1))
+        if n_lines >= batch_lines or full:
             batch, lines, n_lines, n_bytes = pa.concat_tables(lines), [], 0, 0
             yield step(batch)
     if lines:
