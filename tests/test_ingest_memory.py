@@ -19,7 +19,7 @@ import pytest
 from cpr_ray.buckets import BUCKET, write_partitions
 from cpr_ray.config import load_config
 from cpr_ray.corpus import records
-from cpr_ray.corpus.parse_buffer import MIB, parse_task_memory, working_memory
+from cpr_ray.corpus.parse_buffer import MIB, line_batch_bytes, parse_task_memory, working_memory
 from cpr_ray.corpus.parsing import ParseRecords, ParseShard
 from cpr_ray.corpus.shards import LINES, ReadShards, read_shard
 from cpr_ray.errors import ConfigError
@@ -129,6 +129,11 @@ def test_parse_budget_fits_the_cluster_and_refuses_tiny_files(tmp_path):
     # a cpu_worker (m6i.4xlarge, 64 GiB, 16 CPUs): Ray offers ~70% of the ~60 GiB free when it
     # starts as task memory, and every CPU should be able to run a parse task
     assert 16 * declared <= 0.7 * 60 * 1024 * MIB
+    # abstracts (~2 kB a line) go to DuckDB an eighth of the budget at a time; S2ORC documents
+    # (~60 kB), whose 2,048-row vectors alone would take ~2.5 GB there, a 32nd
+    budget = cfg.ingest.parse_buffer_mb * MIB
+    assert line_batch_bytes(budget, 2_000) == budget // 8
+    assert line_batch_bytes(budget, 60_000) == budget // 32
     tiny = r"parse_buffer_mb=64 with num_buckets=256 .* at least 258"
     with pytest.raises(ConfigError, match=tiny):
         load_config("cluster", overrides=["ingest.parse_buffer_mb=64"], env={})
