@@ -106,6 +106,7 @@ def ray_stage(raw: Path, out: Path, buckets: int) -> tuple[dict, float]:
             f"input.openalex={raw / 'openalex'}",
             f"ingest.num_buckets={buckets}",
             "ingest.batch_size=50000",
+            "ingest.parse_buffer_mb=768",  # the cluster profile's
             "ingest.max_reject_rate=0.01",
             "ray.object_store_memory_mb=2048",
         ],

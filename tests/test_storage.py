@@ -70,6 +70,8 @@ def test_stage_publishes_manifest_last_and_skips_on_match(tmp_path):
     assert m1["run_id"] == m2["run_id"] and len(calls) == 1
     m3 = run_stage("demo", cfg, storage, {"in": "b"}, ("ingest",), fn)  # new input → rerun
     assert len(calls) == 2 and read_manifest(storage, "demo")["run_id"] == m3["run_id"]
+    forced = run_stage("demo", cfg, storage, {"in": "b"}, ("ingest",), fn, force=True)
+    assert len(calls) == 3 and forced["run_id"] != m3["run_id"]  # --force: rerun all the same
 
     def crash(run):
         storage.write_json(join(run.out, "partial.json"), {})
@@ -78,5 +80,5 @@ def test_stage_publishes_manifest_last_and_skips_on_match(tmp_path):
     with pytest.raises(RuntimeError):
         run_stage("demo", cfg, storage, {"in": "c"}, ("ingest",), crash)
     # the published output is still the last good one; the crash left only an orphan run
-    assert read_manifest(storage, "demo")["run_id"] == m3["run_id"]
-    assert storage.exists(m3["tables"]["t"]["uri"])
+    assert read_manifest(storage, "demo")["run_id"] == forced["run_id"]
+    assert storage.exists(forced["tables"]["t"]["uri"])

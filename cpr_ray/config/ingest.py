@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cpr_ray.sections import Section as _Section
 
@@ -19,6 +19,14 @@ class IngestConfig(_Section):
     )
     batch_size: int = Field(20_000, ge=100, description="Lines parsed per batch.")
     cpus_per_task: float = Field(1.0, gt=0, description="CPUs each parse/join task reserves.")
+    parse_buffer_mb: int = Field(
+        256,
+        ge=1,
+        description="MiB of parsed rows a parse task holds before it writes them, one Parquet "
+        "file per key bucket (so files of ~parse_buffer_mb/(num_buckets+2) MiB; at least 1 MiB "
+        "each); a batch of lines is also cut at 1/8 of it (1/32 for long lines). Bounds the "
+        "task's memory whatever the shard size: it declares 576 MiB + 2x this to Ray.",
+    )
     max_reject_rate: float = Field(
         0.05,
         ge=0,
@@ -42,3 +50,14 @@ class IngestConfig(_Section):
         "build without it, with the shard listed in the rejects table and counted in the "
         "statistics (quarantine; costs one more pass over that input).",
     )
+
+    @model_validator(mode="after")
+    def _bucket_files_not_tiny(self) -> IngestConfig:
+        # a flush writes one file per bucket: a smaller buffer means millions of tiny files
+        if self.parse_buffer_mb < self.num_buckets + 2:
+            raise ValueError(
+                f"parse_buffer_mb={self.parse_buffer_mb} with num_buckets={self.num_buckets} "
+                "would write staging files under 1 MiB; set parse_buffer_mb to at least "
+                f"{self.num_buckets + 2} or use fewer buckets"
+            )
+        return self

@@ -12,10 +12,10 @@ import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 
 from cpr_ray import buckets
-from cpr_ray.buckets import bucket_uri, run_buckets, write_partitions
-from cpr_ray.config import Config
+from cpr_ray.buckets import bucket_uri, run_buckets
 from cpr_ray.corpus import linking
 from cpr_ray.corpus.inputs import InputSet
+from cpr_ray.corpus.parse_buffer import MIB, BucketBuffer, line_batch_bytes, parse_task_memory
 from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.shards import CORRUPT_SHARD, ReadShards
 from cpr_ray.stage import StageRun
@@ -46,48 +46,48 @@ class ParseWorks(ParseRecords):
 @dataclass(frozen=True)
 class ParseShard:
     """One Ray task per shard: stream its lines, parse them in batches with DuckDB, and write
-    the rows straight into the bucket folders of `out` (`buckets.write_partitions`), so lines and
-    rows never pass through the object store. Parsed rows are held until about one file per
-    bucket is due. A retried task rewrites its own files (named by shard and part)."""
+    the rows straight into the bucket folders of `out`, so lines and rows never pass through the
+    object store. Parsed rows are held until they reach `buffer_bytes` (`corpus.parse_buffer`),
+    so the task's memory is bounded by that, not by its shard. A retried task rewrites its own
+    files (named by shard and part)."""
 
     files: tuple[str, ...]
     reader: ReadShards
     step: ParseRecords
     out: str
     batch_lines: int
-    rows_per_file: int
+    buffer_bytes: int
 
     def __call__(self, k: int) -> None:
-        parsed: list[pa.Table] = []
-        n_parsed = part = 0
-        flush_at = self.rows_per_file * (self.step.num_buckets + 2)
-        for rows in parsed_batches(self.reader, self.files[k], self.step, self.batch_lines):
-            parsed.append(rows)
-            n_parsed += rows.num_rows
-            if n_parsed >= flush_at:
-                self._write(k, part, parsed)
-                parsed, n_parsed, part = [], 0, part + 1
-        if parsed:
-            self._write(k, part, parsed)
-
-    def _write(self, k: int, part: int, parsed: list[pa.Table]) -> None:
-        name = f"{k:05d}-{part:04d}"  # a retried task rewrites its own files
-        write_partitions(pa.concat_tables(parsed), self.out, self.reader.storage, name)
+        buffer, part = BucketBuffer(), 0
+        batches = parsed_batches(
+            self.reader, self.files[k], self.step, self.batch_lines, self.buffer_bytes
+        )
+        for rows in batches:
+            buffer.add(rows)
+            del rows  # the buffer holds it sorted: not twice while the next batch parses
+            if buffer.nbytes >= self.buffer_bytes:
+                buffer.flush(self.reader.storage, self.out, f"{k:05d}-{part:04d}")
+                part += 1
+        buffer.flush(self.reader.storage, self.out, f"{k:05d}-{part:04d}")
 
 
 def parsed_batches(
-    reader: ReadShards, uri: str, step: ParseRecords, batch_lines: int
+    reader: ReadShards, uri: str, step: ParseRecords, batch_lines: int, buffer_bytes: int = 0
 ) -> Iterator[pa.Table]:
-    """One shard's lines parsed about `batch_lines` at a time (DuckDB pays per call, so a few
-    large calls, and memory stays bounded by one batch)."""
+    """One shard's lines parsed about `batch_lines` at a time, or, for a parse buffer of
+    `buffer_bytes`, fewer (`line_batch_bytes`): DuckDB pays per call, so a few large calls, and
+    memory stays bounded by one batch."""
     lines: list[pa.Table] = []
-    n_lines = 0
+    n_lines = n_bytes = 0
     for table in reader(pa.table({"path": [uri]})):
         lines.append(table)
         n_lines += table.num_rows
-        if n_lines >= batch_lines:
-            yield step(pa.concat_tables(lines))
-            lines, n_lines = [], 0
+        n_bytes += table.get_total_buffer_size()
+        full = buffer_bytes and n_bytes >= line_batch_bytes(buffer_bytes, n_bytes / max(n_lines, 1))
+        if n_lines >= batch_lines or full:
+            batch, lines, n_lines, n_bytes = pa.concat_tables(lines), [], 0, 0
+            yield step(batch)
     if lines:
         yield step(pa.concat_tables(lines))
 
@@ -96,13 +96,12 @@ def parse_input(
     run: StageRun, item: InputSet, step: ParseRecords, out: str, quarantined: Mapping[str, str]
 ) -> None:
     reader = ReadShards(run.storage, run.cfg.ingest.on_corrupt_shard, dict(quarantined))
-    batch = run.cfg.ingest.batch_size
-    parse = ParseShard(item.files, reader, step, out, batch, rows_per_file(run.cfg))
-    run_buckets(len(item.files), parse, run.cfg.ingest.cpus_per_task)
-
-
-def rows_per_file(cfg: Config) -> int:
-    return max(1000, cfg.ingest.batch_size)
+    ingest = run.cfg.ingest
+    buffer_bytes = ingest.parse_buffer_mb * MIB
+    parse = ParseShard(item.files, reader, step, out, ingest.batch_size, buffer_bytes)
+    run_buckets(
+        len(item.files), parse, ingest.cpus_per_task, memory=parse_task_memory(buffer_bytes)
+    )
 
 
 def corrupt_shards(storage: Storage, uri: str) -> dict[str, str]:
