@@ -163,7 +163,7 @@ def stats(
     """Row counts, timings and statistics of a build's published stages, LLM spend, and each
     stage's last failure that no success followed; with --watch, a running build's progress."""
     from cpr_ray import failures
-    from cpr_ray.storage import StorageConfig
+    from cpr_ray.storage_config import StorageConfig
 
     storage = Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint))
     if watch:
@@ -268,7 +268,7 @@ def hydrate(
 ) -> None:
     """Fill the abstracts an export leaves out (licence) from your own S2 abstracts shards."""
     from cpr_ray.dataset.hydrate import hydrate as fill_abstracts
-    from cpr_ray.storage import StorageConfig
+    from cpr_ray.storage_config import StorageConfig
 
     try:
         out = fill_abstracts(Storage(StorageConfig(s3_endpoint=s3_endpoint)), export, s2)
@@ -290,7 +290,7 @@ def to_beir(
     """Write an export as BEIR files (corpus.jsonl, queries.jsonl, qrels/test.tsv and train.tsv)
     for Pyserini, BEIR and MTEB; `cpr eval --benchmark beir` on them equals `cpr-full`."""
     from cpr_ray.evaluate.beir_export import write_beir
-    from cpr_ray.storage import StorageConfig
+    from cpr_ray.storage_config import StorageConfig
 
     try:
         done = write_beir(Storage(StorageConfig(s3_endpoint=s3_endpoint)), export, out)

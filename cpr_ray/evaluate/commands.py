@@ -16,7 +16,7 @@ from cpr_ray.command_line import (
 )
 from cpr_ray.errors import UserError
 from cpr_ray.evaluate.settings import check
-from cpr_ray.storage import StorageConfig
+from cpr_ray.storage_config import StorageConfig
 
 # `cpr eval`'s and jobs/evaluate.py's own flags (they win over --set, env and YAML)
 EVAL_FLAGS = (
