@@ -35,9 +35,7 @@ import psutil
 import pyarrow as pa
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from conftest import ScriptedLLM, start_scripted_llm  # noqa: E402  (the scripted endpoint)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
 from cpr_ray.config import LLMConfig  # noqa: E402
 from cpr_ray.llm.asking import ask_pool  # noqa: E402
@@ -45,6 +43,7 @@ from cpr_ray.llm.ledger import AnswerSink  # noqa: E402
 from cpr_ray.llm.task import KEY  # noqa: E402
 from cpr_ray.queries.usefulness import UsefulnessGrader  # noqa: E402
 from cpr_ray.storage import StorageConfig  # noqa: E402
+from tests.conftest import ScriptedLLM, start_scripted_llm  # noqa: E402  (the scripted endpoint)
 
 
 def rows(n: int) -> pa.Table:

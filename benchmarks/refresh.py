@@ -30,9 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import start_s2_standin, start_scripted_llm  # noqa: E402  (the stand-ins)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 from cpr_ray.config import Config, load_config  # noqa: E402
 from cpr_ray.llm.ledger import ledger_summary  # noqa: E402
 from cpr_ray.pipeline.build import run_build  # noqa: E402
@@ -41,6 +39,7 @@ from cpr_ray.sample.diffs import DiffPlan, make_diff  # noqa: E402
 from cpr_ray.sample.synthetic import generate  # noqa: E402
 from cpr_ray.stage import require_manifest  # noqa: E402
 from cpr_ray.storage import Storage  # noqa: E402
+from tests.conftest import start_s2_standin, start_scripted_llm  # noqa: E402  (the stand-ins)
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 

@@ -297,15 +297,15 @@ def measure(args: argparse.Namespace, papers: int) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     sys.path.insert(0, str(BENCHMARKS))
-    sys.path.insert(0, str(BENCHMARKS.parent / "tests"))
+    sys.path.insert(0, str(BENCHMARKS.parent))  # the repository: tests.*
     import refresh as refresh_bench
-    from conftest import start_s2_standin, start_scripted_llm
 
     from cpr_ray.pipeline.build import STAGES, run_build
     from cpr_ray.pipeline.refresh import refresh
     from cpr_ray.ray_runtime import ensure_ray
     from cpr_ray.stage import require_manifest
     from cpr_ray.storage import Storage
+    from tests.conftest import start_s2_standin, start_scripted_llm
 
     citations = papers * args.citations_per_paper
     raw = corpus(args, papers)
