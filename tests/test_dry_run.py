@@ -4,7 +4,10 @@ BM25, MiniLM and the fine-tuned MiniLM on the fresh CPR-eval (the figures are th
 gives on the export); and a second run over the same folder that asks the judge nothing, trains
 nothing, encodes nothing and prints the same figures.
 
-Slow (several minutes on 2 cores, plus ~6 to build llama-server on a machine's first run).
+Slow (several minutes on 2 cores, plus ~6 to build llama-server on a machine's first run). The
+judge's answers are most of it, so the test asks it ROWS rows a stage rather than the profile's 6:
+every stage still gets rows, the third and fourth pairs share a base paper (dedup compares
+them), and one positive goes to CPR-train (synthesis has an input, and training a batch).
 """
 
 from __future__ import annotations
@@ -26,13 +29,17 @@ from cpr_ray.pipeline.build import STAGES
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
+# rows per LLM stage (llm.max_rows_per_stage): a third fewer judge calls than the profile's 6,
+# about 100 s of this test on 2 cores
+ROWS = 4
 
 
 def dry_run(out: Path) -> str:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("RAY_ADDRESS", None)  # its own local Ray, as on a user's laptop
     done = subprocess.run(
-        [sys.executable, "-m", "cpr_ray.cli", "dry-run", "--out", str(out)],
+        [sys.executable, "-m", "cpr_ray.cli", "dry-run", "--out", str(out)]
+        + ["--set", f"llm.max_rows_per_stage={ROWS}"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -87,7 +87,7 @@ def test_the_script_installs_the_pinned_torch_under_the_constraints():
     assert re.fullmatch(r"torch==\d+\.\d+\.\d+", pins[0]) and len(pins) == 1
     installs = [line for line in script.splitlines() if INSTALLS.search(line)]
     # the tool itself; then uv, else pip, both with the constraints, torch and the requirements
-    assert installs[0].strip() == '"$py" -m pip install -q --upgrade pip uv'
+    assert installs[0].strip() == '"$py" -m pip install -q --upgrade uv'
     commands = re.split(r"\n|\|\|", script.replace("\\\n", " "))
     for tool in ('"$py" -m uv pip install', '"$py" -m pip install -q -c'):
         (command,) = [c for c in commands if tool in c]

@@ -15,7 +15,9 @@
 # config, so the machine's wheel folders and indexes are passed from it (on a dev machine a
 # local torch CPU wheel may be among them). It compiles the bytecode as pip does: with
 # PYTHONDONTWRITEBYTECODE set every Ray worker would otherwise parse torch and ray from source,
-# and a test run takes 1.6 times as long. Should uv fail, pip installs the same set.
+# and a test run takes 1.6 times as long. Should uv fail, pip installs the same set. pip itself
+# is not upgraded first: only that fallback uses it, and upgrading it cost every fresh install
+# (each CI run) ~9 s on 2 cores.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -35,7 +37,7 @@ for url in $("$py" -m pip config get global.extra-index-url 2>/dev/null || true)
   sources+=(--extra-index-url "$url")
 done
 
-"$py" -m pip install -q --upgrade pip uv
+"$py" -m pip install -q --upgrade uv
 "$py" -m uv pip install --python "$py" -q -c "$root/constraints.txt" "${sources[@]}" \
   "${torch_index[@]}" --index-strategy unsafe-best-match --compile-bytecode torch "$@" \
   || "$py" -m pip install -q -c "$root/constraints.txt" "${torch_index[@]}" torch "$@"
