@@ -22,8 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from random_bert import save_random_bert  # noqa: E402  (this folder)
 
-from cpr_ray.config import load_config, minilm_dir  # noqa: E402
+from cpr_ray.config import load_config  # noqa: E402
 from cpr_ray.dataset.format import CORPUS  # noqa: E402
 
 WORDS = (
@@ -53,25 +54,6 @@ def export(folder: Path, n: int) -> Path:
     return folder
 
 
-def tiny_bert(folder: Path, dim: int) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=dim,
-        num_hidden_layers=1,
-        num_attention_heads=8,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
 def status_mb(key: str) -> float:
     """VmRSS (resident now) or VmHWM (its peak) of this process, in MiB (Linux)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -93,7 +75,9 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="index-memory-"))
     corpus = export(tmp / "export", args.docs)
-    model = tiny_bert(tmp / "model", args.dim)
+    model = save_random_bert(
+        tmp / "model", hidden=args.dim, heads=8, intermediate=64, max_positions=128
+    )
     cfg = load_config(
         flags={
             "search.corpus": str(corpus),

@@ -35,6 +35,8 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from random_bert import random_bert  # noqa: E402  (this folder)
+
 from cpr_ray.buckets import BucketLayout  # noqa: E402
 from cpr_ray.config import Config, load_config, minilm_dir  # noqa: E402
 from cpr_ray.pooling.embeddings import vector_store  # noqa: E402
@@ -193,17 +195,9 @@ def prefill_store(storage: Storage, cfg: Config, world: dict, dim: int) -> None:
 def tiny_models(folder: Path) -> dict[str, str]:
     """A random 1-layer BERT (dense, mean pooling) and its masked-LM twin, biased sparse."""
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
+    from transformers import BertForMaskedLM, BertModel
 
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(minilm_dir())
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=256,
-    )
+    tok, config = random_bert(hidden=128, heads=2, intermediate=256)
     dense, splade = folder / "dense-tiny", folder / "splade-tiny"
     BertModel(config).save_pretrained(dense)
     mlm = BertForMaskedLM(config)

@@ -251,25 +251,10 @@ def files_since(root: Path, started: float) -> int:
 def tiny_dense(folder: Path) -> str:
     """A random 1-layer, 32-wide BERT with MiniLM's tokenizer (mean pooling): the dense pooler's
     plumbing at the least encoding cost. Seeded, so every size encodes with the same weights."""
-    if (folder / "config.json").is_file():
-        return str(folder)
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from random_bert import save_random_bert  # this folder
 
-    from cpr_ray.config import minilm_dir
-
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(minilm_dir())
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    BertModel(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
+    if not (folder / "config.json").is_file():
+        save_random_bert(folder, hidden=32, heads=2, intermediate=64, max_positions=64)
     return str(folder)
 
 

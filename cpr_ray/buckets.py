@@ -53,6 +53,19 @@ def bucket_uri(uri: str, bucket: int) -> str:
     return join(uri, f"{BUCKET}={bucket}")
 
 
+def bucketed_dataset(storage: Storage, uri: str) -> pds.Dataset:
+    """Every bucket folder of `uri` as one dataset with its `_bucket` column, so a filter on
+    the bucket reads only the folders it names."""
+    loc = storage.resolve(uri)
+    return pds.dataset(
+        loc.path,
+        filesystem=loc.fs,
+        format="parquet",
+        partitioning="hive",
+        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
+    )
+
+
 def _dataset(storage: Storage, uri: str) -> pds.Dataset | None:
     loc = storage.resolve(uri)
     if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:

@@ -35,7 +35,7 @@ import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 
 from cpr_ray import buckets
-from cpr_ray.buckets import BUCKET
+from cpr_ray.buckets import BUCKET, bucketed_dataset
 from cpr_ray.config import Config
 from cpr_ray.corpus import records, release_step
 from cpr_ray.corpus.ingest import build_venues
@@ -190,16 +190,9 @@ def _gone_ids(storage: Storage, staged: release_step.Staged | None) -> pa.Array:
     looks for citations to them."""
     if staged is None or not staged.kept:
         return pa.array([], pa.int64())
-    loc = storage.resolve(staged.uri)
-    found = pds.dataset(
-        loc.path,
-        filesystem=loc.fs,
-        format="parquet",
-        partitioning="hive",
-        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
-    )
     return (
-        found.to_table(columns=["corpus_id"])["corpus_id"]
+        bucketed_dataset(storage, staged.uri)
+        .to_table(columns=["corpus_id"])["corpus_id"]
         .combine_chunks()
         .cast(pa.int64())
         .unique()

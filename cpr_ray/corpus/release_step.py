@@ -25,10 +25,16 @@ from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 
 from cpr_ray import buckets, duck
-from cpr_ray.buckets import BUCKET, BucketPlan, read_parquet_bucket, run_buckets, write_partitions
+from cpr_ray.buckets import (
+    BUCKET,
+    BucketPlan,
+    bucketed_dataset,
+    read_parquet_bucket,
+    run_buckets,
+    write_partitions,
+)
 from cpr_ray.config import Config
 from cpr_ray.corpus import bucket_edits, linking, updates
 from cpr_ray.corpus.parsing import ParseRecords, parsed_batches
@@ -159,10 +165,18 @@ def _on(i: int, *, chosen: Sequence[int], fn: Callable[[int], T]) -> T:
 
 
 def _edit_buckets(
-    cfg: Config, chosen: Sequence[int], fn: Callable[[int], bucket_edits.BucketEdit]
-) -> list[bucket_edits.BucketEdit]:
+    cfg: Config,
+    storage: Storage,
+    p: BucketPlan,
+    chosen: Sequence[int],
+    edit: Callable[..., bucket_edits.BucketEdit],
+) -> tuple[buckets.BucketLayout, dict[str, int]]:
+    """`edit(k, p=, storage=, fragment_rows=)` for each chosen bucket k, one task each, then
+    one commit of every bucket's edit: the new layout and the rows changed."""
+    fn = partial(edit, p=p, storage=storage, fragment_rows=cfg.ingest.lance_fragment_rows)
     task = partial(_on, chosen=list(chosen), fn=fn)
-    return run_buckets(len(chosen), task, cfg.ingest.cpus_per_task, _memory(cfg))
+    edits = run_buckets(len(chosen), task, cfg.ingest.cpus_per_task, _memory(cfg))
+    return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits)
 
 
 def _read(storage: Storage, staged: Staged | None, k: int, schema: pa.Schema) -> pa.Table:
@@ -245,15 +259,7 @@ def _key_rows(storage: Storage, keys_uri: str, keys: pa.Table, schema: pa.Schema
     read in the key buckets those keys hash to only."""
     if not keys.num_rows:
         return schema.empty_table()
-    loc = storage.resolve(keys_uri)
-    ds = pds.dataset(
-        loc.path,
-        filesystem=loc.fs,
-        format="parquet",
-        partitioning="hive",
-        ignore_prefixes=["."],  # the bucket folders themselves start with "_"
-    )
-    found = ds.to_table(
+    found = bucketed_dataset(storage, keys_uri).to_table(
         columns=schema.names,
         filter=pc.field(BUCKET).isin(keys[BUCKET].unique())
         & pc.field("key").isin(keys["key"].unique()),
@@ -275,19 +281,20 @@ def apply_papers(
     """The papers table with a step's paper and abstract records applied (and `relink`'s papers
     linked again): one task per touched bucket, one commit. Returns the new layout and counts."""
     chosen = touched_buckets(p.layout.num_buckets, sides.all(), relink.to_pylist())
-    fn = partial(
-        _papers_bucket,
-        p=p,
-        storage=storage,
-        sides=sides,
-        schemas=schemas,
-        relink=relink,
-        keys_uri=keys_uri,
-        key_buckets=key_buckets,
-        fragment_rows=cfg.ingest.lance_fragment_rows,
+    return _edit_buckets(
+        cfg,
+        storage,
+        p,
+        chosen,
+        partial(
+            _papers_bucket,
+            sides=sides,
+            schemas=schemas,
+            relink=relink,
+            keys_uri=keys_uri,
+            key_buckets=key_buckets,
+        ),
     )
-    edits = _edit_buckets(cfg, chosen, fn)
-    return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits)
 
 
 # -- citations -------------------------------------------------------------------------------------
@@ -352,15 +359,16 @@ def apply_citations(
     touched bucket (every bucket when papers were deleted), one commit."""
     staged = [s for s in (citations, gone_citations) if s]
     chosen = touched_buckets(p.layout.num_buckets, staged, every=len(gone_papers) > 0)
-    fn = partial(
-        _citations_bucket,
-        p=p,
-        storage=storage,
-        citations=citations,
-        gone_citations=gone_citations,
-        schemas=schemas,
-        gone_papers=gone_papers,
-        fragment_rows=cfg.ingest.lance_fragment_rows,
+    return _edit_buckets(
+        cfg,
+        storage,
+        p,
+        chosen,
+        partial(
+            _citations_bucket,
+            citations=citations,
+            gone_citations=gone_citations,
+            schemas=schemas,
+            gone_papers=gone_papers,
+        ),
     )
-    edits = _edit_buckets(cfg, chosen, fn)
-    return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits)

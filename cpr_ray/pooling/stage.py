@@ -107,27 +107,32 @@ def _keyed_docs(papers: pa.Table, universe_ids: pa.Array, templates: list[str]) 
     return with_keys(universe_docs(papers, universe_ids), templates)
 
 
-def _docs_of_bucket(
-    k: int,
-    *,
-    storage: Storage,
-    plan: BucketPlan,
-    universe_uri: str,
-    docs_uri: str,
-    templates: list[str],
-    shards: int,
-    wanted: pa.Array,
-) -> tuple[np.ndarray, int, pa.Table]:
-    ids = storage.read_parquet(join(universe_uri, f"part-{k:05d}.parquet"), ["corpus_id"])
-    ids = ids["corpus_id"].combine_chunks()
-    docs = _keyed_docs(read_lance_bucket(plan, storage, k, PAPER_COLUMNS), ids, templates)
-    shard = shard_of(docs["corpus_id"].to_numpy(), shards)
-    counts = np.bincount(shard, minlength=shards)
-    for s in np.flatnonzero(counts):  # a retried task rewrites its own parts
-        part = join(docs_uri, f"shard-{s:05d}", f"part-{k:05d}.parquet")
-        storage.write_parquet(docs.filter(pa.array(shard == s)), part)
-    meta = docs.filter(pc.is_in(docs["corpus_id"], value_set=wanted))
-    return counts, len(ids), meta.select(["corpus_id", "date_key", "topic_ids"])
+@dataclass(frozen=True)
+class _DocsOfBucket:
+    """A bucket task of `snapshot_docs`: bucket k's universe papers as DOCS rows, written to
+    their shards' folders; returns the papers per shard, the universe ids read and the
+    `wanted` papers' (corpus_id, date_key, topic_ids)."""
+
+    storage: Storage
+    plan: BucketPlan
+    universe_uri: str
+    docs_uri: str
+    templates: list[str]
+    shards: int
+    wanted: pa.Array
+
+    def __call__(self, k: int) -> tuple[np.ndarray, int, pa.Table]:
+        part = join(self.universe_uri, f"part-{k:05d}.parquet")
+        ids = self.storage.read_parquet(part, ["corpus_id"])["corpus_id"].combine_chunks()
+        papers = read_lance_bucket(self.plan, self.storage, k, PAPER_COLUMNS)
+        docs = _keyed_docs(papers, ids, self.templates)
+        shard = shard_of(docs["corpus_id"].to_numpy(), self.shards)
+        counts = np.bincount(shard, minlength=self.shards)
+        for s in np.flatnonzero(counts):  # a retried task rewrites its own parts
+            out = join(self.docs_uri, f"shard-{s:05d}", f"part-{k:05d}.parquet")
+            self.storage.write_parquet(docs.filter(pa.array(shard == s)), out)
+        meta = docs.filter(pc.is_in(docs["corpus_id"], value_set=self.wanted))
+        return counts, len(ids), meta.select(["corpus_id", "date_key", "topic_ids"])
 
 
 @dataclass(frozen=True)
@@ -159,16 +164,7 @@ def snapshot_docs(
     neither the driver nor a task holds the whole universe. The tasks hand back their counts
     and the few `wanted` papers' dates and topics. (A Ray Data scan of the table cost ~6 s to
     start, more than the scan itself on a refresh's or a dry run's corpus.)"""
-    fn = partial(
-        _docs_of_bucket,
-        storage=storage,
-        plan=plan,
-        universe_uri=universe_uri,
-        docs_uri=docs_uri,
-        templates=templates,
-        shards=shards,
-        wanted=wanted,
-    )
+    fn = _DocsOfBucket(storage, plan, universe_uri, docs_uri, templates, shards, wanted)
     buckets = plan.layout.num_buckets
     found = run_buckets(buckets, fn, 1, index_memory(ceil(plan.rows / buckets), DOC_BYTES))
     counts = np.sum([c for c, _, _ in found], axis=0, dtype=np.int64).reshape(shards)
