@@ -123,7 +123,7 @@ def test_an_unknown_key_is_one_line_and_exit_2_for_the_job_and_for_eval(tmp_path
     assert job.stderr.strip().splitlines() == [
         "error: invalid config: ingest.nope: unknown key; allowed here: batch_size, "
         "cpus_per_task, lance_fragment_rows, max_reject_rate, num_buckets, on_corrupt_shard, "
-        "raw_line_limit"
+        "parse_buffer_mb, raw_line_limit"
     ]
     evaluation = _run(
         "-m", "cpr_ray.cli", "eval", "--benchmark", "cpr", "--data", str(tmp_path),

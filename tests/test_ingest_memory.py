@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +33,12 @@ def _cfg(root: Path, *overrides: str):
     return load_config("dry-run", overrides=[f"storage.root={root}", *overrides], env={})
 
 
-def _rss_bytes() -> int:
+def _status_bytes(field: str) -> int:
+    """`VmRSS` (resident now) or `VmHWM` (its peak) of this process, from /proc. Not
+    `getrusage`'s `ru_maxrss`: Linux carries that across exec from the forked parent, so a
+    child of a 1.3 GB test worker reported 1.3 GB before parsing a line."""
     with open("/proc/self/status") as status:
-        line = next(x for x in status if x.startswith("VmRSS:"))
+        line = next(x for x in status if x.startswith(f"{field}:"))
     return int(line.split()[1]) * 1024
 
 
@@ -46,11 +48,11 @@ def _parse_in_this_process(shard: str, root: str) -> None:
     cfg = _cfg(Path(root), f"ingest.num_buckets={BUCKETS}", f"ingest.parse_buffer_mb={BUDGET_MB}")
     step = ParseRecords(records.SPECS["abstracts"], BUCKETS, cfg.ingest.raw_line_limit)
     step(LINES.empty_table())  # DuckDB loaded, as in a worker that has parsed before
-    idle = _rss_bytes()
+    idle = _status_bytes("VmRSS")
     reader = ReadShards(Storage(cfg.storage))
     budget = cfg.ingest.parse_buffer_mb * MIB
     ParseShard((shard,), reader, step, f"{root}/staging", cfg.ingest.batch_size, budget)(0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    peak = _status_bytes("VmHWM")
     print(json.dumps({"idle": idle, "peak": peak}))
 
 
