@@ -11,10 +11,12 @@ plumbing, not the model). What grows with the corpus grows with the size: base p
 (`--papers-per-base`) and key buckets (`--papers-per-bucket`, as a deployment sizes
 `ingest.num_buckets` to its corpus); everything else is the config's.
 
-Per stage and size: wall seconds; peak resident memory (RSS, sampled every 0.2 s with psutil)
+Per stage and size: wall seconds; CPU seconds of the driver and every process under it but
+the stand-ins (the cost, and a figure that other work on the same cores hardly moves); peak
+resident memory (RSS, sampled every 0.2 s with psutil)
 of the driver and of the largest Ray worker process during the stage; object-store bytes
 spilled (the raylet's store stats); objects written under the build root (files created or
-replaced); the phases the stage's manifest reports. Goals, per doubling: wall ≤ 2.2×,
+replaced); the phases the stage's manifest reports. Goals, per doubling: wall and CPU ≤ 2.2×,
 largest worker ≤ 1.25×, driver flat (≤ 1.1×); the refresh's share of the rebuild does not grow.
 Prints the table with ratios, writes `--out` (JSON) and `--plot` (log–log). Usage:
 
@@ -47,8 +49,13 @@ MB = 1024**2
 # --- what the table says: pure arithmetic over the measured sizes ---------------------------
 
 
-GOALS = {"seconds": WALL_GOAL, "worker_rss": WORKER_GOAL, "driver_rss": DRIVER_GOAL}
-METRICS = ("seconds", "worker_rss", "driver_rss", "spilled", "objects")
+GOALS = {
+    "seconds": WALL_GOAL,
+    "cpu_seconds": WALL_GOAL,
+    "worker_rss": WORKER_GOAL,
+    "driver_rss": DRIVER_GOAL,
+}
+METRICS = ("seconds", "cpu_seconds", "worker_rss", "driver_rss", "spilled", "objects")
 
 
 def ratios(values: Sequence[float]) -> list[float | None]:
@@ -95,7 +102,12 @@ def verdict(row: dict[str, Any]) -> str:
     build."""
     missed = [
         f"{label} {max(r for r in row[f'{key}_ratio'] if r is not None):.2f}×"
-        for label, key in (("wall", "seconds"), ("worker", "worker_rss"), ("driver", "driver_rss"))
+        for label, key in (
+            ("wall", "seconds"),
+            ("cpu", "cpu_seconds"),
+            ("worker", "worker_rss"),
+            ("driver", "driver_rss"),
+        )
         if not row[f"{key}_ok"]
     ]
     text = "missed: " + ", ".join(missed) if missed else "met"
@@ -113,12 +125,15 @@ def markdown(rows: Sequence[dict[str, Any]], papers: Sequence[int]) -> str:
     """The table SCALE.md carries: each cell lists the sizes in order, ratios per doubling."""
     sizes = " / ".join(f"{p / 1000:g}k" for p in papers)
     head = (
-        f"| stage | wall s ({sizes}) | × per doubling | largest worker MB | × | driver MB | × "
-        "| spilled MB | objects written | goals |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| stage | wall s ({sizes}) | × per doubling | CPU s | × | largest worker MB | × "
+        "| driver MB | × | spilled MB | objects written | goals |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {r['stage']} | {_cells(r['seconds'], '.1f')} "
         f"| {_cells(r['seconds_ratio'][1:], '.2f')} "
+        f"| {_cells(r['cpu_seconds'], '.1f')} "
+        f"| {_cells(r['cpu_seconds_ratio'][1:], '.2f')} "
         f"| {_cells([v / MB for v in r['worker_rss']], '.0f')} "
         f"| {_cells(r['worker_rss_ratio'][1:], '.2f')} "
         f"| {_cells([v / MB for v in r['driver_rss']], '.0f')} "
@@ -131,32 +146,38 @@ def markdown(rows: Sequence[dict[str, Any]], papers: Sequence[int]) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> None:
-    """Wall seconds and largest-worker memory against papers, log–log, one line a stage, with a
-    line of slope 1 (cost proportional to the corpus) for reference."""
+    """Wall seconds, CPU seconds and largest-worker memory against papers, log–log, one line a
+    stage, with a line of slope 1 (cost proportional to the corpus) for reference."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (wall, mem) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (wall, cpu, mem) = plt.subplots(1, 3, figsize=(16, 4.2))
     colours = plt.get_cmap("tab20").colors
     for i, r in enumerate(rows):
         style = {"color": colours[i % len(colours)], "marker": "o", "label": r["stage"]}
         if r["stage"] == "build":
             style.update(color="black", linewidth=2.5)
         wall.plot(papers, r["seconds"], **style)
+        cpu.plot(papers, r["cpu_seconds"], **style)
         if r["stage"] != "build":
             mem.plot(papers, [v / MB for v in r["worker_rss"]], **style)
-    top = max(max(r["seconds"]) for r in rows)
-    wall.plot(papers, [top * p / papers[-1] for p in papers], "k:", label="∝ papers")
-    for ax, title in ((wall, "wall seconds"), (mem, "largest worker peak RSS, MB")):
+    for ax, key in ((wall, "seconds"), (cpu, "cpu_seconds")):
+        top = max(max(r[key]) for r in rows)
+        ax.plot(papers, [top * p / papers[-1] for p in papers], "k:", label="∝ papers")
+    for ax, title in (
+        (wall, "wall seconds"),
+        (cpu, "CPU seconds (driver and workers)"),
+        (mem, "largest worker peak RSS, MB"),
+    ):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("papers")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
     fig.legend(*wall.get_legend_handles_labels(), fontsize=7, loc="center right")
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.tight_layout(rect=(0, 0, 0.89, 1))
     fig.savefig(path, dpi=60)
     plt.close(fig)
 
@@ -165,12 +186,16 @@ def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> N
 
 
 class Probe:
-    """Peak RSS of this process (the driver) and of its largest Ray worker, per stage window.
+    """Peak RSS of this process (the driver) and of its largest Ray worker, and the CPU seconds
+    of the driver and every process under it, per stage window.
 
-    A thread samples the driver and every descendant process whose title Ray set (``ray::…``:
-    its workers and actors; not the raylet, the GCS or the stand-in servers) every `interval`
-    seconds; `stage` resets the peaks, and adds the store's spilled bytes and the files created
-    or replaced under `root` while it ran."""
+    A thread samples the driver and its descendant processes every `interval` seconds: the peak
+    RSS among those whose title Ray set (``ray::…``: its workers and actors; not the raylet, the
+    GCS or the stand-in servers), and every process's user + system CPU time. CPU seconds are
+    the cost a cluster pays for a stage; unlike wall seconds they hardly move when other work
+    shares the cores. Processes under `skip` (the stand-in LLM and S2 servers: an endpoint's
+    cost, not the build's) are left out. `stage` resets the peaks, and adds the store's spilled
+    bytes and the files created or replaced under `root` while it ran."""
 
     def __init__(self, root: Path, interval: float = 0.2) -> None:
         import psutil
@@ -179,39 +204,58 @@ class Probe:
         self.root = root
         self.interval = interval
         self.driver = self.worker = 0
+        self.skip: set[int] = set()
+        self.cpu: dict[int, float] = {}  # the last CPU time seen per process, kept after it exits
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
+    def _sample(self) -> None:
         import psutil
 
-        while not self.stopped.wait(self.interval):
-            driver, worker = self.me.memory_info().rss, 0
-            for proc in self.me.children(recursive=True):
-                try:
-                    if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::"):
-                        worker = max(worker, proc.memory_info().rss)
-                except psutil.Error:  # a worker that exited between the listing and the read
+        driver, worker, cpu = self.me.memory_info().rss, 0, {}
+        times = self.me.cpu_times()
+        cpu[self.me.pid] = times.user + times.system
+        skipped = set(self.skip)
+        for proc in self.me.children(recursive=True):
+            try:
+                if proc.pid in skipped or proc.ppid() in skipped:
+                    skipped.add(proc.pid)
                     continue
-            with self.lock:
-                self.driver, self.worker = max(self.driver, driver), max(self.worker, worker)
+                times = proc.cpu_times()
+                cpu[proc.pid] = times.user + times.system
+                if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::"):
+                    worker = max(worker, proc.memory_info().rss)
+            except psutil.Error:  # a process that exited between the listing and the read
+                continue
+        with self.lock:
+            self.driver, self.worker = max(self.driver, driver), max(self.worker, worker)
+            self.cpu.update(cpu)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self._sample()
 
     @contextmanager
     def stage(self, name: str, into: dict[str, Any]) -> Iterator[None]:
+        self._sample()
         with self.lock:
             self.driver = self.worker = 0
+            cpu_before = dict(self.cpu)
         spilled = spilled_bytes()
         started = time.time()
         clock = time.perf_counter()
         yield
         seconds = time.perf_counter() - clock
         time.sleep(self.interval * 1.5)  # one more sample of the stage's end
+        self._sample()
         with self.lock:
             driver, worker = self.driver, self.worker
+            cpu = sum(t - cpu_before.get(pid, 0.0) for pid, t in self.cpu.items())
         into[name] = {
             "seconds": round(seconds, 2),
+            "cpu_seconds": round(cpu, 2),
             "driver_rss": driver,
             "worker_rss": worker,
             "spilled": spilled_bytes() - spilled,
@@ -316,6 +360,7 @@ def measure(args: argparse.Namespace, papers: int) -> dict[str, Any]:
     s2_proc, s2 = start_s2_standin(args.work / f"s2-api-{papers}", args.work / f"s2-{papers}.log")
     os.environ.setdefault("S2_API_KEY", s2.API_KEY)
     probe = Probe(root)
+    probe.skip = {llm_proc.pid, s2_proc.pid}
     stages: dict[str, Any] = {}
     try:
         llm.latency(args.llm_latency_ms)
