@@ -684,7 +684,7 @@ def test_a_papers_bucket_finds_its_papers_among_new_openalex_keys_by_each_identi
         for c in pc.value_counts(keys["_bucket"]).to_pylist():
             counts[c["values"]] = counts.get(c["values"], 0) + c["counts"]
     staged = release_step.Staged(parsed, counts)
-    new_keys = release_step.new_keys(cfg, storage, staged, str(tmp_path / "keys"), 3)
+    new_keys = release_step.stage_new_keys(cfg, storage, staged, str(tmp_path / "keys"), 3)
     assert new_keys.staged.kept == 5  # doi:10.1/a once
     for k in new_keys.staged.rows_by_bucket:
         assert len(list((tmp_path / "keys" / f"_bucket={k}").iterdir())) == 1

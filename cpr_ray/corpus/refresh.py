@@ -424,7 +424,7 @@ def _openalex(
         "update_rejected": staged.rejected,
     }
     parsed_keys = release_step.Staged(parsed, staged.rows_by_bucket)
-    keys = release_step.new_keys(run.cfg, run.storage, parsed_keys, join(work, "keys"), n)
+    keys = release_step.stage_new_keys(run.cfg, run.storage, parsed_keys, join(work, "keys"), n)
     report.changes = {
         "papers": _apply_papers(run, corpus, release_step.PaperSides(), keys),
         "citations": dict(NO_CHANGES),

@@ -17,7 +17,7 @@ its `cited_id` column.
 
 **Relink** (`relinked`). New OpenAlex partitions are parsed into the key table the same way,
 their key column alone also staged in its key buckets (`Side.keys`), then made one file of
-distinct keys per key bucket, a task each (`new_keys`). A paper's identifiers may
+distinct keys per key bucket, a task each (`stage_new_keys`). A paper's identifiers may
 hash to any key bucket, so then every papers bucket's task reads its own papers' DOI, MAG and
 PubMed ids, keys them as ingest does and looks them up one key bucket of the new keys at a time:
 a task holds its bucket's keys and one key bucket of the partition's, and neither the new keys
@@ -240,7 +240,9 @@ def _compact_keys(j: int, *, storage: Storage, parsed: Staged, out: str) -> Stag
     return Staged(out, {j: len(keys)})
 
 
-def new_keys(cfg: Config, storage: Storage, parsed: Staged, out: str, key_buckets: int) -> NewKeys:
+def stage_new_keys(
+    cfg: Config, storage: Storage, parsed: Staged, out: str, key_buckets: int
+) -> NewKeys:
     """The keys a stage wrote beside its rows (`Side.keys`: a file per parsed batch in each key
     bucket) as one file of distinct keys per key bucket under `out`, one task per bucket: every
     papers bucket's task reads each key bucket's, so one file each, not one per batch."""
