@@ -18,6 +18,7 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -276,6 +277,44 @@ def fragments_by_bucket(storage: Storage) -> dict[str, dict[int, set[int]]]:
     }
 
 
+def spy_openalex_step(patch: pytest.MonkeyPatch, out: dict) -> None:
+    """Record what the driver reads while the refresh applies the new OpenAlex partition (Lance
+    scans, Parquet datasets opened: `driver_reads`), and which papers that step rewrote (Lance's
+    change API between the versions before and after it: `relinked`)."""
+    from cpr_ray.corpus import refresh as corpus_refresh
+
+    out["driver_reads"], active = [], []
+    scanner, dataset, step = lance.LanceDataset.scanner, pds.dataset, corpus_refresh._openalex
+
+    def scan(self, *args, **kwargs):
+        if active:
+            out["driver_reads"].append(self.uri)
+        return scanner(self, *args, **kwargs)
+
+    def open_parquet(source, *args, **kwargs):
+        if active:
+            out["driver_reads"].append(str(source))
+        return dataset(source, *args, **kwargs)
+
+    def openalex(run, manifest, corpus, state):
+        active.append(True)
+        try:
+            done = step(run, manifest, corpus, state)
+        finally:
+            active.clear()
+        uri = manifest["tables"]["papers"]["uri"]
+        before, after = (m["tables"]["papers"]["version"] for m in (manifest, done))
+        delta = lance.dataset(uri).delta(begin_version=before, end_version=after)
+        updated = delta.get_updated_rows().read_all()
+        out["relinked"] = set(updated["corpus_id"].to_pylist())
+        out["key_table"] = manifest["tables"]["openalex_keys"]["uri"]
+        return done
+
+    patch.setattr(lance.LanceDataset, "scanner", scan)
+    patch.setattr(pds, "dataset", open_parquet)
+    patch.setattr(corpus_refresh, "_openalex", openalex)
+
+
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory, scripted_llm):
     """Two builds of the sample and one release step of changes at the stand-in. `full` is
@@ -312,6 +351,7 @@ def scenario(tmp_path_factory, scripted_llm):
             releases=(OLD, NEW),
             new=3,
             unpaired_changes=3,
+            relinked=("doi", "mag", "pmid"),
         )
         killed_refresh(tmp, tmp / "killed", openalex, s2)
         published = read_manifest(storage["killed"], "ingest")
@@ -332,6 +372,7 @@ def scenario(tmp_path_factory, scripted_llm):
                 return found
 
             patch.setattr(release_step, "run_buckets", spy)
+            spy_openalex_step(patch, out)
             out["summary"] = refresh(cfg["full"])
         out["api_calls"] = s2.stats()["api"]
         papers = require_manifest(storage["full"], "ingest")["tables"]["papers"]["uri"]
@@ -374,6 +415,16 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     assert {type(r).__name__ for r in results} == {"Staged", "BucketEdit"}
     assert not [v for r in results for v in vars(r).values() if isinstance(v, pa.Table)]
     assert max(len(pickle.dumps(r)) for r in results) < 16_000
+    # the new OpenAlex partition relinked exactly the papers it carries an identifier of, each
+    # found by the one it carries (DOI, MAG id, PubMed id) in its own bucket's task: the driver
+    # read neither the new keys nor the papers table
+    assert len(plan.relinked_papers) == 3
+    assert scenario["relinked"] == set(plan.relinked_papers.values())
+    [openalex] = [s for s in summary["steps"] if s["source"] == "openalex"]
+    assert openalex["changes"]["papers"] == {"inserted": 0, "updated": 3, "deleted": 0}
+    read = scenario["driver_reads"]
+    papers_uri, keys_uri = ingest["tables"]["papers"]["uri"], scenario["key_table"]
+    assert not [r for r in read if papers_uri in r or keys_uri in r or "_refresh" in r], read
     assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
     assert scenario["api_after_again"].get("key_elsewhere", 0) == 0  # ... to the API host only
     # the bulk inputs differ now (the new OpenAlex partition): a build must not silently go
@@ -512,7 +563,8 @@ def test_diff_files_parse_in_tasks_into_key_buckets_and_a_truncated_one_stops_in
         assert sorted(rows["corpus_id"].to_pylist()) == sorted(i for i in ids if i % 4 == k)
     [reject_file] = (tmp_path / "rejects").iterdir()
     assert pq.read_table(reject_file)["reject_reason"][0].as_py()
-    assert release_step.touched_buckets(4, [staged], ids=[7]) == sorted({*staged.rows_by_bucket, 3})
+    assert release_step.touched_buckets(4, [staged]) == sorted(staged.rows_by_bucket)
+    assert release_step.touched_buckets(4, [staged], every=True) == [0, 1, 2, 3]
     with pytest.raises(InputError, match=r"shard .*update-1\.jsonl\.gz is corrupt"):
         release_step.stage(
             cfg, storage, [release_step.Side((str(good), str(cut)), step, out, rejects)]
@@ -592,3 +644,50 @@ def test_a_bucket_edit_touches_only_its_bucket_and_lance_sees_updates_as_updates
     titles = dict(zip(table["corpus_id"].to_pylist(), table["title"].to_pylist()))
     assert 9 not in titles and titles[1] == titles[45] == titles[101] == "new"
     assert titles[13] == "old" and titles[41] == "appended" and len(titles) == 43
+
+
+def test_a_papers_bucket_finds_its_papers_among_new_openalex_keys_by_each_identifier(
+    ray_session, tmp_path
+):
+    """The relink search of one papers bucket: its own papers whose DOI, MAG id or PubMed id is
+    a key the new partition added (the parse's batches made one file of distinct keys per key
+    bucket first), looked up one key bucket at a time — a MAG id that equals a new PubMed key
+    (or the reverse) is no match, and the other bucket's papers are not read."""
+    import duckdb
+
+    from cpr_ray.storage import StorageConfig
+
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
+    uri = str(tmp_path / "papers.lance")
+    lance.write_dataset(
+        pa.table(
+            {
+                "corpus_id": pa.array([2, 4, 6, 8, 10, 12, 3], pa.int64()),
+                "doi": ["10.1/a", None, None, "10.1/other", None, None, "10.1/a"],
+                "mag_id": pa.array([None, 22, None, None, 55, None, None], pa.int64()),
+                "pmid": pa.array([None, None, 33, None, None, 22, None], pa.int64()),
+            }
+        ),
+        uri,
+    )
+    p = buckets.plan(buckets.BucketLayout("corpus_id", 2, {}), storage, uri, 1)
+    parsed, counts = str(tmp_path / "parsed"), {}
+    for batch, new in enumerate(
+        (["doi:10.1/a", "mag:22", "pmid:33"], ["pmid:55", "doi:10.1/new", "doi:10.1/a"])
+    ):
+        keys = duckdb.sql(
+            "SELECT key, CAST(hash(key) % 3 AS INTEGER) AS _bucket FROM unnest($keys) t(key)",
+            params={"keys": new},
+        ).to_arrow_table()
+        buckets.write_partitions(keys, parsed, storage, f"openalex-{batch}")
+        for c in pc.value_counts(keys["_bucket"]).to_pylist():
+            counts[c["values"]] = counts.get(c["values"], 0) + c["counts"]
+    staged = release_step.Staged(parsed, counts)
+    new_keys = release_step.stage_new_keys(cfg, storage, staged, str(tmp_path / "keys"), 3)
+    assert new_keys.staged.kept == 5  # doi:10.1/a once
+    for k in new_keys.staged.rows_by_bucket:
+        assert len(list((tmp_path / "keys" / f"_bucket={k}").iterdir())) == 1
+    assert sorted(release_step.relinked(p, storage, 0, new_keys).to_pylist()) == [2, 4, 6]
+    assert release_step.relinked(p, storage, 1, new_keys).to_pylist() == [3]
+    assert not release_step.relinked(p, storage, 0, None)

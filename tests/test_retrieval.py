@@ -323,6 +323,45 @@ def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_mod
     np.testing.assert_allclose(sparse.toarray(), enc.encode_docs(texts[:20]).toarray(), atol=1e-5)
 
 
+def test_an_encoder_actor_asks_ray_for_its_weights_forward_pass_and_rows(ray_session, tiny_bert):
+    """The memory an encoder pool's actors declare to Ray: the weights counted exactly (the meta
+    model's parameters are the loaded model's) in the spec's dtype; on a CPU a forward pass that
+    grows with the texts per pass, stops at the token budget and adds SPLADE's logits; on a GPU
+    no forward pass (it is in GPU memory)."""
+    from dataclasses import replace
+
+    import ray
+    from transformers import AutoModel
+
+    from cpr_ray.retrieval.ray_encode import (
+        RayEncodeOptions,
+        actor_memory,
+        encode_dataset,
+        model_shape,
+    )
+
+    spec = EncoderSpec(tiny_bert, max_length=64, batch_size=8)
+    shape = model_shape(spec)
+    assert shape.parameters == sum(
+        p.numel() for p in AutoModel.from_pretrained(tiny_bert).parameters()
+    )
+    gpu = actor_memory(shape, spec, "dense", 16, on_gpu=True)
+    half = actor_memory(shape, replace(spec, dtype="bfloat16"), "dense", 16, on_gpu=True)
+    assert gpu - half == 2 * shape.parameters
+    cpu = actor_memory(shape, spec, "dense", 16, on_gpu=False)
+    twice = replace(spec, batch_size=16)
+    assert actor_memory(shape, twice, "dense", 16, on_gpu=False) - gpu == 2 * (cpu - gpu) > 0
+    capped = replace(twice, token_budget=8 * 64)
+    assert actor_memory(shape, capped, "dense", 16, on_gpu=False) == cpu
+    splade = actor_memory(shape, spec, "splade", 16, on_gpu=False)
+    assert splade - cpu == 8 * 64 * shape.vocab * 4
+    assert actor_memory(shape, spec, "dense", 32, on_gpu=False) > cpu  # a call's rows
+    # the one place that builds encoder pools declares it
+    options = RayEncodeOptions(batch_size=16)
+    pool = encode_dataset(ray.data.from_items([{"text": "a"}]), spec, "dense", options)
+    assert pool._logical_plan.dag.ray_remote_args["memory"] == cpu
+
+
 def test_model_path_is_checked(tmp_path: Path):
     r = make_retriever(
         "dense",

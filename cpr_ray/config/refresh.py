@@ -64,7 +64,8 @@ class RefreshConfig(_Section):
         gt=0,
         description="Memory each refresh task declares to Ray: one diff file fetched and parsed "
         "a batch (ingest.batch_size lines) at a time, or one key bucket's share of a release "
-        "step applied.",
+        "step applied (with, after a new OpenAlex partition, its papers' keys and one key "
+        "bucket of the partition's).",
     )
     retain_versions_days: float = Field(
         7.0,

@@ -8,7 +8,9 @@ and its ``delete_files`` removed by key in the Lance tables, papers rebuilt as i
 them (`updates`): the files fetched and parsed in tasks, the step applied one key bucket per
 task (`release_step`, `bucket_edits`), so no diff row reaches the driver. OpenAlex snapshot
 partitions newer than the pinned one are parsed into the key table first, and the papers they
-match are relinked; the new snapshot is then the pinned one. The bucket tasks count what each
+match are relinked, each papers bucket's task finding its own among the new keys (so neither
+the keys nor the papers table pass through the driver); the new snapshot is then the pinned
+one. The bucket tasks count what each
 step inserted, updated and deleted (as Lance's change API would). The venues table is
 recounted.
 
@@ -30,9 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as pds
-import pyarrow.fs as pafs
 
 from cpr_ray import buckets
 from cpr_ray.buckets import BUCKET, bucketed_dataset
@@ -116,36 +115,6 @@ def new_work_files(cfg: Config, storage: Storage, pinned: str | None) -> tuple[l
     return (newer if pinned is not None else []), newest
 
 
-def _new_keys(storage: Storage, keys_uri: str, part: str) -> pa.Array:
-    """The keys (a column, not rows) that the key table's files of one snapshot hold."""
-    loc = storage.resolve(keys_uri)
-    found = loc.fs.get_file_info(pafs.FileSelector(loc.path, recursive=True))
-    files = [f.path for f in found if f.base_name.startswith(f"part-{part}-")]
-    if not files:
-        return pa.array([], pa.string())
-    keys = pds.dataset(files, filesystem=loc.fs, format="parquet").to_table(columns=["key"])
-    return keys["key"].unique()
-
-
-def _relink_ids(corpus: Corpus, new_keys: pa.Array) -> pa.Array:
-    """Corpus ids of papers with a DOI, MAG or PubMed id among new OpenAlex keys."""
-    by_type: dict[str, list[Any]] = {"doi": [], "mag": [], "pmid": []}
-    for key in new_keys.to_pylist():
-        kind, _, value = key.partition(":")
-        by_type[kind].append(value if kind == "doi" else int(value))
-    masks = [
-        pc.field(col).isin(pa.array(vals, pa.string() if kind == "doi" else pa.int64()))
-        for kind, col in (("doi", "doi"), ("mag", "mag_id"), ("pmid", "pmid"))
-        if (vals := by_type[kind])
-    ]
-    if not masks:
-        return pa.array([], pa.int64())
-    expr = masks[0]
-    for m in masks[1:]:
-        expr = expr | m
-    return corpus.table("papers").to_table(columns=["corpus_id"], filter=expr)["corpus_id"]
-
-
 # -- applying changes ----------------------------------------------------------------------------
 
 NO_CHANGES = {"inserted": 0, "updated": 0, "deleted": 0}
@@ -167,9 +136,13 @@ def _plan(run: RefreshRun, corpus: Corpus, name: str) -> buckets.BucketPlan:
 
 
 def _apply_papers(
-    run: RefreshRun, corpus: Corpus, sides: release_step.PaperSides, relink: pa.Array
+    run: RefreshRun,
+    corpus: Corpus,
+    sides: release_step.PaperSides,
+    new_keys: release_step.NewKeys | None = None,
 ) -> dict[str, int]:
-    """Rebuild and write every paper the records touch, one task per touched bucket."""
+    """Rebuild and write every paper the records touch (or `new_keys` relink), one task per
+    touched bucket."""
     n = _key_buckets(run, corpus)
     layout, counts = release_step.apply_papers(
         run.cfg,
@@ -177,7 +150,7 @@ def _apply_papers(
         _plan(run, corpus, "papers"),
         sides,
         _schemas(n),
-        relink=relink.cast(pa.int64()),
+        new_keys=new_keys,
         keys_uri=corpus.manifest["tables"]["openalex_keys"]["uri"],
         key_buckets=n,
     )
@@ -393,7 +366,7 @@ def _apply_step(
     found = _stage(run, corpus, step_dir, steps, report, paper_sides)
     sides = release_step.PaperSides(*(found[key] for key in paper_sides))
     console.print(f"  {report.label}: papers")
-    papers = _apply_papers(run, corpus, sides, pa.array([], pa.int64()))
+    papers = _apply_papers(run, corpus, sides)
     staged = _stage(run, corpus, step_dir, steps, report, CITATION_SIDES)
     citations, gone_citations = (staged[key] for key in CITATION_SIDES)
     console.print(f"  {report.label}: citations")
@@ -424,8 +397,9 @@ def _key_buckets(run: RefreshRun, corpus: Corpus) -> int:
 def _openalex(
     run: RefreshRun, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any]
 ) -> dict[str, Any]:
-    """Parse works partitions newer than the pinned snapshot into the key table; relink the
-    papers they match; pin the newer snapshot."""
+    """Parse works partitions newer than the pinned snapshot into the key table, their keys
+    alone beside; relink the papers they match (each papers bucket finds its own); pin the newer
+    snapshot."""
     pinned = snapshot_date(state.get("openalex_snapshot"))
     files, newest = new_work_files(run.cfg, run.storage, pinned)
     if not files:
@@ -437,26 +411,28 @@ def _openalex(
     keys_uri = manifest["tables"]["openalex_keys"]["uri"]
     step = ParseWorks(records.SPECS["works"], n, run.cfg.ingest.raw_line_limit)
     part = f"openalex-{newest}"  # named for the snapshot: a retried refresh rewrites its files
+    work = join(run.work, part)
+    run.storage.delete_dir(work)  # what a killed try staged: staged again
+    rejects, parsed = join(run.work, "rejects", part), join(work, "parsed")
     [staged] = release_step.stage(
         run.cfg,
         run.storage,
-        [
-            release_step.Side(
-                tuple(files), step, keys_uri, join(run.work, "rejects", part), part=part
-            )
-        ],
+        [release_step.Side(tuple(files), step, keys_uri, rejects, part=part, keys=parsed)],
     )
-    relink = _relink_ids(corpus, _new_keys(run.storage, keys_uri, part))
     report.records["works"] = {
         "update_records": staged.kept,
         "update_rejected": staged.rejected,
     }
+    parsed_keys = release_step.Staged(parsed, staged.rows_by_bucket)
+    keys = release_step.stage_new_keys(run.cfg, run.storage, parsed_keys, join(work, "keys"), n)
     report.changes = {
-        "papers": _apply_papers(run, corpus, release_step.PaperSides(), relink),
+        "papers": _apply_papers(run, corpus, release_step.PaperSides(), keys),
         "citations": dict(NO_CHANGES),
     }
     state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
-    return _commit(run, manifest, corpus, state, report)
+    manifest = _commit(run, manifest, corpus, state, report)
+    run.storage.delete_dir(work)
+    return manifest
 
 
 # -- the whole refresh -----------------------------------------------------------------------------

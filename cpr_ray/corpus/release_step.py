@@ -14,6 +14,14 @@ them as ingest built them (`updates`), and returns its edit as fragment metadata
 paper are found in its own bucket when it cites (bucketed by citing id), but the citations *to*
 it may sit in any bucket: a step that deletes papers has every citations bucket look for them in
 its `cited_id` column.
+
+**Relink** (`relinked`). New OpenAlex partitions are parsed into the key table the same way,
+their key column alone also staged in its key buckets (`Side.keys`), then made one file of
+distinct keys per key bucket, a task each (`stage_new_keys`). A paper's identifiers may
+hash to any key bucket, so then every papers bucket's task reads its own papers' DOI, MAG and
+PubMed ids, keys them as ingest does and looks them up one key bucket of the new keys at a time:
+a task holds its bucket's keys and one key bucket of the partition's, and neither the new keys
+nor the papers table is read by the driver.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -75,6 +84,7 @@ class Side:
     rejects: str  # prefix of its rejects files
     urls: tuple[str, ...] = ()
     part: str = "diff"  # names the written files; a retried task rewrites its own
+    keys: str | None = None  # its `key` column alone, bucketed here too (`NewKeys`)
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,8 @@ class FetchParse:
             part = f"{side.part}-{i:05d}-{j:04d}"
             if kept.num_rows:
                 write_partitions(kept.drop_columns(list(PARSED_DROP)), side.out, storage, part)
+                if side.keys:
+                    write_partitions(kept.select(["key", BUCKET]), side.keys, storage, part)
             if bad.num_rows:
                 storage.write_parquet(
                     bad.select(["path", "reject_reason", "raw"]), f"{side.rejects}-{part}.parquet"
@@ -145,15 +157,12 @@ def merge_staged(uri: str, parts: Sequence[Staged]) -> Staged:
     )
 
 
-def touched_buckets(
-    num_buckets: int, staged: Sequence[Staged], ids: Sequence[int] = (), every: bool = False
-) -> list[int]:
-    """The buckets a step edits: those its staged records fall in and those of `ids` (papers
-    relinked to a new OpenAlex work); all of them when `every` (citations to deleted papers)."""
+def touched_buckets(num_buckets: int, staged: Sequence[Staged], every: bool = False) -> list[int]:
+    """The buckets a step edits: those its staged records fall in; all of them when `every`
+    (citations to deleted papers, papers a new OpenAlex partition may relink)."""
     if every:
         return list(range(num_buckets))
-    found = {k for s in staged for k, n in s.rows_by_bucket.items() if n}
-    return sorted(found | {int(i) % num_buckets for i in ids})
+    return sorted({k for s in staged for k, n in s.rows_by_bucket.items() if n})
 
 
 def _memory(cfg: Config) -> int:
@@ -208,6 +217,61 @@ class PaperSides:
         ]
 
 
+@dataclass(frozen=True)
+class NewKeys:
+    """The keys new OpenAlex partitions added to the key table: their key column alone, staged
+    in the key table's buckets (`Side.keys`), which each papers bucket looks its own papers'
+    identifiers up in."""
+
+    staged: Staged
+    key_buckets: int
+
+
+KEYS = pa.schema([("key", pa.string())])
+PAPER_KEYS = ["corpus_id", "doi", "mag_id", "pmid"]
+
+
+def _compact_keys(j: int, *, storage: Storage, parsed: Staged, out: str) -> Staged:
+    keys = _read(storage, parsed, j, KEYS)["key"].unique()
+    if not len(keys):
+        return Staged(out)
+    bucket = pa.array(np.full(len(keys), j, np.int32))
+    write_partitions(pa.table({"key": keys, BUCKET: bucket}), out, storage, "keys")
+    return Staged(out, {j: len(keys)})
+
+
+def stage_new_keys(
+    cfg: Config, storage: Storage, parsed: Staged, out: str, key_buckets: int
+) -> NewKeys:
+    """The keys a stage wrote beside its rows (`Side.keys`: a file per parsed batch in each key
+    bucket) as one file of distinct keys per key bucket under `out`, one task per bucket: every
+    papers bucket's task reads each key bucket's, so one file each, not one per batch."""
+    chosen = sorted(k for k, n in parsed.rows_by_bucket.items() if n)
+    fn = partial(_compact_keys, storage=storage, parsed=parsed, out=out)
+    task = partial(_on, chosen=chosen, fn=fn)
+    done = run_buckets(len(chosen), task, cfg.ingest.cpus_per_task, _memory(cfg))
+    return NewKeys(merge_staged(out, done), key_buckets)
+
+
+def relinked(p: BucketPlan, storage: Storage, k: int, new_keys: NewKeys | None) -> pa.Array:
+    """Corpus ids of bucket k's papers with a DOI, MAG or PubMed id among `new_keys`: the
+    bucket's own identifiers keyed as ingest keys them (`linking.s2_keys`) and looked up one key
+    bucket at a time, so the task holds its bucket's keys and one key bucket of the new ones."""
+    if new_keys is None or not new_keys.staged.kept:
+        return pa.array([], pa.int64())
+    has_key = " OR ".join(f"{c} IS NOT NULL" for c in PAPER_KEYS[1:])
+    own = buckets.read_lance_bucket(p, storage, k, PAPER_KEYS, has_key)
+    own = linking.s2_keys(own, new_keys.key_buckets).sort_by(BUCKET)
+    bounds = np.searchsorted(own[BUCKET].to_numpy(), np.arange(new_keys.key_buckets + 1))
+    found = [pa.array([], pa.int64())]
+    for j in sorted(new_keys.staged.rows_by_bucket):
+        mine = own.slice(bounds[j], bounds[j + 1] - bounds[j])
+        if mine.num_rows:
+            new = _read(storage, new_keys.staged, j, KEYS)["key"]
+            found.append(_ids(mine.filter(pc.is_in(mine["key"], value_set=new))["corpus_id"]))
+    return pa.concat_arrays(found).unique()
+
+
 def _papers_bucket(
     k: int,
     *,
@@ -215,7 +279,7 @@ def _papers_bucket(
     storage: Storage,
     sides: PaperSides,
     schemas: dict[str, pa.Schema],
-    relink: pa.Array,
+    new_keys: NewKeys | None,
     keys_uri: str,
     key_buckets: int,
     fragment_rows: int,
@@ -226,8 +290,7 @@ def _papers_bucket(
     abstracts = _read(storage, sides.abstracts, k, schemas["abstracts"])
     forget = _ids(_read(storage, sides.gone_abstracts, k, schemas["abstracts"])["corpus_id"])
     gone = _ids(_read(storage, sides.gone_papers, k, schemas["papers"])["corpus_id"])
-    n = p.layout.num_buckets
-    relink = pa.array([i for i in relink.to_pylist() if i % n == k], pa.int64())
+    relink = relinked(p, storage, k, new_keys)
     ids = pa.concat_arrays(
         [_ids(papers["corpus_id"]), _ids(abstracts["corpus_id"]), relink, forget]
     )
@@ -274,13 +337,16 @@ def apply_papers(
     sides: PaperSides,
     schemas: dict[str, pa.Schema],
     *,
-    relink: pa.Array,
+    new_keys: NewKeys | None = None,
     keys_uri: str,
     key_buckets: int,
 ) -> tuple[buckets.BucketLayout, dict[str, int]]:
-    """The papers table with a step's paper and abstract records applied (and `relink`'s papers
-    linked again): one task per touched bucket, one commit. Returns the new layout and counts."""
-    chosen = touched_buckets(p.layout.num_buckets, sides.all(), relink.to_pylist())
+    """The papers table with a step's paper and abstract records applied (and the papers whose
+    identifiers are among `new_keys` linked again, each bucket finding its own): one task per
+    touched bucket (every bucket, given new keys), one commit. Returns the new layout and
+    counts."""
+    relink = new_keys is not None and new_keys.staged.kept > 0
+    chosen = touched_buckets(p.layout.num_buckets, sides.all(), every=relink)
     return _edit_buckets(
         cfg,
         storage,
@@ -290,7 +356,7 @@ def apply_papers(
             _papers_bucket,
             sides=sides,
             schemas=schemas,
-            relink=relink,
+            new_keys=new_keys,
             keys_uri=keys_uri,
             key_buckets=key_buckets,
         ),

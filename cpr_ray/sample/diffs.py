@@ -11,7 +11,10 @@ mined, `make_diff` writes, in the layout `tests/s2_standin.py` serves
 - **changed papers**: a new title for the cited paper of chosen pairs (those pairs' texts
   change, so they are judged again) and for papers in no pair (nothing to judge);
 - **deleted papers**: the cited paper of chosen pairs (their pairs are retracted);
-- **deleted citations**: chosen pairs' citation records (retracted too).
+- **deleted citations**: chosen pairs' citation records (retracted too);
+- **relinked papers** (on request): for papers in no pair, a newer version of the OpenAlex work
+  they link to, carrying one of their identifiers only (DOI, MAG or PubMed id), so the refresh
+  must find each by that identifier; the work is otherwise the same, so the paper is too.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +40,7 @@ class DiffPlan:
     retracted_pairs: set[tuple[int, int]] = field(default_factory=set)
     deleted_papers: set[int] = field(default_factory=set)
     changed_papers: set[int] = field(default_factory=set)
+    relinked_papers: dict[str, int] = field(default_factory=dict)  # key type → corpus id
 
 
 def _lines(folder: Path) -> Iterator[dict]:
@@ -82,6 +86,7 @@ def make_diff(
     unpaired_changes: int = 1,
     openalex_date: str = "2026-12-01",
     seed: int = 0,
+    relinked: tuple[str, ...] = (),
 ) -> DiffPlan:
     """Write one release step's diff under `out` and a works partition under `openalex` (by
     default one record of each kind of change, dated after the sample's snapshot)."""
@@ -176,6 +181,10 @@ def make_diff(
             {**papers[d], "title": f"{papers[d].get('title')} (revised)", "updated": stamp}
         )
         plan.changed_papers.add(d)
+    for kind in relinked:
+        d, work = _relinked_work(kind, papers, work_of, unpaired, plan)
+        up_works.append({**work, "updated_date": openalex_date})
+        plan.relinked_papers[kind] = d
     del_papers = [{"corpusid": d} for d in take_deleted]
     for d in take_deleted:
         plan.retracted_pairs.update(by_cited[d])
@@ -200,3 +209,28 @@ def make_diff(
     )
     (out / "releases.json").write_text(json.dumps(sorted({*known, *releases})))
     return plan
+
+
+RELINK_IDS = {"doi": "DOI", "mag": "MAG", "pmid": "PubMed"}
+
+
+def _relinked_work(
+    kind: str,
+    papers: dict[int, dict],
+    work_of: Callable[[int], dict | None],
+    unpaired: list[int],
+    plan: DiffPlan,
+) -> tuple[int, dict]:
+    """The first paper in no pair and not yet changed that links to a work by DOI and has a
+    `kind` identifier, and that work with only this identifier of the paper's."""
+    used = plan.changed_papers | set(plan.relinked_papers.values())
+    for d in unpaired:
+        ids = papers[d].get("externalids") or {}
+        work = work_of(d)
+        if d in used or work is None or not ids.get(RELINK_IDS[kind]):
+            continue
+        own = {"openalex": work["id"]}
+        if kind != "doi":
+            own[kind] = str(ids[RELINK_IDS[kind]])
+        return d, {**work, "doi": work["doi"] if kind == "doi" else None, "ids": own}
+    raise ValueError(f"no paper in no pair links to a work by DOI and has a {kind} id")
