@@ -237,7 +237,7 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     """The dry run's search step: the exported corpus indexed with the model just evaluated (a
     rerun encodes nothing again), and one CPR-eval query searched in other fields only."""
     from cpr_ray.retrieval.spec import EncoderSpec
-    from cpr_ray.search.commands import print_result
+    from cpr_ray.search.commands import print_result, quiet_model_loading
     from cpr_ray.search.engine import Query, SearchIndex
     from cpr_ray.search.index import build_index
     from cpr_ray.search.index import summary_lines as index_lines
@@ -259,6 +259,7 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     first = storage.read_parquet(join(export, "cpr-eval.parquet"), ["query_id", "query"])
     query = Query(first["query_id"][0].as_py(), first["query"][0].as_py())
     reader = EncoderSpec.from_config(search_cfg.encoder, device="cpu")
+    quiet_model_loading()  # Ray's start quieted it when the index encoded; a rerun starts none
     index = SearchIndex.load(storage, out, reader)
     opts = search_options(search_cfg, k=5, other_fields_only=True)
     print_result(run_search(index, [query], opts, search_cfg)[0])
