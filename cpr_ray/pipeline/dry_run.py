@@ -30,9 +30,14 @@ PLACEHOLDER_NOTICE = (
 def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None:
     """Every stage on the bundled sample under `out` (the embedded judge unless the overrides
     name an endpoint), then fine-tune, evaluate, index and search what it exported."""
+    from cpr_ray.search.commands import quiet_model_loading
+
     cfg = load_config(
         "dry-run", overrides=[f"storage.root={out}", *overrides], unpin_for_endpoint=True
     )
+    # the evaluation and the search load models here, in the driver: without the loading bars
+    # Ray's start turns off, as a rerun that finds the build done starts no Ray
+    quiet_model_loading()
     console.rule("cpr dry run: bundled sample → " + str(out))
     if cfg.llm.base_url:  # a real judge decides: loaded without the placeholder's pins
         manifests = run_build(cfg, force=force)
@@ -237,7 +242,7 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     """The dry run's search step: the exported corpus indexed with the model just evaluated (a
     rerun encodes nothing again), and one CPR-eval query searched in other fields only."""
     from cpr_ray.retrieval.spec import EncoderSpec
-    from cpr_ray.search.commands import print_result, quiet_model_loading
+    from cpr_ray.search.commands import print_result
     from cpr_ray.search.engine import Query, SearchIndex
     from cpr_ray.search.index import build_index
     from cpr_ray.search.index import summary_lines as index_lines
@@ -259,7 +264,6 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     first = storage.read_parquet(join(export, "cpr-eval.parquet"), ["query_id", "query"])
     query = Query(first["query_id"][0].as_py(), first["query"][0].as_py())
     reader = EncoderSpec.from_config(search_cfg.encoder, device="cpu")
-    quiet_model_loading()  # Ray's start quieted it when the index encoded; a rerun starts none
     index = SearchIndex.load(storage, out, reader)
     opts = search_options(search_cfg, k=5, other_fields_only=True)
     print_result(run_search(index, [query], opts, search_cfg)[0])
