@@ -2,7 +2,7 @@
 every stage from ingest to synthesize-queries, a few steps of training (it must train), then
 BM25, MiniLM and the fine-tuned MiniLM on the fresh CPR-eval (the figures are those `cpr eval`
 gives on the export); and a second run over the same folder that asks the judge nothing, trains
-nothing, encodes nothing and prints the same figures.
+nothing, encodes nothing, starts no Ray and prints the same figures.
 
 Slow (several minutes on 2 cores, plus ~6 to build llama-server on a machine's first run). The
 judge's answers are most of it, so the test asks it ROWS rows a stage rather than the profile's 6:
