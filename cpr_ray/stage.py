@@ -182,6 +182,8 @@ def run_stage(
 ) -> dict[str, Any]:
     """Run `fn` unless a published manifest already matches `inputs` and the config sections.
 
+    Ray starts (or is joined) here, for the first stage that runs: a rerun that finds every
+    stage done skips them all without it (on 2 cores Ray's start and stop cost ~15 s).
     Returns the manifest (the existing one when skipped).
     """
     config_hash = cfg.section_hash(*config_sections)
@@ -214,6 +216,9 @@ def run_stage(
     progress.start()
     run = StageRun(name, run_id, out, cfg, storage, progress)
     try:
+        from cpr_ray.ray_runtime import ensure_ray
+
+        ensure_ray(cfg.ray)
         result = fn(run)
         # before the publish: a stage stopped in a compaction is run again (its answers from
         # the cache), and that run finishes the compaction

@@ -2,7 +2,7 @@
 every stage from ingest to synthesize-queries, a few steps of training (it must train), then
 BM25, MiniLM and the fine-tuned MiniLM on the fresh CPR-eval (the figures are those `cpr eval`
 gives on the export); and a second run over the same folder that asks the judge nothing, trains
-nothing, encodes nothing and prints the same figures.
+nothing, encodes nothing, starts no Ray and prints the same figures.
 
 Slow (several minutes on 2 cores, plus ~6 to build llama-server on a machine's first run). The
 judge's answers are most of it, so the test asks it ROWS rows a stage rather than the profile's 6:
@@ -34,12 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = 4
 
 
-def dry_run(out: Path) -> str:
+def dry_run(out: Path, *settings: str) -> str:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("RAY_ADDRESS", None)  # its own local Ray, as on a user's laptop
     done = subprocess.run(
         [sys.executable, "-m", "cpr_ray.cli", "dry-run", "--out", str(out)]
-        + ["--set", f"llm.max_rows_per_stage={ROWS}"],
+        + ["--set", f"llm.max_rows_per_stage={ROWS}"]
+        + [arg for setting in settings for arg in ("--set", setting)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -148,8 +149,10 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
 
     calls = ledger_calls(out)
     assert calls > 0
-    second = dry_run(out)
+    ray_dir = tmp_path / "rerun-ray"  # where a Ray started by the rerun would keep its files
+    second = dry_run(out, f"ray.temp_dir={ray_dir}")
     assert ledger_calls(out) == calls  # nothing asked again
+    assert not ray_dir.exists()  # nor Ray started: every stage, the training and index are done
     assert second.count("skipped") >= len(STAGES), second[-3000:]
     assert "to ask gemma" not in second and "to ask gemma" in first
     assert ("already trained" in second) == trained

@@ -21,7 +21,7 @@ from cpr_ray.mining.stages import mine, venues
 from cpr_ray.pooling.stage import pool
 from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
 from cpr_ray.queries.synthesis import synthesize_queries
-from cpr_ray.ray_runtime import ensure_ray, user_errors_from_ray
+from cpr_ray.ray_runtime import user_errors_from_ray
 from cpr_ray.storage import Storage
 
 StageFn = Callable[..., dict[str, Any]]
@@ -90,9 +90,11 @@ def run_build(
 
     The build owns the root while it runs (`owner`: the lease its caller, a refresh, holds
     already): a root another build or refresh owns stops it before Ray starts, in one line
-    (`leases.RootBusy`). A mistake a user made that surfaces inside Ray (a corrupt shard, a
-    refusing endpoint) leaves each stage as its one-line `UserError`, with the Ray traceback in
-    a log file it names; any failure of a stage is recorded under ``ROOT/_logs/`` (`failures`).
+    (`leases.RootBusy`). Ray starts with the first stage that runs (`run_stage`): a rerun that
+    skips every stage starts none. A mistake a user made that surfaces inside Ray (a corrupt
+    shard, a refusing endpoint) leaves each stage as its one-line `UserError`, with the Ray
+    traceback in a log file it names; any failure of a stage is recorded under ``ROOT/_logs/``
+    (`failures`).
     """
     cfg.require("storage.root", "input")  # evaluation-only configs carry neither
     storage = Storage(cfg.storage)
@@ -101,7 +103,6 @@ def run_build(
     secrets = failures.secret_names(cfg)
     manifests: dict[str, dict[str, Any]] = {}
     with leases.owner(storage, "build") if owner is None else nullcontext(owner):
-        ensure_ray(cfg.ray)
         for name in selected:
             with failures.recorded(storage, name, secrets), user_errors_from_ray():
                 manifests[name] = STAGES[name](

@@ -30,9 +30,14 @@ PLACEHOLDER_NOTICE = (
 def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None:
     """Every stage on the bundled sample under `out` (the embedded judge unless the overrides
     name an endpoint), then fine-tune, evaluate, index and search what it exported."""
+    from cpr_ray.search.commands import quiet_model_loading
+
     cfg = load_config(
         "dry-run", overrides=[f"storage.root={out}", *overrides], unpin_for_endpoint=True
     )
+    # the evaluation and the search load models here, in the driver: without the loading bars
+    # Ray's start turns off, as a rerun that finds the build done starts no Ray
+    quiet_model_loading()
     console.rule("cpr dry run: bundled sample → " + str(out))
     if cfg.llm.base_url:  # a real judge decides: loaded without the placeholder's pins
         manifests = run_build(cfg, force=force)

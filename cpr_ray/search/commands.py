@@ -182,7 +182,7 @@ def search_command(
                 before=before,
                 hybrid=hybrid,
             )
-            _quiet_model_loading()
+            quiet_model_loading()
             reader = EncoderSpec.from_config(cfg.encoder)
             idx = SearchIndex.load(storage, str(cfg.search.index), reader)
             results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
@@ -208,7 +208,7 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _quiet_model_loading() -> None:
+def quiet_model_loading() -> None:
     """Turn off transformers' "Loading weights" bar (and the hub's download bars) in this
     process, which loads the query encoder itself: the bar, on stderr at every search, adds
     nothing to the command's own output. Ray workers get the same from `QUIET_ENV`."""

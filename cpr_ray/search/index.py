@@ -289,12 +289,12 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     keep = reusable(table, prev_docs if reason == "same encoder" else None)
     todo = np.flatnonzero(keep < 0)
 
-    ensure_ray(cfg.ray)
     generation = _generation(previous)
     gen_dir = join(out_uri, f"g{generation:04d}")
     storage.delete_dir(gen_dir)  # what a killed run of this generation left
     new: list[Piece] = []
-    if len(todo):
+    if len(todo):  # Ray only to encode: an index with nothing new is published without it
+        ensure_ray(cfg.ray)
         target = PartsTarget(cfg.storage, join(gen_dir, PARTS))
         todo_rows = pa.table({"id": table["vid"].take(todo), "text": table["text"].take(todo)})
         label = f"encoding {len(todo):,} of {table.num_rows:,} documents"
