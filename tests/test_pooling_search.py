@@ -150,14 +150,16 @@ BM25_PLAN = PoolerPlan("p", "bm25", "{title} {abstract}", None, 1, 1.0, 0.0)
 
 def _bm25_world(world) -> tuple[pa.Table, pa.Table]:
     """The world's papers with texts of 1-6 of 40 words (many papers share a text's counts and
-    length, so scores tie) or, for 1 in 30, none BM25 indexes; its queries with 2-5 words."""
+    length, so scores tie) or, for 1 in 30, none BM25 indexes; its queries with 2-5 of those
+    words and one no paper has."""
     rng = np.random.default_rng(2)
     n, q = world["docs"].num_rows, world["queries"]
     texts = [" ".join(rng.choice(BM25_WORDS, rng.integers(1, 7))) for _ in range(n)]
     texts[::30] = ["the a of it"] * len(texts[::30])  # stop words and one letter: no term
     docs = world["docs"].append_column("title", pa.array(texts))
     docs = docs.append_column("abstract", pa.array([""] * n))
-    queries = [" ".join(rng.choice(BM25_WORDS, rng.integers(2, 6))) for _ in range(q.num_rows)]
+    words = [rng.choice(BM25_WORDS, rng.integers(2, 6)).tolist() for _ in range(q.num_rows)]
+    queries = [" ".join(w + ["quasar"]) for w in words]
     return docs, q.set_column(q.schema.get_field_index("query"), "query", pa.array(queries))
 
 
