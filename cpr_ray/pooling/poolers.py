@@ -100,9 +100,9 @@ class PoolerSearch:
 
     It loads the pooler's query encoder once and one shard at a time (`load`): the shard's
     papers (DOCS parts) and their index (for BM25, the universe's statistics to index the
-    shard's texts with). Lists are ranked
-    by score, then search order, so that `shards.merge_hits` merges several shards' lists into
-    the lists one index over the whole universe gives."""
+    shard's texts with). Lists are ranked by score, then search order, so that
+    `shards.merge_hits` merges several shards' lists into the lists one index over the whole
+    universe gives."""
 
     def __init__(
         self,
