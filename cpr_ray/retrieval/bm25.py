@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import bm25s
 import numpy as np
+import scipy.sparse as sp
 import Stemmer
 from bm25s.scoring import (
     _build_idf_array,
@@ -95,9 +96,12 @@ class BM25Retriever:
         tokens = self._token_ids(texts)
         lengths = np.fromiter(map(len, tokens.ids), np.int64, len(tokens.ids))
         ids = np.fromiter(itertools.chain.from_iterable(tokens.ids), np.int64, int(lengths.sum()))
-        vocab = max(1, len(tokens.vocab))
-        docs = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-        df = np.bincount(np.unique(docs * vocab + ids) % vocab, minlength=vocab)
+        counts = sp.csr_matrix(
+            (np.ones(len(ids), np.int32), ids, np.r_[0, np.cumsum(lengths)]),
+            shape=(len(lengths), max(1, len(tokens.vocab))),
+        )
+        counts.sum_duplicates()  # a term once per document
+        df = counts.getnnz(axis=0)
         found = {t: int(df[tokens.vocab[t]]) for t in terms if t in tokens.vocab}
         return CollectionStats(len(lengths), int(lengths.sum()), found)
 
