@@ -15,6 +15,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch  # noqa: E402
 from cpr_ray.pooling.rules import topic_group  # noqa: E402
 from cpr_ray.pooling.schemas import GROUPS, SEARCH_QUERIES  # noqa: E402
 from cpr_ray.pooling.search import QueryBatch, Universe, exact_hits, index_hits  # noqa: E402
@@ -29,6 +30,7 @@ from cpr_ray.pooling.shards import (  # noqa: E402
     shard_of,
 )
 from cpr_ray.retrieval.base import top_k_rows  # noqa: E402
+from cpr_ray.retrieval.bm25 import BM25Retriever, CollectionStats  # noqa: E402
 from cpr_ray.retrieval.encoder import (  # noqa: E402
     DenseEncoder,
     Encoder,
@@ -37,6 +39,7 @@ from cpr_ray.retrieval.encoder import (  # noqa: E402
 )
 from cpr_ray.retrieval.index import VectorIndex, factory_for  # noqa: E402
 from cpr_ray.retrieval.spec import EncoderSpec  # noqa: E402
+from cpr_ray.storage import Storage, StorageConfig  # noqa: E402
 
 from .test_retrieval import tiny_models  # noqa: E402, F401  (the tiny Qwen3 / SPLADE fixture)
 
@@ -141,19 +144,59 @@ def _lists(table: pa.Table) -> list[tuple]:
     )
 
 
-@pytest.mark.parametrize("backend", ["exact", "exact_ties", "Flat"])
-def test_shards_merged_give_the_lists_of_one_index_over_the_universe(world, backend):
+BM25_WORDS = [f"{w}{i}" for w in ("lens", "spin", "fold", "graph") for i in range(10)]
+BM25_PLAN = PoolerPlan("p", "bm25", "{title} {abstract}", None, 1, 1.0, 0.0)
+
+
+def _bm25_world(world) -> tuple[pa.Table, pa.Table]:
+    """The world's papers with texts of 1-6 of 40 words (many papers share a text's counts and
+    length, so scores tie) or, for 1 in 30, none BM25 indexes; its queries with 2-5 of those
+    words and one no paper has."""
+    rng = np.random.default_rng(2)
+    n, q = world["docs"].num_rows, world["queries"]
+    texts = [" ".join(rng.choice(BM25_WORDS, rng.integers(1, 7))) for _ in range(n)]
+    texts[::30] = ["the a of it"] * len(texts[::30])  # stop words and one letter: no term
+    docs = world["docs"].append_column("title", pa.array(texts))
+    docs = docs.append_column("abstract", pa.array([""] * n))
+    words = [rng.choice(BM25_WORDS, rng.integers(2, 6)).tolist() for _ in range(q.num_rows)]
+    queries = [" ".join(w + ["quasar"]) for w in words]
+    return docs, q.set_column(q.schema.get_field_index("query"), "query", pa.array(queries))
+
+
+@pytest.mark.parametrize("backend", ["exact", "exact_ties", "Flat", "bm25"])
+def test_shards_merged_give_the_lists_of_one_index_over_the_universe(world, backend, tmp_path):
     """The universe cut in 5 shards by `shard_of`, each searched alone as a search actor does
     (its own Universe, cutoffs, groups and index), the lists merged one shard at a time: the
     lists one search over the whole universe gives, ranks and tie-breaking included. Rounded
-    scores make ties common, at every list's end too."""
+    scores make ties common, at every list's end too. BM25: each shard searched by the
+    pooler's search actor, which indexes it with the universe's statistics (summed over
+    other parts, as the tasks writing the shards count them), against bm25s's own index over
+    the universe; a sixth shard holds the papers with no term to index."""
     docs, q, unit = world["docs"], world["queries"], world["vectors"]
     vectors = dict(zip(world["universe"].corpus_ids.tolist(), unit))
+    if backend == "bm25":
+        docs, q = _bm25_world(world)
+        bm25, buckets = BM25Retriever(), docs["corpus_id"].to_numpy() % 3
+        terms = bm25.terms(q["query"].to_pylist())
+        stats = CollectionStats.total(
+            bm25.statistics(docs.filter(pa.array(buckets == k))["title"].to_pylist(), terms)
+            for k in range(3)
+        )
+        storage = Storage(StorageConfig())
+        collection, shard_docs = str(tmp_path / "collection.json"), str(tmp_path / "shard.parquet")
+        storage.write_json(collection, stats.as_dict())
 
     def search(part: pa.Table) -> pa.Table:
+        if backend == "bm25" and part.num_rows < N:  # a shard, as the pooler's actor loads it
+            storage.write_parquet(part, shard_docs)
+            return PoolerSearch(BM25_PLAN, storage.cfg, shard_docs, collection)(q)
         u = Universe(part)
-        vecs = np.stack([vectors[i] for i in u.corpus_ids.tolist()])
         batch = QueryBatch.build(u, q)
+        if backend == "bm25":  # bm25s's own index over the universe
+            bm25.index(part["title"].take(pa.array(u.order)).to_pylist())
+            hits = exact_hits(bm25.scores(q["query"].to_pylist()), batch, positive_only=True)
+            return shard_hits(q, u, hits, "p")
+        vecs = np.stack([vectors[i] for i in u.corpus_ids.tolist()])
         if backend == "Flat":
             hits = index_hits(VectorIndex(u.corpus_ids, vecs), u, world["qvecs"], batch)
         else:
@@ -167,8 +210,11 @@ def test_shards_merged_give_the_lists_of_one_index_over_the_universe(world, back
     whole = merge_hits([search(docs)], depths)
     shard = shard_of(docs["corpus_id"].to_numpy(), 5)
     assert np.bincount(shard).min() > 0.8 * N / 5  # even shards
+    if backend == "bm25":
+        shard[::30] = 5  # the papers without a term: their shard brings none
+        assert search(docs.filter(pa.array(shard == 5))).num_rows == 0
     merged = merge_hits([], depths)
-    for s in range(5):
+    for s in range(shard.max() + 1):
         merged = merge_hits([merged, search(docs.filter(pa.array(shard == s)))], depths)
     assert len(whole) > 1000 and _lists(merged) == _lists(whole)
     if backend == "exact":  # and the unsharded lists are exact search's own

@@ -201,14 +201,15 @@ def test_pool_on_the_sample_build_with_rejected_citations_first(
 
     # the universe in shards of a few hundred papers (another config: another run), each shard
     # indexed and searched alone and the lists merged: exactly the candidates of one index,
-    # the deeper search included; every vector served by the embedding store
+    # BM25's and the deeper search included; every vector served by the embedding store
     small = max(1, stats["universe"] // 4)
     sharded = run_build(
         scripted_config(root, llm, *cfg_overrides, f"pooling.shard_vectors={small}"), ["pool"]
     )["pool"]
     assert sharded["run_id"] != m["run_id"]
     assert sharded["stats"]["universe_shards"] >= 4 and stats["universe_shards"] == 1
-    assert sharded["stats"]["poolers"]["dense"]["shards"] == sharded["stats"]["universe_shards"]
+    for p in ("dense", "bm25"):  # BM25 too: each shard with the universe's statistics
+        assert sharded["stats"]["poolers"][p]["shards"] == sharded["stats"]["universe_shards"]
     assert sharded["stats"]["poolers"]["dense"]["encoded"] == 0
     assert sharded["stats"]["queries_pooled_deeper"] == stats["queries_pooled_deeper"]
     assert storage.read_parquet(sharded["tables"]["candidates"]["uri"]).equals(candidates)
@@ -384,4 +385,4 @@ def test_pool_on_s3_gives_exactly_the_eligible_papers_of_each_group(
     # short groups, but no list was full at top_k: a deeper search could add nothing
     assert m["stats"]["short_groups"] > 0 and m["stats"]["queries_pooled_deeper"] == 0
     assert m["stats"]["universe_shards"] == 3
-    assert m["stats"]["poolers"]["splade"]["shards"] == 3
+    assert m["stats"]["poolers"]["splade"]["shards"] == m["stats"]["poolers"]["bm25"]["shards"] == 3

@@ -28,6 +28,7 @@ from cpr_ray.retrieval import (  # noqa: E402
     make_retriever,
     top_k_rows,
 )
+from cpr_ray.retrieval.bm25 import BM25Retriever, CollectionStats  # noqa: E402
 from cpr_ray.retrieval.encoder import (  # noqa: E402
     DenseEncoder,
     Encoder,
@@ -118,6 +119,18 @@ def test_bm25_matches_the_lucene_formula_with_stemming_and_stop_words():
     assert (scores[2] == 0).all()  # a stop word alone matches nothing
     idx, val = bm25.search(queries[:2], 2)
     assert idx.tolist() == [[0, 1], [2, 3]] and (val[:, 0] >= val[:, 1]).all()
+    # in parts (pooling's shards) with the collection's statistics, summed over other parts:
+    # each part's scores are the whole's, bit for bit (the last bit decides ties when merged)
+    rng = np.random.default_rng(0)
+    docs = [" ".join(rng.choice(DOCS[i % 5].split(), i % 7)) for i in range(500)]  # "" too
+    queries = [" ".join(rng.choice(" ".join(DOCS).split(), 4)) for _ in range(20)]
+    bm25.index(docs)
+    terms = bm25.terms(queries)
+    stats = CollectionStats.total(bm25.statistics(docs[i::3], terms) for i in range(3))
+    for s in range(4):
+        part = BM25Retriever()
+        part.index(docs[s::4], stats)
+        assert np.array_equal(part.scores(queries), bm25.scores(queries)[:, s::4])
 
 
 def test_bm25_takes_no_model_and_unknown_names_fail():

@@ -5,8 +5,9 @@ The plan is what travels to actors (plain values, an :class:`EncoderSpec`), so a
 model and index where it runs, never on the driver. A search actor loads its query encoder
 once, and one shard of the universe at a time with that shard's index (dense: a faiss
 :class:`VectorIndex` on the GPU when it has one; SPLADE: the sparse matrix, transposed for
-query-by-corpus products; BM25: a bm25s index built over every paper's text, its only shard),
-and answers SEARCH_QUERIES batches with that shard's SHARD_HITS (`shards`).
+query-by-corpus products; BM25: a bm25s index of the shard's texts built with the whole
+universe's statistics, so its scores are those of one index over the universe), and answers
+SEARCH_QUERIES batches with that shard's SHARD_HITS (`shards`).
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ class PoolerSearch:
     """A pooler's search actor: SEARCH_QUERIES -> SHARD_HITS of the shard it holds.
 
     It loads the pooler's query encoder once and one shard at a time (`load`): the shard's
-    papers (DOCS parts: one folder, or for BM25 every shard's) and their index. Lists are ranked
-    by score, then search order, so that `shards.merge_hits` merges several shards' lists into
-    the lists one index over the whole universe gives."""
+    papers (DOCS parts) and their index (for BM25, the universe's statistics to index the
+    shard's texts with). Lists are ranked by score, then search order, so that
+    `shards.merge_hits` merges several shards' lists into the lists one index over the whole
+    universe gives."""
 
     def __init__(
         self,
@@ -144,14 +146,16 @@ class PoolerSearch:
             self._check_order(index_uri, table["corpus_id"].to_numpy())
             self._docs_t = sparse_rows(table, self.encoder.dim).T.tocsr()  # (V, N)
         else:
-            from cpr_ray.retrieval.bm25 import BM25Retriever, EmptyVocabulary
+            from cpr_ray.retrieval.bm25 import BM25Retriever, CollectionStats, EmptyVocabulary
 
             ordered = docs.take(pa.array(self.universe.order))
             texts = doc_text(ordered["title"], ordered["abstract"], plan.template)
+            # the universe's statistics; none when this shard is the whole universe
+            stats = CollectionStats.from_dict(st.read_json(index_uri)) if index_uri else None
             self.bm25 = BM25Retriever()
             try:
-                self.bm25.index(texts.to_pylist())
-            except EmptyVocabulary:  # every paper scores 0, so this pooler brings none
+                self.bm25.index(texts.to_pylist(), stats)
+            except EmptyVocabulary:  # every paper here scores 0, so this shard brings none
                 self.bm25 = None
 
     def _check_order(self, uri: str | None, ids: np.ndarray) -> None:

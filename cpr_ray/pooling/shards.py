@@ -11,8 +11,12 @@ then corpus id), which is a paper's own property and so the same in every shard.
 `merge_hits` keeps the best `depth` of their union in that order, so the merged lists are
 those one unsharded search gives.
 
-BM25 is the exception: its IDF and average length are the collection's, so its lists come
-from one "shard" holding every paper (its texts, not vectors).
+BM25's scores do depend on the rest of the collection (IDF and average length are the
+collection's), so each shard indexes its texts with the whole universe's statistics
+(`retrieval.bm25.CollectionStats`: the number of papers, their total length, and the
+document frequencies of the queries' terms, summed over the tasks that write the shards)
+and scores each paper exactly as one index over the universe does; it is then sharded like
+the others.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ TASK_BASE = 512 * MiB  # a worker process with pyarrow, faiss and NumPy loaded
 SEARCH_BASE = 2048 * MiB
 UNIVERSE_BYTES = 96  # per paper of a loaded shard: ids, days, order, the paper x topic matrices
 INDEX_COPIES = 3  # a shard's vectors while it loads: Arrow, the NumPy copy, faiss's own copy
-BM25_BYTES = 4096  # per paper the BM25 shard holds: its text, tokens, and score matrix
+BM25_BYTES = 4096  # per paper a BM25 shard holds: its text, tokens, and score matrix
 DOC_BYTES = 2048  # per DOCS row in Arrow: title, abstract, keys (abstracts average ~1.2 kB)
 
 

@@ -13,7 +13,9 @@ it reads the queries, the judged pairs and counts, and the universe is cut into 
 - **encode**: per encoding pooler, the texts of each shard its embedding store lacks (a task
   per shard), encoded on a Ray Data actor pool (`embeddings.encode_missing`).
 - **index**: per encoding pooler, the store's rows copied to their shards (a task per store
-  part), then each shard's vectors in search order (a task per shard).
+  part), then each shard's vectors in search order (a task per shard). BM25's index is built
+  where a search actor loads a shard, from the collection's statistics that the prepare bucket
+  tasks counted (documents, total length, the queries' terms' document frequencies).
 - **search**: per pooler, search actors that hold one shard at a time turn blocks of queries
   into per-group ranked lists, merged across shards as exactly one index ranks them
   (`poolers.PoolerSearch`, `shards.merge_hits`).
@@ -50,6 +52,7 @@ from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
 from cpr_ray.pooling.rules import (
     build_queries,
     deeper_queries,
+    doc_text,
     group_sizes,
     rejected_citations,
     round_robin,
@@ -69,6 +72,7 @@ from cpr_ray.pooling.shards import (
     shard_count,
     shard_of,
 )
+from cpr_ray.retrieval.bm25 import BM25Retriever, CollectionStats
 from cpr_ray.retrieval.model_source import locate
 from cpr_ray.stage import Phases, StageOutput, StageRun, console, require_manifest, run_stage
 from cpr_ray.storage import Storage, join
@@ -82,6 +86,7 @@ UPSTREAM = {
 }
 PAPER_COLUMNS = ["corpus_id", "title", "abstract", "publication_date", "year", "topics"]
 SEARCH_PHASES = ("search", "merge", "search_short", "merge_short")
+STATS_ROWS = 8192  # texts a bucket task tokenizes at once for BM25's statistics
 
 _missing = ray.remote(missing_texts)
 _route = ray.remote(route_part)
@@ -90,7 +95,8 @@ _assemble = ray.remote(assemble_index)
 
 @dataclass(frozen=True)
 class Shard:
-    """What one search actor loads at a time: papers (DOCS folders), their index, the memory."""
+    """What one search actor loads at a time: papers (DOCS folders), their index (BM25: the
+    universe's statistics to index them with), the memory it asks."""
 
     docs: list[str]
     index: str | None
@@ -110,8 +116,9 @@ def _keyed_docs(papers: pa.Table, universe_ids: pa.Array, templates: list[str]) 
 @dataclass(frozen=True)
 class _DocsOfBucket:
     """A bucket task of `snapshot_docs`: bucket k's universe papers as DOCS rows, written to
-    their shards' folders; returns the papers per shard, the universe ids read and the
-    `wanted` papers' (corpus_id, date_key, topic_ids)."""
+    their shards' folders; returns the papers per shard, the universe ids read, the
+    `wanted` papers' (corpus_id, date_key, topic_ids) and, per `lexical` template, the
+    bucket's part of BM25's collection statistics over the queries' `terms`."""
 
     storage: Storage
     plan: BucketPlan
@@ -120,8 +127,10 @@ class _DocsOfBucket:
     templates: list[str]
     shards: int
     wanted: pa.Array
+    lexical: list[str]
+    terms: list[str]
 
-    def __call__(self, k: int) -> tuple[np.ndarray, int, pa.Table]:
+    def __call__(self, k: int) -> tuple[np.ndarray, int, pa.Table, list[CollectionStats]]:
         part = join(self.universe_uri, f"part-{k:05d}.parquet")
         ids = self.storage.read_parquet(part, ["corpus_id"])["corpus_id"].combine_chunks()
         papers = read_lance_bucket(self.plan, self.storage, k, PAPER_COLUMNS)
@@ -132,7 +141,17 @@ class _DocsOfBucket:
             out = join(self.docs_uri, f"shard-{s:05d}", f"part-{k:05d}.parquet")
             self.storage.write_parquet(docs.filter(pa.array(shard == s)), out)
         meta = docs.filter(pc.is_in(docs["corpus_id"], value_set=self.wanted))
-        return counts, len(ids), meta.select(["corpus_id", "date_key", "topic_ids"])
+        stats = [self._statistics(docs, t) for t in self.lexical]
+        return counts, len(ids), meta.select(["corpus_id", "date_key", "topic_ids"]), stats
+
+    def _statistics(self, docs: pa.Table, template: str) -> CollectionStats:
+        """The bucket's part of BM25's statistics, counted a slice of texts at a time (their
+        tokens as Python lists weigh more than the Arrow rows the task asks memory for)."""
+        texts, bm25 = doc_text(docs["title"], docs["abstract"], template), BM25Retriever()
+        return CollectionStats.total(
+            bm25.statistics(texts.slice(s, STATS_ROWS).to_pylist(), self.terms)
+            for s in range(0, len(texts), STATS_ROWS)
+        )
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,7 @@ class Snapshot:
     counts: np.ndarray  # (shards,) papers per shard
     universe: int  # papers of mine's universe, those without abstract or date included
     meta: pa.Table  # (corpus_id, date_key, topic_ids) of the `wanted` papers in it
+    lexical: dict[str, CollectionStats]  # BM25's statistics of the universe, per template
 
     @property
     def documents(self) -> int:
@@ -157,20 +177,27 @@ def snapshot_docs(
     templates: list[str],
     shards: int,
     wanted: pa.Array,
+    lexical: list[str],
+    terms: list[str],
 ) -> Snapshot:
     """The universe's DOCS rows under `docs_uri`, with their content key under each document
     template, one folder per shard: one plain task per key bucket of the papers (asking Ray for
     a bucket's rows), each reading its bucket of mine's universe (the same key buckets), so
-    neither the driver nor a task holds the whole universe. The tasks hand back their counts
-    and the few `wanted` papers' dates and topics. (A Ray Data scan of the table cost ~6 s to
-    start, more than the scan itself on a refresh's or a dry run's corpus.)"""
-    fn = _DocsOfBucket(storage, plan, universe_uri, docs_uri, templates, shards, wanted)
+    neither the driver nor a task holds the whole universe. The tasks hand back their counts,
+    the few `wanted` papers' dates and topics, and per BM25 template in `lexical` their part of
+    the collection's statistics, the document frequencies of the queries' `terms` only (so
+    the driver sums tables bounded by the queries). (A Ray Data scan of the table cost ~6 s
+    to start, more than the scan itself on a refresh's or a dry run's corpus.)"""
+    fn = _DocsOfBucket(
+        storage, plan, universe_uri, docs_uri, templates, shards, wanted, lexical, terms
+    )
     buckets = plan.layout.num_buckets
     found = run_buckets(buckets, fn, 1, index_memory(ceil(plan.rows / buckets), DOC_BYTES))
-    counts = np.sum([c for c, _, _ in found], axis=0, dtype=np.int64).reshape(shards)
+    counts = np.sum([f[0] for f in found], axis=0, dtype=np.int64).reshape(shards)
     folders = {int(s): join(docs_uri, f"shard-{s:05d}") for s in np.flatnonzero(counts)}
-    meta = pa.concat_tables([m for _, _, m in found])
-    return Snapshot(folders, counts, sum(n for _, n, _ in found), meta)
+    meta = pa.concat_tables([f[2] for f in found])
+    stats = {t: CollectionStats.total(f[3][i] for f in found) for i, t in enumerate(lexical)}
+    return Snapshot(folders, counts, sum(f[1] for f in found), meta, stats)
 
 
 def universe_rows(storage: Storage, universe_uri: str) -> int:
@@ -293,6 +320,16 @@ def _indexes(
     return out, figures
 
 
+def _bm25_shards(run: StageRun, plan: PoolerPlan, snap: Snapshot) -> list[Shard]:
+    """A BM25 pooler's shards: each shard's papers, indexed where a search actor loads them
+    with the universe's statistics (written once as the shards' "index", a file bounded by the
+    queries' terms), so that each shard scores its papers as one index over the universe."""
+    uri = join(run.out, "index", plan.name, "collection.json")
+    run.storage.write_json(uri, snap.lexical[plan.template].as_dict())
+    memory = index_memory(int(snap.counts.max()), BM25_BYTES)
+    return [Shard([docs], uri, memory) for docs in snap.shards.values()]
+
+
 def _pool(
     run: StageRun,
     positives_uri: str,
@@ -316,6 +353,8 @@ def _pool(
         queries, search = build_queries(positives, paper_meta(storage, papers, ids), cfg.top_k)
         if queries.num_rows:
             templates = [p.template for p in pool_plans if p.spec is not None]
+            lexical = sorted({p.template for p in pool_plans if p.kind == "bm25"})
+            terms = BM25Retriever().terms(search["query"].to_pylist()) if lexical else []
             judged = storage.read_parquet(judged_uri, ["base_id", "cited_id", "status", "decision"])
             no = pc.and_(
                 pc.equal(judged["status"], "ok"), pc.equal(judged["decision"], "not_analogy")
@@ -330,6 +369,8 @@ def _pool(
                 templates,
                 shards,
                 wanted.cast(pa.int64()),
+                lexical,
+                terms,
             )
             rejected = rejected_citations(judged, search, snap.meta)
     if queries.num_rows == 0:
@@ -359,12 +400,15 @@ def _pool(
         shard_plans, figures = _indexes(run, encoding, snap, shards)
         for name, fig in figures.items():
             poolers[name].update(fig)
-    everything = list(snap.shards.values())
-    for plan in pool_plans:
-        if plan.kind == "bm25" and everything:
-            memory = index_memory(snap.documents, BM25_BYTES)
-            shard_plans[plan.name] = [Shard(everything, None, memory)]
-        shard_plans.setdefault(plan.name, [])
+        for plan in pool_plans:
+            if plan.kind == "bm25" and snap.shards:
+                shard_plans[plan.name] = _bm25_shards(run, plan, snap)
+                poolers[plan.name].update(
+                    documents=snap.documents,
+                    shards=len(snap.shards),
+                    search_actor_memory_mib=shard_plans[plan.name][0].memory // MiB,
+                )
+            shard_plans.setdefault(plan.name, [])
 
     with phase("search"):
         hits = _search(run, pool_plans, search, shard_plans)
