@@ -45,14 +45,18 @@ class _Cpr(typer.Typer):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **kwargs)
+        except SystemExit as done:
+            if not done.code:
+                # the command finished: what it loaded (torch, transformers, Ray, Lance) stays
+                # out of the cycle collector's last passes at exit, which took 2-6 s after every
+                # command that loaded a model on 2 busy cores. atexit handlers (Ray's shutdown),
+                # thread joins and reference-counted teardown all still run. A command stopped
+                # by Ctrl-C or an error exits as it always did, collector included: what it
+                # left in flight (a hanging request's client) is released the usual way
+                gc.freeze()
+            raise
         except Exception as exc:
             sys.exit(report_crash(exc))
-        finally:
-            # the command is done: what it loaded (torch, transformers, Ray, Lance) stays out of
-            # the cycle collector's last passes at exit, which took 2-6 s on 2 busy cores after
-            # every command that loaded a model. The exit itself is unchanged: atexit handlers
-            # (Ray's shutdown), thread joins and reference-counted teardown all run
-            gc.freeze()
 
 
 app = _Cpr(
