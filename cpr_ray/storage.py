@@ -213,13 +213,55 @@ class Storage:
     def check(self, uri: str, *, must_exist: bool = False) -> Location:
         """Touch the location once, turning SDK errors into one message that says what to fix."""
         loc = self.resolve(uri)
-        try:
-            info = loc.fs.get_file_info(loc.path)
-        except OSError as exc:
-            raise StorageError(_explain(loc, exc)) from None
-        if must_exist and info.type == pafs.FileType.NotFound:
+        if must_exist and self._type_at(loc) == pafs.FileType.NotFound:
             raise StorageError(f"{loc.uri} does not exist")
+        if not must_exist:
+            self._type_at(loc)
         return loc
+
+    def _type_at(self, loc: Location) -> pafs.FileType:
+        """What is at a location: a file, a folder (S3: keys under `key/`) or nothing. On S3 a
+        HEAD of a missing key answers 404 only to a caller AWS lets list the bucket, and whether
+        a grant limited by `s3:prefix` counts is not documented: a 403 is settled by a listing
+        with the key as prefix (`_listed`), which the shipped policy grants under the root."""
+        try:
+            return loc.fs.get_file_info(loc.path).type
+        except OSError as exc:
+            if loc.is_s3 and ACCESS_DENIED.search(str(exc)):
+                found = self._listed(loc)
+                if found != pafs.FileType.File:
+                    return found
+            raise StorageError(_explain(loc, exc)) from None
+
+    def _listed(self, loc: Location) -> pafs.FileType:
+        """What one ListObjectsV2 with the key as prefix shows at an S3 key that could not be
+        read: the key itself (a file that these credentials may list but not read: the 403
+        stands), keys under `key/` (a folder), or neither (missing, whatever a HEAD answered)."""
+        bucket, key = _bucket_key(loc)
+        try:
+            pages = (
+                self._boto()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=bucket, Prefix=key, Delimiter="/")
+            )
+            for page in pages:
+                if any(o["Key"] == key for o in page.get("Contents", [])):
+                    return pafs.FileType.File
+                if any(p["Prefix"] == f"{key}/" for p in page.get("CommonPrefixes", [])):
+                    return pafs.FileType.Directory
+        except boto_errors() as exc:
+            raise StorageError(_explain_boto(loc, exc)) from None
+        return pafs.FileType.NotFound
+
+    def _missing(self, loc: Location, exc: Exception) -> bool:
+        """Whether a refused or failed read of one S3 key means it is not there: a 404, or a 403
+        where a listing finds no such key (see `_type_at`)."""
+        if condition_outcome(exc) == "missing" or isinstance(exc, FileNotFoundError):
+            return True
+        response = getattr(exc, "response", None)
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") if response else None
+        refused = status == 403 or ACCESS_DENIED.search(str(exc))
+        return bool(loc.is_s3 and refused and self._listed(loc) == pafs.FileType.NotFound)
 
     def check_prefix(self, uri: str) -> None:
         """List the folder `uri` once (on S3, one ListObjectsV2 of `key/`): what a role limited
@@ -234,11 +276,7 @@ class Storage:
             raise StorageError(_explain(loc, exc)) from None
 
     def exists(self, uri: str) -> bool:
-        loc = self.resolve(uri)
-        try:
-            return loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound
-        except OSError as exc:
-            raise StorageError(_explain(loc, exc)) from None
+        return self._type_at(self.resolve(uri)) != pafs.FileType.NotFound
 
     def _again(self, read: Callable[[], _T]) -> _T:
         """`read` once more when S3 broke off an answer mid-body (a reset connection), which
@@ -261,6 +299,8 @@ class Storage:
         except FileNotFoundError:
             raise
         except OSError as exc:
+            if self._missing(loc, exc):
+                raise FileNotFoundError(loc.uri) from None
             raise StorageError(_explain(loc, exc)) from None
 
     def write_json(self, uri: str, obj: Any) -> None:
@@ -283,11 +323,7 @@ class Storage:
         return self._file_type(uri) == pafs.FileType.Directory
 
     def _file_type(self, uri: str) -> pafs.FileType:
-        loc = self.resolve(uri)
-        try:
-            return loc.fs.get_file_info(loc.path).type
-        except OSError as exc:
-            raise StorageError(_explain(loc, exc)) from None
+        return self._type_at(self.resolve(uri))
 
     def read_bytes(self, uri: str) -> bytes:
         """A whole file, gunzipped when its name ends in .gz."""
@@ -384,9 +420,10 @@ class Storage:
 
     def delete_dir(self, uri: str) -> None:
         loc = self.resolve(uri)
+        if self._type_at(loc) == pafs.FileType.NotFound:
+            return
         try:
-            if loc.fs.get_file_info(loc.path).type != pafs.FileType.NotFound:
-                loc.fs.delete_dir(loc.path)
+            loc.fs.delete_dir(loc.path)
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
 
@@ -497,7 +534,7 @@ class Storage:
         try:
             return self._again(get)
         except boto_errors() as exc:
-            if condition_outcome(exc) == "missing":
+            if self._missing(loc, exc):
                 raise FileNotFoundError(loc.uri) from None
             raise StorageError(_explain_boto(loc, exc)) from None
 
@@ -581,7 +618,7 @@ class Storage:
         try:
             head = self._again(lambda: self._boto().head_object(Bucket=bucket, Key=key))
         except boto_errors() as exc:
-            if condition_outcome(exc) == "missing":
+            if self._missing(self.resolve(f"s3://{bucket}/{key}"), exc):
                 return None
             raise
         found = head["ETag"].strip('"')

@@ -274,11 +274,22 @@ class S3Standin:
 
     @contextmanager
     def enforce(
-        self, access_key: str, policy: dict, public_buckets: tuple[str, ...] = ()
+        self,
+        access_key: str,
+        policy: dict,
+        public_buckets: tuple[str, ...] = (),
+        not_found: str = "bucket",
     ) -> Iterator[None]:
+        """`not_found`: what a GET/HEAD of a missing key needs for a 404 (tests/iam_policy.py's
+        `not_found_need`); by default the stricter reading, where the shipped policy gets 403."""
         self._post(
             "/_standin/enforce",
-            {"access_key": access_key, "policy": policy, "public_buckets": list(public_buckets)},
+            {
+                "access_key": access_key,
+                "policy": policy,
+                "public_buckets": list(public_buckets),
+                "not_found": not_found,
+            },
         )
         try:
             yield

@@ -45,11 +45,14 @@ def _wildcard(pattern: str, *, case: bool) -> re.Pattern[str]:
     if "${" in pattern:
         raise NotImplementedError(f"policy variables are not evaluated here: {pattern!r}")
     body = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.compile(f"^{body}$", 0 if case else re.IGNORECASE)
+    # IAM's `*` and `?` match any character, a newline too (an S3 key may hold one), and the
+    # pattern covers the whole value: DOTALL, and fullmatch where `$` would also match before a
+    # trailing newline
+    return re.compile(body, re.DOTALL if case else re.DOTALL | re.IGNORECASE)
 
 
 def _matches(patterns: Any, value: str, *, case: bool) -> bool:
-    return any(_wildcard(p, case=case).match(value) for p in _as_list(patterns))
+    return any(_wildcard(p, case=case).fullmatch(value) for p in _as_list(patterns))
 
 
 _STRING_OPS = {
@@ -57,8 +60,8 @@ _STRING_OPS = {
     "StringNotEquals": (lambda v, p: v == p, True),
     "StringEqualsIgnoreCase": (lambda v, p: v.lower() == p.lower(), False),
     "StringNotEqualsIgnoreCase": (lambda v, p: v.lower() == p.lower(), True),
-    "StringLike": (lambda v, p: bool(_wildcard(p, case=True).match(v)), False),
-    "StringNotLike": (lambda v, p: bool(_wildcard(p, case=True).match(v)), True),
+    "StringLike": (lambda v, p: bool(_wildcard(p, case=True).fullmatch(v)), False),
+    "StringNotLike": (lambda v, p: bool(_wildcard(p, case=True).fullmatch(v)), True),
 }
 
 
@@ -71,9 +74,12 @@ def _condition_holds(operator: str, key: str, values: Any, context: Mapping[str,
     if name not in _STRING_OPS:
         raise NotImplementedError(f"condition operator {operator!r} is not evaluated here")
     test, negated = _STRING_OPS[name]
-    if key not in context:
+    # condition key names are case-insensitive in IAM (`s3:Prefix` is `s3:prefix`); their
+    # values are compared as the operator says
+    given = {k.lower(): v for k, v in context.items()}
+    if key.lower() not in given:
         return if_exists or negated
-    hit = any(test(context[key], str(p)) for p in _as_list(values))
+    hit = any(test(given[key.lower()], str(p)) for p in _as_list(values))
     return not hit if negated else hit
 
 
@@ -169,7 +175,8 @@ def needs(req: S3Request) -> list[Need]:
     if req.method in ("GET", "HEAD") and "uploadId" in q:
         return [Need("s3:ListMultipartUploadParts", obj)]
     if req.method in ("GET", "HEAD") and set(q) <= {"partNumber", "versionId"}:
-        return [Need("s3:GetObject", obj)]
+        # reading a given version is its own action: GetObject alone reads only the current one
+        return [Need("s3:GetObjectVersion" if "versionId" in q else "s3:GetObject", obj)]
     if req.method == "PUT" and set(q) <= {"partNumber", "uploadId"}:  # Put/Copy, UploadPart(Copy)
         out = [Need("s3:PutObject", obj)]
         if req.copy_source:
@@ -182,14 +189,25 @@ def needs(req: S3Request) -> list[Need]:
         return [Need("s3:AbortMultipartUpload", obj)]
     if req.method == "DELETE" and not q:
         return [Need("s3:DeleteObject", obj)]
+    if req.method == "DELETE" and set(q) == {"versionId"}:
+        return [Need("s3:DeleteObjectVersion", obj)]
     raise ValueError(f"unmapped S3 object request {req.method} {req.path}?{req.query}")
 
 
-def not_found_need(req: S3Request) -> Need | None:
+NOT_FOUND_RULES = ("prefix", "bucket")
+
+
+def not_found_need(req: S3Request, rule: str = "prefix") -> Need | None:
     """What a GET or HEAD of a missing key needs to be told 404 rather than 403: `s3:ListBucket`
-    with the key as `s3:prefix` (AWS evaluates it so; Ceph's RGW matched it in 2026)."""
+    on the bucket. AWS documents that much and not whether a condition on `s3:prefix` is
+    evaluated for this implied check, so both readings are here: `prefix`, the key as
+    `s3:prefix` (Ceph's RGW matched it in 2026), and `bucket`, the request carrying no prefix, so
+    a prefix-limited grant does not apply and the answer is 403."""
+    if rule not in NOT_FOUND_RULES:
+        raise ValueError(f"unknown not-found rule {rule!r}")
     if req.key and req.method in ("GET", "HEAD"):
-        return Need("s3:ListBucket", f"arn:aws:s3:::{req.bucket}", {"s3:prefix": req.key})
+        context = {"s3:prefix": req.key} if rule == "prefix" else {}
+        return Need("s3:ListBucket", f"arn:aws:s3:::{req.bucket}", context)
     return None
 
 

@@ -5,10 +5,13 @@ asked, enforces an IAM policy on one access key as AWS would (tests/iam_policy.p
 
 Each request is one JSON line in the log: method, path, query, the signing key and region (none
 for an unsigned request), the status answered, the permissions it needed and the decision.
-Controls (JSON POST bodies): `/_standin/enforce` {"access_key", "policy", "public_buckets"} makes
-requests signed with that key pass the policy or get 403 AccessDenied, unsigned ones pass only
-reads of a public bucket (as a bucket policy open to everyone allows), and a GET or HEAD of a
-missing key answer 403 unless the caller may list that key's prefix; `/_standin/clear` ends it.
+Controls (JSON POST bodies): `/_standin/enforce` {"access_key", "policy", "public_buckets",
+"not_found"} makes requests signed with that key pass the policy or get 403 AccessDenied, unsigned
+ones pass only reads of a public bucket (as a bucket policy open to everyone allows), a
+DeleteObjects delete the keys the policy allows and report the others, key by key, and a GET or
+HEAD of a missing key answer 403 unless the caller may list (`not_found`: "prefix", the key as
+`s3:prefix`, or "bucket", the whole bucket: see `iam_policy.not_found_need`);
+`/_standin/clear` ends it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
+from xml.sax.saxutils import escape
 
 from iam_policy import (
     ALLOW,
@@ -47,6 +51,21 @@ def _denied(method: str, resource: str) -> tuple[str, list[tuple[str, str]], lis
         ).encode()
     )
     return "403 Forbidden", [("Content-Type", "application/xml")], [body]
+
+
+def _with_delete_errors(body: bytes, refused: list[str]) -> bytes:
+    """A DeleteObjects answer with an AccessDenied error per refused key, as S3 gives them."""
+    errors = "".join(
+        f"<Error><Key>{escape(k)}</Key><Code>AccessDenied</Code><Message>Access Denied</Message>"
+        "</Error>"
+        for k in refused
+    )
+    if b"</DeleteResult>" in body:
+        return body.replace(b"</DeleteResult>", f"{errors}</DeleteResult>".encode())
+    return (  # nothing left to delete: moto was not asked
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f'<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{errors}</DeleteResult>'
+    ).encode()
 
 
 class Standin:
@@ -87,6 +106,34 @@ class Standin:
             tuple(delete_keys),
         )
 
+    def _refused_deletes(self, key_id: str | None, req: S3Request) -> list[str]:
+        """The keys of a DeleteObjects that the policy does not let this caller delete: S3
+        checks `s3:DeleteObject` per key, deletes the others and lists these as errors."""
+        return [
+            k
+            for k in req.delete_keys
+            if self._decide(key_id, req, [Need("s3:DeleteObject", f"arn:aws:s3:::{req.bucket}/{k}")])
+            != ALLOW
+        ]
+
+    @staticmethod
+    def _keep_only(environ: dict[str, Any], req: S3Request, refused: list[str]) -> None:
+        """Rewrite the DeleteObjects body without the refused keys (the SDK's checksum of the
+        old body dropped with it), so moto deletes only what S3 would."""
+        root = ET.fromstring(environ["wsgi.input"].read())
+        quiet = any(el.tag.endswith("Quiet") and el.text == "true" for el in root)
+        kept = "".join(
+            f"<Object><Key>{escape(k)}</Key></Object>" for k in req.delete_keys if k not in refused
+        )
+        body = (
+            f'<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{kept}'
+            f"<Quiet>{str(quiet).lower()}</Quiet></Delete>"
+        ).encode()
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        for name in [n for n in environ if n == "HTTP_CONTENT_MD5" or "CHECKSUM" in n]:
+            del environ[name]
+
     def _decide(self, key_id: str | None, req: S3Request, wanted: list[Need]) -> str:
         rules = self.rules
         if rules is None:
@@ -109,8 +156,14 @@ class Standin:
         scope = SCOPE.search(auth) or SCOPE.search(unquote(environ.get("QUERY_STRING", "")))
         key_id, region = (scope.group(1), scope.group(2)) if scope else (None, None)
         req = self._request(environ)
+        refused_keys: list[str] = []
         try:
             wanted = needs(req)
+            if req.delete_keys and self.rules is not None:
+                refused_keys = self._refused_deletes(key_id, req)
+                if refused_keys:  # S3 deletes the rest and reports these, key by key
+                    self._keep_only(environ, req, refused_keys)
+                    wanted = [n for n in wanted if n.resource.split("/", 1)[1] not in refused_keys]
             decision = self._decide(key_id, req, wanted)
         except (ValueError, NotImplementedError) as exc:
             wanted, decision = [], f"unmapped: {exc}"
@@ -121,9 +174,16 @@ class Standin:
             # two racing writers could both pass: conditional writes go one at a time here
             condition = "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ
             one_at_a_time = condition and req.method in ("PUT", "DELETE")
-            with self.conditional if one_at_a_time else nullcontext():
-                status, headers, body = self._forward(environ)
-            missing = not_found_need(req)
+            if refused_keys and len(refused_keys) == len(req.delete_keys):
+                status, headers, body = "200 OK", [("Content-Type", "application/xml")], [b""]
+            else:
+                with self.conditional if one_at_a_time else nullcontext():
+                    status, headers, body = self._forward(environ)
+            if refused_keys:
+                body = [_with_delete_errors(b"".join(body), refused_keys)]
+                headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+                decision = f"{decision}; per key, refused {len(refused_keys)}"
+            missing = not_found_need(req, (self.rules or {}).get("not_found", "prefix"))
             if status.startswith("404") and missing and decision == ALLOW:
                 check = self._decide(key_id, req, [missing])
                 if check != ALLOW:  # AWS hides whether the key exists from who may not list it

@@ -145,6 +145,36 @@ def test_s3_requests_map_to_the_permissions_aws_documents():
         needs(S3Request("GET", "/b/k", "tagging"))
 
 
+def test_versions_newlines_whole_values_and_condition_key_case_as_iam_has_them():
+    """The four places the evaluator once differed from IAM: reading or deleting a given version
+    is its own action; `*` matches a newline in a key; a pattern covers the whole value (a
+    regex `$` would also match before a trailing newline); condition key names ignore case."""
+
+    def one(method: str, path: str, query: str = "") -> list[str]:
+        return [str(n) for n in needs(S3Request(method, path, query))]
+
+    assert one("GET", "/b/k", "versionId=v1") == ["s3:GetObjectVersion arn:aws:s3:::b/k"]
+    assert one("HEAD", "/b/k", "versionId=v1") == ["s3:GetObjectVersion arn:aws:s3:::b/k"]
+    assert one("DELETE", "/b/k", "versionId=v1") == ["s3:DeleteObjectVersion arn:aws:s3:::b/k"]
+    assert evaluate(PREFIXED, Need("s3:GetObjectVersion", f"{LIST}/builds/a")) == ALLOW  # Get*
+    only_get = {"Statement": {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}}
+    assert evaluate(only_get, Need("s3:GetObjectVersion", f"{LIST}/builds/a")) == IMPLICIT_DENY
+    assert evaluate(PREFIXED, Need("s3:GetObject", f"{LIST}/builds/a\nb")) == ALLOW
+    exact = {"Statement": {"Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{LIST}/k"}}
+    assert evaluate(exact, Need("s3:GetObject", f"{LIST}/k")) == ALLOW
+    assert evaluate(exact, Need("s3:GetObject", f"{LIST}/k\n")) == IMPLICIT_DENY
+    cased = {
+        "Statement": {
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": LIST,
+            "Condition": {"StringLike": {"S3:Prefix": "builds/*"}},
+        }
+    }
+    assert evaluate(cased, Need("s3:ListBucket", LIST, {"s3:prefix": "builds/x"})) == ALLOW
+    assert evaluate(cased, Need("s3:ListBucket", LIST, {"s3:prefix": "Builds/x"})) == IMPLICIT_DENY
+
+
 # -- the shipped policy on the stand-in --------------------------------------------------------
 
 
@@ -442,6 +472,70 @@ def test_a_root_outside_the_policys_prefixes_stops_preflight_in_one_line(
         + result.output.split("may not use prefix ", 1)[1].strip()
     ]
     assert f"prefix runs/r1/train.json of bucket {s3_bucket} (" in result.output
+
+
+@pytest.mark.parametrize("not_found", ["prefix", "bucket"])
+def test_a_missing_key_is_missing_whether_s3_answers_404_or_403(
+    s3_standin: S3Standin, s3_bucket: str, not_found: str
+):
+    """Existence under the shipped policy, whichever way S3 reads its prefix-limited list grant
+    for a missing key (tests/iam_policy.py's `not_found_need`): a 404, or a 403 that a listing
+    with the key as prefix settles. A key outside the policy stays one line naming its prefix."""
+    storage = Storage(StorageConfig(s3_endpoint=s3_standin.url))
+    root = f"s3://{s3_bucket}/builds/b1"
+    _operator(s3_standin.url).put_object(Bucket=s3_bucket, Key="builds/b1/a/m.json", Body=b"{}")
+    _operator(s3_standin.url).put_object(Bucket=s3_bucket, Key="runs/r1.json", Body=b"{}")
+    since = s3_standin.mark()
+    with s3_standin.enforce(os.environ["AWS_ACCESS_KEY_ID"], policy_for(s3_bucket), (), not_found):
+        assert not storage.exists(f"{root}/owner.json")
+        assert storage.exists(f"{root}/a/m.json") and storage.is_dir(f"{root}/a")
+        assert not storage.is_file(f"{root}/a")
+        with pytest.raises(FileNotFoundError):
+            storage.read_json(f"{root}/manifest.json")
+        with pytest.raises(FileNotFoundError):
+            storage.read_tagged(f"{root}/owner.json")
+        tag = storage.write_if(f"{root}/owner.json", b"me")
+        assert tag and storage.write_if(f"{root}/owner.json", b"you") is None
+        assert storage.read_tagged(f"{root}/owner.json") == (b"me", tag)
+        storage.delete_dir(f"{root}/nothing-here")
+        with pytest.raises(StorageError) as outside:
+            storage.exists(f"s3://{s3_bucket}/runs/r1.json")
+    answered = [
+        r["status"]
+        for r in s3_standin.requests(since)
+        if r["method"] in ("GET", "HEAD") and r["path"].startswith(f"/{s3_bucket}/builds/")
+    ]
+    assert (403 in answered) == (not_found == "bucket"), answered  # the reading was exercised
+    assert str(outside.value).startswith(
+        f"access denied to s3://{s3_bucket}/runs/r1.json: these credentials may not use prefix "
+        f"runs/r1.json of bucket {s3_bucket}"
+    )
+
+
+def test_a_delete_of_many_keys_deletes_those_allowed_and_names_a_refused_one(
+    s3_standin: S3Standin, s3_bucket: str
+):
+    """DeleteObjects as S3 answers it: each key judged on its own, the allowed ones deleted,
+    each refused one reported in the answer; Storage names the first refused in one line."""
+    s3 = _operator(s3_standin.url)
+    for key in ("builds/b1/x", "builds/b1/y", "s2/shard"):
+        s3.put_object(Bucket=s3_bucket, Key=key, Body=b"1")
+    job = boto3.client("s3", endpoint_url=s3_standin.url)
+    storage = Storage(StorageConfig(s3_endpoint=s3_standin.url))
+    with s3_standin.enforce(os.environ["AWS_ACCESS_KEY_ID"], policy_for(s3_bucket)):
+        done = job.delete_objects(
+            Bucket=s3_bucket,
+            Delete={"Objects": [{"Key": k} for k in ("builds/b1/x", "s2/shard")], "Quiet": True},
+        )
+        with pytest.raises(StorageError) as err:
+            storage.delete_files([f"s3://{s3_bucket}/s2/shard", f"s3://{s3_bucket}/builds/b1/y"])
+    assert [(e["Key"], e["Code"]) for e in done["Errors"]] == [("s2/shard", "AccessDenied")]
+    left = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert left == ["s2/shard"]
+    assert str(err.value).startswith(
+        f"access denied to s3://{s3_bucket}/s2/shard: these credentials may not use prefix "
+        f"s2/shard of bucket {s3_bucket}"
+    )
 
 
 def test_two_buckets_with_their_own_region_and_signing_in_one_storage(
