@@ -68,7 +68,7 @@ def bucketed_dataset(storage: Storage, uri: str) -> pds.Dataset:
 
 def _dataset(storage: Storage, uri: str) -> pds.Dataset | None:
     loc = storage.resolve(uri)
-    if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
+    if storage.file_type(loc.uri) == pafs.FileType.NotFound:
         return None
     return pds.dataset(loc.path, filesystem=loc.fs, format="parquet", exclude_invalid_files=False)
 

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 # `Storage.update_text`: lost races before giving up, and the first pause after one (doubling,
 # jittered, at most a second): enough for dozens of runs appending to one file at once
+# a hidden name (listings skip dot files), written and removed by `check_writable`
+WRITE_CHECK = ".cpr-write-check"
 UPDATE_TRIES = 30
 UPDATE_BACKOFF_S = 0.05
 _T = TypeVar("_T")
@@ -263,6 +265,15 @@ class Storage:
         refused = status == 403 or ACCESS_DENIED.search(str(exc))
         return bool(loc.is_s3 and refused and self._listed(loc) == pafs.FileType.NotFound)
 
+    def check_writable(self, uri: str) -> None:
+        """Write and remove one small marker under the folder `uri` (on S3 a conditional PUT and
+        a DELETE): the one check that tells a prefix these credentials may not write, in
+        seconds, before any work. Reads cannot tell it: a role that may list the bucket learns
+        that a key is missing whether or not it may read or write it (`_type_at`)."""
+        marker = join(uri, WRITE_CHECK)
+        self.write_if(marker, b"")  # None: another run's check is there, and was written too
+        self.delete_file(marker)
+
     def check_prefix(self, uri: str) -> None:
         """List the folder `uri` once (on S3, one ListObjectsV2 of `key/`): what a role limited
         to some prefixes may do, where a HeadBucket needs the whole bucket. A missing folder is
@@ -317,12 +328,14 @@ class Storage:
             raise StorageError(_explain(loc, exc)) from None
 
     def is_file(self, uri: str) -> bool:
-        return self._file_type(uri) == pafs.FileType.File
+        return self.file_type(uri) == pafs.FileType.File
 
     def is_dir(self, uri: str) -> bool:
-        return self._file_type(uri) == pafs.FileType.Directory
+        return self.file_type(uri) == pafs.FileType.Directory
 
-    def _file_type(self, uri: str) -> pafs.FileType:
+    def file_type(self, uri: str) -> pafs.FileType:
+        """A file, a folder or nothing at `uri`, whether S3 answers a missing key with 404 or 403
+        (`_type_at`): every existence check goes through here, never a filesystem's own."""
         return self._type_at(self.resolve(uri))
 
     def read_bytes(self, uri: str) -> bytes:

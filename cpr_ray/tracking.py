@@ -14,8 +14,10 @@ Where: ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///…/mlru
 outputs when they are local (MLflow 3 keeps its file store in maintenance mode and refuses it by
 default; SQLite is its local default), artifacts in ``mlartifacts/`` beside that database.
 
-Tracking never costs a run: MLflow not installed where tracking was asked for, or a tracking
-server that cannot be reached, is one warning line, and the command goes on untracked.
+Tracking never costs a run: MLflow not installed where tracking was asked for, a store MLflow
+refuses (its file store, in maintenance mode since MLflow 3), a locked SQLite file or a server
+that cannot be reached or answers 500 is one `tracking:` line saying what to change, and the
+command goes on untracked.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class TrackedRun:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - tracking never costs a run
             self.broken = True
-            _warn(f"{what} failed at {self.uri}: {_short(exc)}; going on untracked")
+            _warn(f"{what} failed at {self.uri}: {_short(exc)}{_advice(self.uri, exc)}")
             return None
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -145,6 +147,26 @@ def _short(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
+def _advice(uri: str, exc: BaseException) -> str:
+    """What to change, for the stores users meet failing most; always ends 'going on untracked'
+    (the command does)."""
+    text = str(exc)
+    if "maintenance mode" in text or uri.startswith("file:") or "://" not in uri:
+        db = posixpath.join(posixpath.dirname(uri.removeprefix("file://").rstrip("/")), DB)
+        change = (
+            f"MLflow refuses its file store: set tracking.uri (or MLFLOW_TRACKING_URI) to "
+            f"sqlite:///{db.lstrip('/') if db.startswith('//') else db}, or "
+            "MLFLOW_ALLOW_FILE_STORE=true to keep the file store"
+        )
+    elif "database is locked" in text:
+        change = "another process holds the SQLite store: give this run its own tracking.uri"
+    elif uri.startswith(("http://", "https://")):
+        change = "check the tracking server, or set tracking.enabled=false"
+    else:
+        change = "check tracking.uri, or set tracking.enabled=false"
+    return f" ({change}); going on untracked"
+
+
 def _key(name: str) -> str:
     """A name MLflow takes as a metric or parameter key."""
     return re.sub(r" +", " ", re.sub(r"[^\w.\- /:]", "", name)).strip() or "_"
@@ -158,7 +180,7 @@ def _local(storage: Storage, uri: str, tmp: str) -> str:
     import pyarrow.fs as pafs
 
     local = os.path.join(tmp, posixpath.basename(loc.path.rstrip("/")))
-    folder = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+    folder = storage.file_type(loc.uri) == pafs.FileType.Directory
     os.makedirs(local if folder else tmp, exist_ok=True)
     pafs.copy_files(loc.path, local, source_filesystem=loc.fs)
     return local
@@ -176,7 +198,11 @@ def _client(tc: TrackingConfig, uri: str) -> Any:
         os.environ.setdefault(name, value)
     # "Creating initial MLflow database tables..." on a new store: not the user's business
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
-    return MlflowClient(tracking_uri=uri)
+    try:
+        return MlflowClient(tracking_uri=uri)
+    except Exception as exc:  # noqa: BLE001 - a store MLflow refuses never costs a run
+        _warn(f"cannot log to {uri}: {_short(exc)[:80]}…{_advice(uri, exc)}")
+        return None
 
 
 def open_run(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import ray
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
@@ -441,6 +442,10 @@ def test_a_root_outside_the_policys_prefixes_stops_preflight_in_one_line(
         ],
         env={},
     )
+    # a table someone else wrote outside the prefixes: listing it is allowed, reading it is not
+    _operator(s3_standin.url).put_object(
+        Bucket=s3_bucket, Key="runs/r1/papers.lance/_versions/1.manifest", Body=b"x"
+    )
     with s3_standin.enforce(os.environ["AWS_ACCESS_KEY_ID"], policy_for(s3_bucket)):
         with pytest.raises(StorageError) as err:
             run_build(cfg, ["ingest"])
@@ -458,35 +463,41 @@ def test_a_root_outside_the_policys_prefixes_stops_preflight_in_one_line(
              "--out", out, "--s3-endpoint", s3_standin.url],
         )  # fmt: skip
     message = str(err.value)
+    # the policy lets a job list the bucket (infra/README.md says why), so the root's listing
+    # answers; preflight's write check is refused
     assert message == (
-        f"storage.root s3://{s3_bucket}/runs/r1: access denied to s3://{s3_bucket}/runs/r1: "
-        f"these credentials may not use prefix runs/r1 of bucket {s3_bucket} "
-        "(infra/iam-policy.json lets jobs read s2/ and configs/ and write builds/, models/, "
-        "eval/ and index/: put the path under one of those, or grant it)"
+        f"storage.root s3://{s3_bucket}/runs/r1: access denied to s3://{s3_bucket}/runs/r1/"
+        f".cpr-write-check: these credentials may not use prefix runs/r1/.cpr-write-check of "
+        f"bucket {s3_bucket} (infra/iam-policy.json lets jobs read s2/ and configs/ and write "
+        "builds/, models/, eval/ and index/: put the path under one of those, or grant it)"
     )
+    assert not ray.is_initialized()
     assert str(top.value).startswith(f"access denied to s3://{s3_bucket}/x.json: ")
     assert str(table.value).startswith(f"access denied to s3://{s3_bucket}/runs/r1/papers.lance")
-    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert result.output.strip().splitlines() == [
-        f"error: access denied to {out}/train.json: these credentials may not use prefix "
+        f"error: access denied to {out}/.cpr-write-check: these credentials may not use prefix "
         + result.output.split("may not use prefix ", 1)[1].strip()
     ]
-    assert f"prefix runs/r1/train.json of bucket {s3_bucket} (" in result.output
+    assert f"prefix runs/r1/.cpr-write-check of bucket {s3_bucket} (" in result.output
 
 
 @pytest.mark.parametrize("not_found", ["prefix", "bucket"])
 def test_a_missing_key_is_missing_whether_s3_answers_404_or_403(
     s3_standin: S3Standin, s3_bucket: str, not_found: str
 ):
-    """Existence under the shipped policy, whichever way S3 reads its prefix-limited list grant
-    for a missing key (tests/iam_policy.py's `not_found_need`): a 404, or a 403 that a listing
-    with the key as prefix settles. A key outside the policy stays one line naming its prefix."""
+    """Existence under a policy whose list grant is limited to a prefix, whichever way S3 reads
+    it for a missing key (tests/iam_policy.py's `not_found_need`): a 404, or a 403 that a
+    listing with the key as prefix settles. A key outside the policy stays one line naming its
+    prefix."""
     storage = Storage(StorageConfig(s3_endpoint=s3_standin.url))
     root = f"s3://{s3_bucket}/builds/b1"
+    narrow = policy_for(s3_bucket)  # an operator's narrower list grant than the shipped one
+    narrow["Statement"][0]["Condition"] = {"StringLike": {"s3:prefix": ["builds/*"]}}
     _operator(s3_standin.url).put_object(Bucket=s3_bucket, Key="builds/b1/a/m.json", Body=b"{}")
     _operator(s3_standin.url).put_object(Bucket=s3_bucket, Key="runs/r1.json", Body=b"{}")
     since = s3_standin.mark()
-    with s3_standin.enforce(os.environ["AWS_ACCESS_KEY_ID"], policy_for(s3_bucket), (), not_found):
+    with s3_standin.enforce(os.environ["AWS_ACCESS_KEY_ID"], narrow, (), not_found):
         assert not storage.exists(f"{root}/owner.json")
         assert storage.exists(f"{root}/a/m.json") and storage.is_dir(f"{root}/a")
         assert not storage.is_file(f"{root}/a")

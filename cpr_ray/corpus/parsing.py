@@ -107,7 +107,7 @@ def parse_input(
 def corrupt_shards(storage: Storage, uri: str) -> dict[str, str]:
     """Shard URI → where it broke, for the shards a parse pass found corrupt (quarantine mode)."""
     loc = storage.resolve(bucket_uri(uri, buckets.REJECTED))
-    if loc.fs.get_file_info(loc.path).type == pafs.FileType.NotFound:
+    if storage.file_type(loc.uri) == pafs.FileType.NotFound:
         return {}
     found = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table(
         columns=["path", "raw"], filter=pc.field("reject_reason") == CORRUPT_SHARD

@@ -48,9 +48,10 @@ def resolve_stages(names: Sequence[str] | None) -> list[str]:
 
 
 def check_root(storage: Storage) -> None:
-    """The build root can be used: on S3 a listing of its prefix answers (what a role limited to
-    the bucket's job prefixes may do, where the HeadBucket this was needs the whole bucket);
-    locally it is not a file.
+    """The build root can be used: on S3 a listing of its prefix answers (where the HeadBucket
+    this was needs the whole bucket) and a marker can be written there and removed (a role may
+    list the bucket, so only a write tells a prefix it may not write); locally it is not a
+    file.
 
     One line naming the prefix or the bucket, in seconds; found by the first write inside Ray it
     cost a minute and a multipart-upload traceback.
@@ -59,6 +60,7 @@ def check_root(storage: Storage) -> None:
     if root.is_s3:
         try:
             storage.check_prefix(root.uri)
+            storage.check_writable(root.uri)
         except StorageError as exc:
             raise StorageError(f"storage.root {root.uri}: {exc}") from None
     elif storage.is_file(root.uri):

@@ -50,7 +50,7 @@ def _download(storage: Storage, uri: str, local: str) -> None:
     """A file or a folder from storage to the local path `local`."""
     loc = storage.resolve(uri)
     # a folder's own: copy_files makes only the subfolders of the files it copies
-    folder = loc.fs.get_file_info(loc.path).type == pafs.FileType.Directory
+    folder = storage.file_type(loc.uri) == pafs.FileType.Directory
     os.makedirs(local if folder else os.path.dirname(local), exist_ok=True)
     pafs.copy_files(loc.path, local, source_filesystem=loc.fs)
 

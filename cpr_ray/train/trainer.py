@@ -468,6 +468,8 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
     storage = Storage(cfg.storage)
     cfg.require("train.out")
     assert cfg.train.out is not None
+    if storage.resolve(cfg.train.out).is_s3:
+        storage.check_writable(cfg.train.out)  # a prefix it may not write: one line, now
     summary_uri = join(storage.resolve(cfg.train.out).uri, SUMMARY_FILE)
     if storage.exists(summary_uri):
         return {**storage.read_json(summary_uri), "skipped": True}
