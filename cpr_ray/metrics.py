@@ -27,6 +27,8 @@ import pyarrow.compute as pc
 import ray
 from ray.util.metrics import Counter, Gauge
 
+from cpr_ray.side_services import side_failure
+
 LLM_TAGS = ("stage", "model")
 
 # name -> description; every counter is tagged by stage and model
@@ -68,9 +70,21 @@ def _metrics() -> dict[str, Counter | Gauge]:
     return made
 
 
+def _lost(exc: Exception) -> None:
+    side_failure(
+        "metrics",
+        "recording live metrics",
+        exc,
+        "Prometheus misses this process's cpr_ series; the run goes on",
+    )
+
+
 def _inc(name: str, value: float, tags: Mapping[str, str]) -> None:
     if value > 0:  # a counter refuses 0
-        _metrics()[name].inc(value, tags=dict(tags))
+        try:
+            _metrics()[name].inc(value, tags=dict(tags))
+        except Exception as exc:  # noqa: BLE001 - live metrics never stop a run
+            _lost(exc)
 
 
 # every gauge value this process has set, re-set each REFRESH_S: Ray's agent drops a gauge
@@ -89,7 +103,10 @@ def _set(name: str, value: float, tags: Mapping[str, str]) -> None:
         if _refresher is None:
             _refresher = threading.Thread(target=_refresh, name="cpr-metrics", daemon=True)
             _refresher.start()
-    _metrics()[name].set(value, tags=dict(tags))
+    try:
+        _metrics()[name].set(value, tags=dict(tags))
+    except Exception as exc:  # noqa: BLE001 - live metrics never stop a run
+        _lost(exc)
 
 
 def _refresh() -> None:
@@ -100,7 +117,10 @@ def _refresh() -> None:
         with _gauges_lock:
             values = list(_gauges.items())
         for (name, tags), value in values:
-            _metrics()[name].set(value, tags=dict(tags))
+            try:
+                _metrics()[name].set(value, tags=dict(tags))
+            except Exception as exc:  # noqa: BLE001 - the thread lives on
+                _lost(exc)
 
 
 def answers_stored(stage: str, model: str, rows: pa.Table, usd: float) -> None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from cpr_ray.errors import StorageError
+from cpr_ray.side_services import side_failure
 from cpr_ray.storage import Storage, join
 
 FOLDER = "_progress"
@@ -90,11 +91,17 @@ class ProgressWriter:
         self._now = progress
         if not force and time.monotonic() - self._written_at < self.min_interval_s:
             return
+        uri = progress_uri(self.storage, self.stage)
         try:
-            self.storage.write_json(progress_uri(self.storage, self.stage), asdict(progress))
+            self.storage.write_json(uri, asdict(progress))
             self._written_at = time.monotonic()
-        except StorageError:
-            pass  # progress is for watching: a store out of reach must not stop the stage
+        except Exception as exc:  # noqa: BLE001 - progress is for watching, never stops a stage
+            side_failure(
+                "progress",
+                f"writing {uri}",
+                exc,
+                "`cpr stats --watch` will not follow this run; it goes on",
+            )
 
 
 def read_progress(storage: Storage) -> dict[str, Progress]:

@@ -196,8 +196,9 @@ def _client(tc: TrackingConfig, uri: str) -> Any:
         return None
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    # "Creating initial MLflow database tables..." on a new store: not the user's business
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    # "Creating initial MLflow database tables..." on a new store, and the traceback it logs
+    # for a locked one: not the user's business, the `tracking:` line says what to change
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     try:
         return MlflowClient(tracking_uri=uri)
     except Exception as exc:  # noqa: BLE001 - a store MLflow refuses never costs a run
