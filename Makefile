@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine: `make dry-run` and `make test`.
-# Both create .venv and install from this repo's files; torch at the version constraints.txt pins.
+# Both create .venv and install from this repo's files, every package at infra/image/cpu.lock's
+# version (torch at the one constraints.txt pins).
 # Where pip's config offers no local CPU wheel of it, `make install
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu` keeps dev off the multi-GB CUDA build.
 PYTHON ?= python3
