@@ -133,10 +133,11 @@ def test_the_image_install_moves_the_base_images_packages_to_the_lock(starting_p
     lock = pins(IMAGE / f"{target}.lock")
     # as the Dockerfile's target runs it, on the package's source instead of its wheel (torch
     # from this machine's sources: the CPU build here, whose version is the lock's all the same)
-    plan = _run(
-        ["bash", str(IMAGE / "install.sh"), str(venv / "bin" / "python"), "--dry-run",
-         "--lock", target, f"{ROOT}[{target}]"],
-    )  # fmt: skip
+    argv = ["bash", str(IMAGE / "install.sh"), str(venv / "bin" / "python"), "--dry-run",
+            "--lock", target, f"{ROOT}[{target}]"]  # fmt: skip
+    plan = _run(argv, env={**os.environ, "UV_OFFLINE": "1"})  # uv's cache, when it holds all
+    if plan.returncode != 0:
+        plan = _run(argv)
     if plan.returncode != 0 and re.search(
         r"dns error|Failed to fetch|Could not connect", plan.stderr
     ):
@@ -174,26 +175,20 @@ print(first is not None, second is None, third is not None)
 def test_the_base_images_botocore_refuses_the_leases_conditional_write(
     tmp_path, s3_endpoint, s3_bucket
 ):
-    """The root lease's conditional writes (Storage.write_if, as tests/test_leases.py runs them)
-    on the S3 stand-in: with the base image's boto3/botocore first on sys.path, what every build
-    and refresh would meet on an image that kept them, the first write stops; with the lock's
-    (this venv's), a first writer wins, a second is refused and the holder replaces its own."""
+    """The root lease's conditional write (Storage.write_if, as tests/test_leases.py runs it with
+    the lock's botocore, which this venv holds) on the S3 stand-in, with the base image's
+    boto3/botocore first on sys.path: what every build and refresh would meet on an image that
+    kept them."""
     base = pins(BASE_DEPS)
     old = {n: base[n] for n in ("boto3", "botocore", "s3transfer", "urllib3", "jmespath")}
     _seed(tmp_path / "old", old, venv=False)
-    runs = {}
-    for name, path in (("base image", str(tmp_path / "old")), ("lock", "")):
-        env = {**os.environ, "PYTHONPATH": path}
-        code = "import botocore; print(botocore.__version__)\n" + WRITE_IF
-        bucket = f"{s3_bucket}-{len(runs)}"
-        __import__("boto3").client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
-        runs[name] = _run([sys.executable, "-c", code, s3_endpoint, bucket], env=env, cwd=ROOT)
-    old_run, new_run = runs["base image"], runs["lock"]
-    assert old_run.stdout.splitlines()[0] == base["botocore"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "old")}
+    code = "import botocore; print(botocore.__version__)\n" + WRITE_IF
+    ran = _run([sys.executable, "-c", code, s3_endpoint, s3_bucket], env=env, cwd=ROOT)
+    assert ran.stdout.splitlines()[0] == base["botocore"]
     # botocore refuses the parameter before sending anything (storage.py keeps the first line)
-    assert old_run.returncode == 1 and "Parameter validation failed" in old_run.stderr
-    assert new_run.returncode == 0, new_run.stderr
-    assert new_run.stdout.splitlines() == [pins(IMAGE / "cpu.lock")["botocore"], "True True True"]
+    assert ran.returncode == 1 and "Parameter validation failed" in ran.stderr, ran.stderr
+    assert __import__("botocore").__version__ == pins(IMAGE / "cpu.lock")["botocore"]
 
 
 # --- a GPU search actor on a CPU faiss -------------------------------------------------------

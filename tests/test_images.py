@@ -1,6 +1,7 @@
 """The cluster images (infra/image/Dockerfile) hold what `make install` installs: both go through
-infra/image/install.sh, with constraints.txt; the CPU target takes torch's CPU build, the GPU
-target its CUDA build; nothing else installs anything, at build time or when a node starts.
+infra/image/install.sh, at a lock's versions (infra/image/cpu.lock, gpu.lock); the CPU target
+takes torch's CPU build, the GPU target its CUDA build; nothing else installs anything, at build
+time or when a node starts.
 
 No Docker engine runs here, so the Dockerfile is read, not built: its instructions (continuation
 lines joined, comments dropped) and its stages. `make -n` prints the Makefile's real recipe."""
