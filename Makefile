@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine: `make dry-run` and `make test`.
-# Both create .venv and install from this repo's files; torch at the version constraints.txt pins.
+# Both create .venv and install from this repo's files, every package at infra/image/cpu.lock's
+# version (torch at the one constraints.txt pins).
 # Where pip's config offers no local CPU wheel of it, `make install
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu` keeps dev off the multi-GB CUDA build.
 PYTHON ?= python3
@@ -12,12 +13,14 @@ PYTEST_ARGS ?=
 .PHONY: install browser dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh bench-search bench-search-load clean
 
 # infra/image/install.sh installs the package, dev extras and the pinned torch into the venv: the
-# same script, with the same constraints, that installs the package into the cluster images
+# same script, at the versions of the same lock (infra/image/cpu.lock; `bash infra/image/lock.sh`
+# rewrites it from pyproject.toml), that installs the package into the CPU image
 # (infra/image/Dockerfile). Here torch comes from pip's configured sources (a local CPU wheel on
 # the CI machines) or PyPI.
-$(VENV)/.installed: pyproject.toml constraints.txt infra/image/install.sh
+$(VENV)/.installed: pyproject.toml infra/image/cpu.lock infra/image/install.sh
 	$(PYTHON) -m venv $(VENV)
-	bash infra/image/install.sh $(PY)$(if $(TORCH_INDEX), --torch-index $(TORCH_INDEX)) -e '.[dev]'
+	bash infra/image/install.sh $(PY) --lock cpu$(if $(TORCH_INDEX), --torch-index $(TORCH_INDEX)) \
+		-e '.[cpu,dev]'
 	touch $@
 
 install: $(VENV)/.installed

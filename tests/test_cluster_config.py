@@ -167,10 +167,9 @@ def _fits(ask: dict[str, float], node: dict[str, float]) -> bool:
     return all(0 < amount <= node.get(name, 0) for name, amount in ask.items())
 
 
-def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_one(raw):
-    """Under `--profile cluster`, resolved as each command resolves it, every stage
-    that can use a GPU asks Ray for one, with the resource only the GPU node type offers, per
-    actor or worker, and what it asks fits that node type: the poolers' encoder and search
+def gpu_stage_asks() -> dict[str, dict[str, float]]:
+    """What each stage that can use a GPU asks Ray for, per actor or worker, under
+    `--profile cluster`, resolved as each command resolves it: the poolers' encoder and search
     actors (build), `cpr index`'s encoder actors (jobs/index.py), `cpr eval`'s for a dense or
     SPLADE retriever (jobs/evaluate.py) and Ray Train's workers (jobs/train.py)."""
     from cpr_ray.command_line import Given
@@ -182,9 +181,7 @@ def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_o
     from cpr_ray.train.commands import REQUIRED
     from cpr_ray.train.trainer import default_cpus_per_worker, worker_resources
 
-    gpu_node = raw["available_node_types"]["gpu_worker"]["resources"]
     asks: dict[str, dict[str, float]] = {}
-
     build = load_config("cluster", env={})
     for plan in plans(build.pooling):
         if plan.spec is not None:  # bm25 encodes nothing
@@ -212,8 +209,14 @@ def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_o
     cluster = load_config("cluster", env={})
     placed = tc.model_copy(update={"cpus_per_worker": default_cpus_per_worker(cluster, 0.0)})
     asks["train"] = worker_resources(placed)
+    return asks
 
-    for stage, ask in asks.items():
+
+def test_every_gpu_stage_of_the_cluster_profile_asks_for_a_gpu_worker_and_fits_one(raw):
+    """Every stage that can use a GPU (gpu_stage_asks) asks Ray for one, with the resource only
+    the GPU node type offers, and what it asks fits that node type."""
+    gpu_node = raw["available_node_types"]["gpu_worker"]["resources"]
+    for stage, ask in gpu_stage_asks().items():
         assert ask["GPU"] >= 1, (stage, ask)
         assert ask[GPU_NODE_RESOURCE] >= 1, (stage, ask)
         assert _fits(ask, gpu_node), (stage, ask, gpu_node)

@@ -1,6 +1,7 @@
 """The cluster images (infra/image/Dockerfile) hold what `make install` installs: both go through
-infra/image/install.sh, with constraints.txt; the CPU target takes torch's CPU build, the GPU
-target its CUDA build; nothing else installs anything, at build time or when a node starts.
+infra/image/install.sh, at a lock's versions (infra/image/cpu.lock, gpu.lock); the CPU target
+takes torch's CPU build, the GPU target its CUDA build; nothing else installs anything, at build
+time or when a node starts.
 
 No Docker engine runs here, so the Dockerfile is read, not built: its instructions (continuation
 lines joined, comments dropped) and its stages. `make -n` prints the Makefile's real recipe."""
@@ -41,7 +42,7 @@ def _stages() -> dict[str, dict]:
     for keyword, rest in _instructions((IMAGE_DIR / "Dockerfile").read_text()):
         if keyword == "ARG" and current is None:
             name, _, default = rest.partition("=")
-            args[name] = default
+            args[name] = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], default)
         elif keyword == "FROM":
             base, _, name = rest.partition(" AS ")
             base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
@@ -73,27 +74,32 @@ def test_the_makefile_installs_through_the_script():
 
     assert recipe() == [
         "python3 -m venv /tmp/cpr-venv",
-        f"bash {SCRIPT} /tmp/cpr-venv/bin/python -e '.[dev]'",
+        f"bash {SCRIPT} /tmp/cpr-venv/bin/python --lock cpu \\",
+        "\t-e '.[cpu,dev]'",
         "touch /tmp/cpr-venv/.installed",
     ]
-    with_index = f"bash {SCRIPT} /tmp/cpr-venv/bin/python --torch-index {CPU_TORCH_INDEX}"
-    assert f"{with_index} -e '.[dev]'" in recipe(f"TORCH_INDEX={CPU_TORCH_INDEX}")
+    with_index = f"bash {SCRIPT} /tmp/cpr-venv/bin/python --lock cpu --torch-index"
+    with_index += f" {CPU_TORCH_INDEX}"
+    assert f"{with_index} \\" in recipe(f"TORCH_INDEX={CPU_TORCH_INDEX}")
     assert _installing_lines(ROOT / "Makefile") == []
 
 
-def test_the_script_installs_the_pinned_torch_under_the_constraints():
+def test_the_script_installs_the_pinned_torch_under_the_lock():
     script = (IMAGE_DIR / "install.sh").read_text()
     pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.strip()]
     assert re.fullmatch(r"torch==\d+\.\d+\.\d+", pins[0]) and len(pins) == 1
+    for target in ("cpu", "gpu"):  # the locks carry constraints.txt's pin (lock.sh compiles it)
+        assert f"{pins[0]}\n" in (IMAGE_DIR / f"{target}.lock").read_text()
     installs = [line for line in script.splitlines() if INSTALLS.search(line)]
-    # the tool itself; then uv, else pip, both with the constraints, torch and the requirements
+    # the tool itself; then uv, else pip, both with the target's lock, torch and the requirements
     assert installs[0].strip() == '"$py" -m pip install -q --upgrade uv'
     commands = re.split(r"\n|\|\|", script.replace("\\\n", " "))
     for tool in ('"$py" -m uv pip install', '"$py" -m pip install -q -c'):
         (command,) = [c for c in commands if tool in c]
-        assert '-c "$root/constraints.txt"' in command
+        assert '-c "$lock"' in command
         assert '"${torch_index[@]}"' in command and 'torch "$@"' in command
-    assert "--compile-bytecode" in next(c for c in commands if " uv pip install" in c)
+    assert 'lock="$root/infra/image/$2.lock"' in script
+    assert "--compile-bytecode" in script
 
 
 def test_the_dockerfile_targets_install_through_the_script():
@@ -102,18 +108,23 @@ def test_the_dockerfile_targets_install_through_the_script():
     for target in ("cpu", "gpu"):
         stage = stages[target]
         # Ray's image of the Ray this package pins, in the flavour of the target
+        flavour = "cpu" if target == "cpu" else r"cu12\d"
         assert re.fullmatch(
-            rf"rayproject/ray:{re.escape(ray.__version__)}-py3\d+-{target}", stage["from"]
+            rf"rayproject/ray:{re.escape(ray.__version__)}-py3\d+-{flavour}", stage["from"]
         ), stage["from"]
         (run,) = stage["run"]
         (argv,) = _installer_calls(run)
         python, *rest = argv
         assert python == "python"  # the image's own Python, where Ray is
+        assert rest[:2] == ["--lock", target]
+        rest = rest[2:]
         if target == "cpu":
             assert rest[:2] == ["--torch-index", "${TORCH_CPU_INDEX}"]
             assert stage["args"]["TORCH_CPU_INDEX"] == CPU_TORCH_INDEX
             rest = rest[2:]
-        assert rest == ["/tmp/wheels/cpr_ray-*.whl"]  # the package built in the wheel stage
+        # the package built in the wheel stage, with its target's extra (its faiss build)
+        assert rest == [f"${{wheel}}[{target}]"]
+        assert 'wheel="$(echo /tmp/wheels/cpr_ray-*.whl)"' in run
         assert "--mount=type=bind,target=/tmp/cpr-ray" in run  # the script and constraints.txt
         assert f"bash /tmp/cpr-ray/{SCRIPT}" in run
     assert len({stages[t]["from"].rsplit("-", 1)[0] for t in ("cpu", "gpu")}) == 1  # one Python

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 KUBERAY_CRDS = Path(__file__).resolve().parent / "data" / "kuberay"  # see its PROVENANCE files
 KUBERAY_VERSION = "1.7.0"
-K8S_VERSION = "1.33"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
+K8S_VERSION = "1.35"  # kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37
 
 NAMESPACE = "cpr-ray"
 GPU_NODE_RESOURCE = "cpr_gpu_node"
@@ -50,11 +50,12 @@ SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 
 def _load_manifests() -> list[tuple[str, dict]]:
     """(where, document) for every YAML document under infra/ (but serve/, Ray Serve's own
-    format, checked by tests/test_search_service.py), then every manifest embedded in a
-    ConfigMap's data (a `*.yaml` key holding a Kubernetes object)."""
+    format, checked by tests/test_search_service.py, and eks/, eksctl's config, checked by
+    tests/test_scale_from_zero.py), then every manifest embedded in a ConfigMap's data (a
+    `*.yaml` key holding a Kubernetes object)."""
     found = []
     for path in sorted(INFRA.rglob("*.yaml")):
-        if path.parent.name == "serve":
+        if path.parent.name in ("serve", "eks"):
             continue
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if doc is not None:
@@ -245,6 +246,9 @@ def test_the_cronjob_creates_the_rayjob_from_the_configmap():
     pod = spec["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     (container,) = pod["containers"]
+    # kubectl speaks to clusters one minor either side: the one the manifests are validated for
+    kubectl = re.fullmatch(r"registry\.k8s\.io/kubectl:v1\.(\d+)\.\d+", container["image"])
+    assert abs(int(kubectl.group(1)) - int(K8S_VERSION.split(".")[1])) <= 1
     argv = container.get("command", []) + container.get("args", [])
     assert argv[-3:-1] == ["create", "-f"]  # `apply` would need a fixed name
     manifest_path = Path(argv[-1])
@@ -508,3 +512,43 @@ def test_readme_names_every_file_and_the_pinned_versions():
     assert f"--version {KUBERAY_VERSION}" in readme
     assert "kubectl -n cpr-ray create job --from=cronjob/cpr-refresh" in readme
     assert "--submission-id" in readme and "ray up cluster.yaml" in readme
+
+
+def test_the_build_rayjob_is_the_refresh_cluster_with_a_deadline_from_the_sizing():
+    """Day one's step 10 on path A: the refresh's RayJob running the build, whose deadline holds
+    twice the judging's wall time at the fleet's most replicas (cpr_ray/judge_check/fleet.py,
+    benchmarks/SCALE.md) and stays under two days."""
+    from cpr_ray.config import load_config
+    from cpr_ray.judge_check import fleet
+
+    from .test_judge_fleet import _llm_configs
+
+    build = _by_name_prefix("RayJob", "cpr-build-")
+    refresh = _refresh_rayjob()
+    differs = {k for k in build["spec"] if build["spec"][k] != refresh["spec"].get(k)}
+    assert differs == {"entrypoint", "activeDeadlineSeconds", "rayClusterSpec"}
+    relabelled = yaml.safe_load(
+        yaml.safe_dump(build["spec"]["rayClusterSpec"]).replace("cpr-build", "cpr-refresh")
+    )
+    assert relabelled == refresh["spec"]["rayClusterSpec"]
+    assert build["spec"]["entrypoint"].startswith("python jobs/build_dataset.py --config s3://")
+
+    cfg = load_config("cluster", env={})
+    stage_models = {stage: cfg.llm.for_stage(stage)[0] for stage in fleet.FLEET_STAGES}
+    gpus = {
+        model: raw["engine_kwargs"]["tensor_parallel_size"]
+        * raw["deployment_config"]["autoscaling_config"]["max_replicas"]
+        for model, raw in _llm_configs().items()
+    }
+    judging_h = sum(s.wall_hours for s in fleet.build_load(stage_models, fleet.GPUS["L40S"], gpus))
+    assert judging_h > 10  # ~13 h
+    assert 2 * judging_h * 3600 <= build["spec"]["activeDeadlineSeconds"] <= 48 * 3600
+
+
+def _by_name_prefix(kind: str, prefix: str) -> dict:
+    (doc,) = [
+        d
+        for _, d in MANIFESTS
+        if d["kind"] == kind and d["metadata"].get("generateName", "").startswith(prefix)
+    ]
+    return doc

@@ -217,10 +217,34 @@ def test_scale_md_sizing_table_is_the_arithmetic_for_this_fleet():
     assert analogy.tokens == 132_000 * (1344 + 924)
     assert analogy.gpu_hours == round(analogy.tokens / (1731 * 864 / 2039) / 3600, 1)
 
+    # nodes held while a model works: its replicas at their most, each other model's at fewest
+    per_node = {
+        m: 4 // raw["engine_kwargs"]["tensor_parallel_size"] for m, raw in _llm_configs().items()
+    }
+    replica_nodes = {
+        model: tuple(
+            math.ceil(raw["deployment_config"]["autoscaling_config"][k] / per_node[model])
+            for k in ("min_replicas", "max_replicas")
+        )
+        for model, raw in _llm_configs().items()
+    }
+    price = fleet.NODE_HOUR_USD[_judge_group()["template"]["spec"]["nodeSelector"][
+        "node.kubernetes.io/instance-type"]]  # fmt: skip
     scale_md = (ROOT / "benchmarks" / "SCALE.md").read_text()
+    total_node_hours = 0.0
     for load in loads:
+        held = fleet.nodes_held(replica_nodes, load.model)
+        node_hours = fleet.node_hours(load, replica_nodes)
+        assert node_hours == round(load.wall_hours * held, 1)
+        total_node_hours += node_hours
         row = (
             f"| {load.stage} | {load.model} | {load.tokens / 1e6:.1f}M | {load.gpu_hours} | "
-            f"{gpus_per_model[load.model]} | {load.wall_hours} |"
+            f"{gpus_per_model[load.model]} | {load.wall_hours} | {held} | {node_hours} | "
+            f"{round(node_hours * price)} |"
         )
         assert row in scale_md
+    # the fleet's peak is the judge group's most replicas, and the totals the text gives
+    assert max(fleet.nodes_held(replica_nodes, m) for m in replica_nodes) == 6
+    assert f"{total_node_hours:.1f} node-hours and ${round(total_node_hours * price)}" in (
+        " ".join(scale_md.split())
+    )

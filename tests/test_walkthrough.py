@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 import pytest
 import typer
+import yaml
 
 from cpr_ray.cli import app
 
@@ -146,3 +147,129 @@ def test_the_flag_check_can_fail():
     assert _job_problems(["python", "jobs/build_dataset.py", "--stagez", "x"]) == [
         "jobs/build_dataset.py has no --stagez"
     ]
+
+
+# --- the steps in order: each resource made before it is used --------------------------------
+
+CREATED = re.compile(r"`((?:namespace|secret|serviceaccount|nodegroup|crd|image|configmap|role|"
+                     r"bucket|quota|endpoint)/[\w.:-]+)`")  # fmt: skip
+APPLIED = re.compile(r"`(infra/[\w/.-]+\.yaml)`")
+PLURAL = {"RayJob": "rayjobs", "RayService": "rayservices", "RayCronJob": "raycronjobs"}
+
+
+def _documents(path: Path) -> list[dict]:
+    """The Kubernetes objects of a manifest file, those a ConfigMap holds as `*.yaml` too."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and "kind" in d]
+    for doc in list(docs):
+        if doc["kind"] == "ConfigMap":
+            for key, text in doc.get("data", {}).items():
+                inner = yaml.safe_load(text) if key.endswith(".yaml") else None
+                if isinstance(inner, dict) and "kind" in inner:
+                    docs.append(inner)
+    return docs
+
+
+def _walk(node, found: set[str]) -> None:
+    if isinstance(node, dict):
+        if "secretKeyRef" in node:
+            found.add(f"secret/{node['secretKeyRef']['name']}")
+        if node.get("secretName"):
+            found.add(f"secret/{node['secretName']}")
+        if node.get("serviceAccountName"):
+            found.add(f"serviceaccount/{node['serviceAccountName']}")
+        if "configMap" in node and isinstance(node["configMap"], dict):
+            found.add(f"configmap/{node['configMap']['name']}")
+        pool = (node.get("nodeSelector") or {}).get("cpr-ray/pool")
+        if pool:
+            found.add(f"nodegroup/{pool}")
+        image = node.get("image")
+        if isinstance(image, str) and (m := re.search(r"cpr-ray:COMMIT_SHA-(cpu|gpu)$", image)):
+            found.add(f"image/{m.group(1)}")
+        for value in node.values():
+            _walk(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _walk(value, found)
+
+
+def needs_and_makes(doc: dict) -> tuple[set[str], set[str]]:
+    """What applying `doc` needs to exist already, and what it makes."""
+    needs: set[str] = set()
+    namespace = doc["metadata"].get("namespace")
+    if namespace:
+        needs.add(f"namespace/{namespace}")
+    if doc["kind"] in PLURAL:
+        needs.add(f"crd/{PLURAL[doc['kind']]}.ray.io")
+    _walk(doc.get("spec", {}), needs)
+    name = doc["metadata"].get("name")
+    makes = {f"{doc['kind'].lower()}/{name}"} if name else set()
+    return needs, makes
+
+
+def missing_before_use(rows: list[list[str]]) -> list[str]:
+    """Each step's applied manifests' needs that no step up to it created."""
+    created: set[str] = set()
+    missing = []
+    for row in rows:
+        created |= set(CREATED.findall(row[-2]))
+        docs = [d for path in APPLIED.findall(row[2]) for d in _documents(ROOT / path)]
+        for doc in docs:
+            created |= needs_and_makes(doc)[1]
+        for doc in docs:
+            for need in sorted(needs_and_makes(doc)[0] - created):
+                missing.append(f"step {row[0]} ({row[1]}): {need}")
+    return missing
+
+
+def test_each_step_creates_what_the_manifests_it_applies_use():
+    rows = _table_rows(_day_one())
+    applied = {path for row in rows for path in APPLIED.findall(row[2])}
+    # the fleet, a build and the refresh all come up through the walk-through's steps
+    assert {"infra/judges/judges-rayservice.yaml", "infra/jobs/build-rayjob.yaml",
+            "infra/k8s/30-refresh-cronjob.yaml"} <= applied  # fmt: skip
+    assert missing_before_use(rows) == []
+    # the node groups the walk-through says it creates are the eksctl config's
+    from cpr_ray.capacity import node_groups
+
+    said = {c for row in rows for c in CREATED.findall(row[-2]) if c.startswith("nodegroup/")}
+    assert said == {f"nodegroup/{g.labels['cpr-ray/pool']}" for g in node_groups()}
+
+
+def test_the_order_check_can_fail():
+    """The operator's finding: the fleet started before the namespace and its Secret."""
+    rows = _table_rows(_day_one())
+    (fleet,) = [r for r in rows if "judges-rayservice.yaml" in r[2]]
+    early = [fleet] + [r for r in rows if r is not fleet]
+    missing = missing_before_use(early)
+    assert any("namespace/cpr-ray" in m for m in missing)
+    assert any("secret/cpr-judges-secrets" in m for m in missing)
+
+
+def _yaml_block(name: str) -> str:
+    text = (ROOT / "infra" / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith(name)]
+    return block
+
+
+def test_the_refresh_judges_on_an_endpoint_that_is_up_at_night(tmp_path):
+    """refresh.yaml as the walk-through shows it loads, and its judges are an endpoint the
+    walk-through keeps up between builds: the hosted provider, or the fleet only if the
+    walk-through never deletes it."""
+    from urllib.parse import urlsplit
+
+    from cpr_ray.config import load_config
+
+    config = tmp_path / "refresh.yaml"
+    config.write_text(_yaml_block("# refresh.yaml"))
+    endpoint = load_config(file=config, env={}).llm.base_url
+    hosted = load_config("cluster-hosted", env={}).llm.base_url
+    ingress = yaml.safe_load((ROOT / "infra" / "judges" / "judges-ingress.yaml").read_text())
+    fleet_host = ingress["spec"]["rules"][0]["host"]
+    readme = (ROOT / "infra" / "README.md").read_text()
+    if urlsplit(endpoint).hostname == fleet_host:
+        assert "delete rayservice cpr-judges" not in readme
+    else:
+        assert endpoint == hosted
+    # the day-one table's refresh step names the file the night runs
+    (row,) = [r for r in _table_rows(_day_one()) if r[1] == "The nightly refresh"]
+    assert "refresh.yaml" in row[2]

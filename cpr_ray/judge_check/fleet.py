@@ -13,6 +13,9 @@ Two questions come before an operator provisions `infra/judges/` (or buys a prov
   wall hours. The throughput is one published measurement, scaled: decoding a dense model is
   bound by reading its weights from GPU memory, so tokens/s per GPU go as memory bandwidth ÷
   parameters. `cpr judge-check` measures the real endpoint's seconds per answer once it runs.
+- **Money.** The nodes a stage holds (its model at most replicas, every other model at its
+  fewest) for its wall hours are node-hours, at the instance type's on-demand price dollars:
+  `node_hours`. What the spend cap charges for them is `llm.fleet.node_hour_usd`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ INSTANCES: dict[str, tuple[str, int]] = {
     "p4de.24xlarge": ("A100-80G", 8),
     "p5.48xlarge": ("H100", 8),
 }
+
+# On-demand USD per node-hour of those instance types (AWS's EC2 On-Demand pricing page, Linux,
+# us-east-1 and us-west-2); set your region's as llm.fleet.node_hour_usd
+NODE_HOUR_USD: dict[str, float] = {"g6e.12xlarge": 10.49264}
 
 # vLLM's working memory per GPU beside weights and KV cache (activations of a chunked-prefill
 # batch of 8k tokens, CUDA graphs, NCCL buffers): an allowance, not a measurement
@@ -201,3 +208,16 @@ def longest_conversation(prompt_tokens: int, max_tokens: int, max_reasks: int) -
     mean (abstracts vary in length), every re-ask's carried answer and objection, and the
     answer's limit."""
     return 2 * prompt_tokens + max_reasks * REASK_TOKENS + max_tokens
+
+
+def nodes_held(replica_nodes: Mapping[str, tuple[int, int]], busy: str) -> int:
+    """Nodes the fleet holds while `busy` works: its nodes at most replicas, every other model's
+    at its fewest. `replica_nodes`: model -> (nodes at min_replicas, nodes at max_replicas)."""
+    return replica_nodes[busy][1] + sum(
+        low for model, (low, _) in replica_nodes.items() if model != busy
+    )
+
+
+def node_hours(load: StageLoad, replica_nodes: Mapping[str, tuple[int, int]]) -> float:
+    """Node-hours of the fleet while a stage judges (the stage's wall hours × nodes held)."""
+    return round(load.wall_hours * nodes_held(replica_nodes, load.model), 1)

@@ -111,6 +111,10 @@ class PoolerSearch:
         docs_uris: str | Sequence[str],
         index_uri: str | None,
     ) -> None:
+        if plan.kind == "dense" and plan.num_gpus:
+            from cpr_ray.retrieval.index import faiss_gpus
+
+            faiss_gpus()  # asked Ray for a GPU to search on: refuse to start without one
         self.plan, self.storage = plan, Storage(storage)
         # query vectors by block (first id, last id, rows): every shard sees the same blocks,
         # so each is encoded once per pass, not once per shard (bounded by the queries)
@@ -139,7 +143,9 @@ class PoolerSearch:
         if plan.kind == "dense":
             from cpr_ray.retrieval.index import VectorIndex
 
-            self.index = VectorIndex.load(st, index_uri, device="auto" if plan.num_gpus else "cpu")
+            # an actor that asked Ray for a GPU searches on it, or refuses to start (a CPU
+            # faiss build would search on the CPU without a word)
+            self.index = VectorIndex.load(st, index_uri, device="cuda" if plan.num_gpus else "cpu")
             self._check_order(index_uri, self.index.ids)
         elif plan.kind == "splade":
             table = st.read_parquet(join(index_uri, SPARSE))
