@@ -81,11 +81,18 @@ def _stored(j: AnalogyJudgment) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def gold_exclusions() -> dict[str, str]:
-    """exclusion → the id of the first shipped gold case that it decides."""
+    """exclusion → the id of the first shipped gold case it decides, or failing that one a reader
+    decided by it. Adoption without relational transfer is only ever a reading: each case a first
+    reader rejected for it was read otherwise by the second and adjudicated so."""
     out: dict[str, str] = {}
-    for case in load_gold("judge-analogy"):
+    cases = load_gold("judge-analogy")
+    for case in cases:
         if case.exclusion:
             out.setdefault(case.exclusion, case.id)
+    for case in cases:
+        for reading in case.readings:
+            if reading.exclusion:
+                out.setdefault(reading.exclusion, case.id)
     return out
 
 
