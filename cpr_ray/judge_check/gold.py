@@ -320,8 +320,14 @@ def _citation_fields(
         return None, None
     if purpose not in PURPOSES:
         raise ValueError(f"'purpose' must be one of {', '.join(PURPOSES)}")
-    if not isinstance(topics, dict) or set(topics) != {*TOPIC_KEYS, "cross_field"}:
-        raise ValueError(f"'topics' must be an object of {', '.join(TOPIC_KEYS)}, cross_field")
+    if not isinstance(topics, dict) or set(topics) - {"adjudication"} != {
+        *TOPIC_KEYS,
+        "cross_field",
+    }:
+        raise ValueError(
+            f"'topics' must be an object of {', '.join(TOPIC_KEYS)}, cross_field (and an "
+            "adjudication where the readers disagreed on them)"
+        )
     for key in TOPIC_KEYS:
         _text(topics, key, "topics.")
     if topics["q_topic"] == topics["d_topic"]:

@@ -260,6 +260,8 @@ def _topics(
     papers different topics, the adjudicated ones when the readers disagree on that; None when
     the papers share a topic."""
     if hand is not None:
+        if not hand["keep"]:
+            return None
         chosen = hand
     elif _differ(first) and _differ(second):
         chosen = first
@@ -267,8 +269,13 @@ def _topics(
         return None
     if not _differ(chosen):
         return None
-    out = {k: chosen[k].strip() for k in ("q_field", "q_topic", "d_field", "d_topic")}
-    return {**out, "cross_field": out["q_field"] != out["d_field"]}
+    out: dict[str, Any] = {
+        k: chosen[k].strip() for k in ("q_field", "q_topic", "d_field", "d_topic")
+    }
+    out["cross_field"] = out["q_field"] != out["d_field"]
+    if hand is not None:
+        out["adjudication"] = hand["why"]
+    return out
 
 
 def _covers(decision: str, exclusion: str | None, purpose: str, topics: dict[str, Any]) -> str:
@@ -280,19 +287,33 @@ def _covers(decision: str, exclusion: str | None, purpose: str, topics: dict[str
 # -- transfer and query review, written from the set by another reader -------------------------
 
 
+MASK = "[CITATION]"
+
+
 def written_cases(
     stage: str,
     first: Sequence[dict[str, Any]],
     second: dict[str, dict[str, Any]],
     hand: dict[str, dict[str, Any]],
+    citations: dict[str, Citation],
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
-    """Cases authored from the citation set (first reading) with their blind second reading."""
+    """Cases authored from the citation set (first reading) with their blind second reading.
+    Their author wrote the cited reference as `[CITATION]`: the query review reads sentences so
+    masked in a build, but the verifier reads them as S2 gives them, so its cases get the cited
+    first author's name there, as the analogy cases do."""
     cases, left = [], Counter()
     for line in first:
         other = second.get(line["id"])
         if other is None:
             left["no second reading"] += 1
             continue
+        if line["q_topic"].strip().lower() == line["d_topic"].strip().lower():
+            left["topics not different"] += 1
+            continue
+        given = dict(line["input"])
+        if stage == "judge-transfer":
+            name = citations[line["unique_id"]].d_first_author
+            given["contexts"] = [c.replace(MASK, name) for c in given["contexts"]]
         case_id = line["id"]
         number = int(line["unique_id"].removeprefix("CCT"))
         topics = {k: line[k] for k in ("q_field", "q_topic", "d_field", "d_topic")}
@@ -319,7 +340,7 @@ def written_cases(
             "purpose": line["purpose"],
             "topics": topics,
             "citing_sentence": "real" if line["input"].get("contexts") else "none",
-            "input": ids | line["input"] if stage == "judge-transfer" else dict(line["input"]),
+            "input": ids | given if stage == "judge-transfer" else given,
             "expected": expected,
             "readings": [
                 {"reader": "first", "expected": line["expected"], "why": line["why"]},
@@ -432,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             read_jsonl(labels / f"{name}-first.jsonl"),
             _by(read_jsonl(labels / f"{name}-second.jsonl"), "id"),
             hand,
+            citations,
         )
     missing = [k for _, left in new.values() for k in left if k.startswith("needs adjudication")]
     if missing:

@@ -224,7 +224,6 @@ def _interval(values: np.ndarray) -> list[float] | None:
     return [round(float(low), 4), round(float(high), 4)]
 
 
-
 def binary_report(
     gold: Sequence[bool], predicted: Sequence[bool | None], rate: BaseRate | None
 ) -> dict[str, Any]:
