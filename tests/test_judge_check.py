@@ -839,14 +839,22 @@ def test_the_gold_files_ship_as_package_data(tmp_path):
 
 @pytest.mark.slow
 def test_the_embedded_placeholder_fails_the_gate_on_dedup(tmp_path):
-    """The embedded llama-server (Gemma 3 270M base) on one whole stage, dedup (its shortest
-    answers): measured like any judge, and stopped by the κ gate on its lower bound."""
-    code, output, report = _check(tmp_path, "--stages", "dedup", "--min-kappa", "0.6")
+    """The embedded llama-server (Gemma 3 270M base) on a whole dedup stage (its shortest
+    answers) of the smallest gold a gate accepts, 10 same-problem and 10 different cases of the
+    shipped set: measured like any judge, and stopped by the κ gate on its lower bound."""
+    cases = [json.loads(line) for line in gold_path("dedup").read_text().splitlines()]
+    same = [c for c in cases if c["expected"]["same_problem"]][:10]
+    other = [c for c in cases if not c["expected"]["same_problem"]][:10]
+    folder = tmp_path / "gold"
+    folder.mkdir()
+    (folder / "dedup.jsonl").write_text("".join(json.dumps(c) + "\n" for c in same + other))
+    code, output, report = _check(
+        tmp_path, "--stages", "dedup", "--gold", str(folder), "--min-kappa", "0.6"
+    )
     assert code == 2, output
     assert report["embedded_server"] and report["pins_ignored"]
     (s,) = report["stages"]
-    assert s["cases"] == len(load_gold("dedup"))
-    assert s["kappa_ci"][0] < 0.6
+    assert s["cases"] == 20 and s["kappa_ci"][0] < 0.6
     said = " ".join(output.split())
     assert f"dedup κ lower bound {s['kappa_ci'][0]:.2f}" in said
     assert "embedded placeholder" in said
