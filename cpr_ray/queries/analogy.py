@@ -285,6 +285,8 @@ def analogy_record(answers: pa.Table) -> pa.Table:
     keeps what the model wrote and a later reader never sees a falsified mapping."""
     excluded = pc.greater(pc.list_value_length(answers["exclusions"]), 0)
     for column in ("object_mappings", "shared_relations"):
+        if column not in answers.column_names:
+            continue  # a table of the decision's columns only
         kept = answers[column]
         empty = pa.array([[]] * len(answers), kept.type)
         index = answers.schema.get_field_index(column)
