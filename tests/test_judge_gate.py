@@ -23,6 +23,7 @@ from cpr_ray.judge_check.check import (
     measure,
 )
 from cpr_ray.judge_check.gold import JUDGE_STAGES, GoldCase, kept, load_gold
+from cpr_ray.judge_check.gold_report import gold_summary
 from cpr_ray.judge_check.metrics import (
     BaseRate,
     clopper_pearson,
@@ -31,6 +32,7 @@ from cpr_ray.judge_check.metrics import (
     rogan_gladen_interval,
 )
 from cpr_ray.judge_check.projection import PASS_RATES
+from cpr_ray.judge_check.report import WIDTH, stage_lines
 from tests.gold_fixtures import write_gold
 
 runner = CliRunner()
@@ -177,6 +179,13 @@ def test_the_purpose_label_block_counts_observed_passes_on_background_citations(
     assert block["gold_passed"] == sum(c.label == "observed_analogy" for c in not_taken)
     perfect = _report("judge-analogy", cases, [c.label for c in cases])
     assert perfect["stages"][0]["observed_on_not_taken"]["passed"] == block["gold_passed"]
+    # printed as one more block of the stage, within 80 columns
+    stage = report["stages"][0] | {"cases": len(cases), "model": "m"}
+    stage |= {"base_rate_source": "assumed", "gold": gold_summary("judge-analogy", cases)}
+    lines = stage_lines(stage)
+    said = f"observed on background citations: {block['passed']} of {block['citations']}"
+    assert any(said in line for line in lines), lines
+    assert max(map(len, lines)) <= WIDTH
 
 
 def test_exact_intervals_never_collapse_and_match_the_closed_forms():

@@ -56,12 +56,10 @@ EXCLUSIONS: dict[str, str] = {
     "relation holding on both sides",
     "surface_similarity": "the mappings pair things that only look alike (both involve "
     "networks), not objects in the same role",
-    "unsupported_possibility": "the mappings make a link conceivable, but the texts do not back "
-    "it",
+    "unsupported_possibility": "the mappings make a link conceivable, but the texts do not back it",
     "off_goal_mapping": "the objects pair up, but what the pairing carries does nothing for "
     "Q's goal",
-    "adoption_without_transfer": "Q takes something of D without carrying any mapped relation "
-    "over",
+    "adoption_without_transfer": "Q takes something of D without carrying any mapped relation over",
 }
 
 

@@ -135,9 +135,7 @@ class AnalogyJudge(LLMTask):
         relations of an excluded pair dropped (`analogy_record`), `input_flags` from the pair's
         texts, and `passed` (see `analogy_passed`)."""
         table = analogy_record(table).append_column("decision", analogy_decision(table))
-        table = table.append_column(
-            "input_flags", input_flags(table, PAIR_TEXT_COLUMNS)
-        )
+        table = table.append_column("input_flags", input_flags(table, PAIR_TEXT_COLUMNS))
         return table.append_column(
             "passed", analogy_passed(table, hold_out_flagged=self.hold_out_flagged)
         )
