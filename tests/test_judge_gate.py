@@ -5,18 +5,24 @@ degenerate gate. Only the refusals go through the command (they stop before any 
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from cpr_ray.cli import app
+from cpr_ray.config import DatasetConfig, LLMConfig
+from cpr_ray.errors import UserError
 from cpr_ray.judge_check.check import (
     CaseResult,
     analogy_precision_rate,
+    base_rates,
     below,
     below_precision,
     degenerate_gates,
@@ -31,8 +37,10 @@ from cpr_ray.judge_check.metrics import (
     rogan_gladen,
     rogan_gladen_interval,
 )
-from cpr_ray.judge_check.projection import PASS_RATES
+from cpr_ray.judge_check.projection import PASS_RATES, volumes_from_root
 from cpr_ray.judge_check.report import WIDTH, stage_lines
+from cpr_ray.llm.ledger import LEDGER
+from cpr_ray.storage import Storage, StorageConfig
 from tests.gold_fixtures import write_gold
 
 runner = CliRunner()
@@ -238,3 +246,41 @@ def test_a_degenerate_gate_is_refused(gold, tmp_path):
         (line,) = [x for x in result.output.splitlines() if x.strip()][:1]
         assert line.startswith("error: judge-check:"), result.output
         assert "cannot reach" not in result.output
+
+
+def test_a_build_rates_come_from_its_manifests_and_its_ledger_must_name_the_measured_model(
+    tmp_path,
+):
+    """Under --root: the observed shares a build published (dedup's from its same-problem links
+    over its comparisons, not the queries it kept), corrected later; refused in one line when
+    the build's answers come from another model than the one measured."""
+    for stage, body in {
+        "mine": {"tables": {"pairs": {"uri": "x", "rows": 13_200}}},
+        "judge-analogy": {"tables": {}, "stats": {"rows_in": 1_000, "rows_out": 445}},
+        "dedup": {
+            "tables": {},
+            "stats": {
+                "rows_in": 800,
+                "rows_out": 700,
+                "comparisons": 2_000,
+                "same_problem_links": 300,
+            },
+        },  # fmt: skip
+    }.items():
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "_MANIFEST.json").write_text(json.dumps(body))
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    vol = volumes_from_root(DatasetConfig(), storage)
+    assert vol.observed == {"judge-analogy": (445, 1_000), "dedup": (300, 2_000)}
+    llm = LLMConfig(base_url="http://x/v1", model="judge-m")
+    rates = base_rates(vol, ["judge-analogy", "dedup", "judge-transfer"], llm, storage)
+    assert rates["judge-analogy"].observed == (445, 1_000)
+    assert rates["dedup"].observed == (300, 2_000)
+    assert rates["judge-transfer"].value == PASS_RATES["judge-transfer"][0]
+    assert "assumed" in rates["judge-transfer"].source
+    ledger = tmp_path / "_llm" / "ledger" / "judge-analogy"
+    ledger.mkdir(parents=True)
+    row = {name: None for name in LEDGER.names} | {"model": "other-m", "status": "ok"}
+    pq.write_table(pa.Table.from_pylist([row], schema=LEDGER), ledger / "part-0.parquet")
+    with pytest.raises(UserError, match="come from other-m, not judge-m"):
+        base_rates(vol, ["judge-analogy"], llm, storage)
