@@ -80,9 +80,9 @@ LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
 # benchmarks/SCALE.md). write-queries: its review's, for all three calls; synthesis: not
 # measured, so no discount.
 PREFIX_SHARES: dict[str, float] = {
-    "judge-analogy": 0.821,
-    "judge-transfer": 0.473,
-    "write-queries": 0.640,
+    "judge-analogy": 0.793,
+    "judge-transfer": 0.480,
+    "write-queries": 0.618,
     "dedup": 0.869,
     "strongest": 0.118,
     "score-positives": 0.369,
