@@ -5,7 +5,8 @@ and abstracts, a human purpose label per citation, the citing papers' first page
 for the analogy judge, each reader blind to the other (`LABELLING.md` beside the readings); the
 transfer and query-review cases were written from it and read twice the same way. This module
 turns those readings into gold lines (`gold.py`'s format) and merges them with the cases already
-shipped, so the gold can be rebuilt whenever a reading or an adjudication changes:
+shipped, so the gold can be rebuilt whenever a reading or an adjudication changes (it also
+rewrites the labels folder's `citing-abstracts.json`, the citing papers' texts the readers use):
 
     python -m cpr_ray.judge_check.gold_build --labels /work/labels \\
         --citations ../shared/reference/citation-contexts --out cpr_ray/judge_check/gold
