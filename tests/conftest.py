@@ -700,6 +700,7 @@ LONGEST_FIRST = (
     "test_retrieval.py",
     "test_cli.py",
     "test_judge_check.py",
+    "test_judge_gate.py",
     "test_train_distributed.py",
     "test_dataset_negatives.py",
     "test_evaluate_end_to_end.py",

@@ -147,6 +147,8 @@ def gold_case(
     }
     if exclusion:
         case["exclusion"] = exclusion
+    if stage in ("judge-analogy", "judge-transfer", "write-queries"):
+        case["citing_sentence"] = "invented" if synthetic else "real"
     if other != label:
         case["adjudication"] = "the first reading follows the rule"
     return case

@@ -3,7 +3,7 @@
 It stands in for the external LLM service only (the client, actors and stages under test are
 real). Answers are deterministic functions of the request, chosen by the requested schema's
 name; markers in the prompt pick special behaviour (SAME → same problem, UNRELATED → not an
-analogy, OFFGOAL → mappings made, then found off q's goal (kept, not an analogy),
+analogy, OFFGOAL → mappings made, then found off q's goal (not an analogy),
 INCONSISTENT → a decision that always contradicts the rest of the answer, REJECT → reject
 verdict,
 BADQUERY → a rule-breaking query, BADFORM → a query the schema refuses until an objection is

@@ -22,6 +22,7 @@ from cpr_ray.cli import app
 from cpr_ray.config import DatasetConfig, LLMConfig, Price
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.judge_check.gold import (
+    CONTEXT_STAGES,
     EXCLUSIONS,
     JUDGE_STAGES,
     LABELS,
@@ -32,6 +33,7 @@ from cpr_ray.judge_check.gold import (
 )
 from cpr_ray.judge_check.gold_report import ONE_MISS_BAR, gold_summary
 from cpr_ray.judge_check.metrics import (
+    BaseRate,
     agreement,
     binary_report,
     bootstrap,
@@ -62,7 +64,7 @@ runner = CliRunner()
 # Flip to True when the gold writers' files are merged: every stage then ships a file in the
 # new format with two readings per case, ≥ 60 cases and at least half of them real.
 GOLD_MERGED = True
-MIN_CASES, MIN_REAL_SHARE = 60, 0.5
+MIN_CASES, MIN_REAL_SHARE, REAL_CONTEXT_SHARE = 60, 0.5, 0.6
 
 
 def _post_gold(handle: ScriptedLLM, entries: list[dict[str, Any]]) -> None:
@@ -114,13 +116,21 @@ def test_the_shipped_gold_files_load_and_keep_the_rules():
         cases = load_gold(stage)
         summary = gold_summary(stage, cases)
         assert summary["real"] + summary["synthetic"] == len(cases)
-        assert all(c.sources for c in cases if not c.synthetic), stage
+        assert all(c.sources or c.citation for c in cases if not c.synthetic), stage
         if GOLD_MERGED:
             assert len(cases) >= MIN_CASES, stage
             assert summary["real"] >= MIN_REAL_SHARE * len(cases), stage
             assert summary["read_twice"] == len(cases), stage
             if stage != "strongest":
                 assert summary["one_miss_kappa_step"] <= ONE_MISS_BAR, stage
+            if stage in CONTEXT_STAGES:  # what a build sends: a real citing sentence
+                real = sum(c.citing_sentence == "real" for c in cases)
+                assert real >= REAL_CONTEXT_SHARE * len(cases), stage
+    # the analogy gold's real negatives: the citation set's topic-different, double-read rows
+    # (242 of them; the issue asked for 300, more than the set's 812 citations give honestly)
+    negatives = [c for c in load_gold("judge-analogy") if c.citation and c.label == "not_analogy"]
+    assert len(negatives) >= 240
+    assert Counter(c.exclusion for c in negatives).most_common(1)[0][0] == "background_only"
 
 
 # -- the loader ----------------------------------------------------------------------------------
@@ -170,7 +180,7 @@ def _transfer_case(**input_changes: Any) -> dict[str, Any]:
         (
             "dedup",
             _unadjudicated(gold_case("dedup", 1, "same", second="different")),
-            "the two readings differ: 'adjudication' must say",
+            "the two readings differ, or the case passes a citation labelled background",
         ),
         (
             "dedup",
@@ -255,7 +265,7 @@ def test_the_loader_checks_labels_readings_and_exclusions_per_stage(tmp_path):
     assert "the two readings differ" in _refused(
         tmp_path, "judge-analogy", not_analogy | {"readings": [not_analogy["readings"][0], second]}
     )
-    assert "'readings' must be a list of 1 or 2" in _refused(
+    assert "'readings' must be a list of 2 readings" in _refused(
         tmp_path, "judge-analogy", observed | {"readings": []}
     )
     swapped = [dict(r, reader=n) for r, n in zip(observed["readings"], ("second", "first"))]
@@ -263,13 +273,55 @@ def test_the_loader_checks_labels_readings_and_exclusions_per_stage(tmp_path):
         tmp_path, "judge-analogy", observed | {"readings": swapped}
     )
     one = gold_case("judge-analogy", 1, "observed_analogy")
-    one["readings"] = one["readings"][:1]
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps(one) + "\n" + json.dumps(one) + "\n")
     with pytest.raises(InputError, match=r"one\.jsonl:2: case id .* appears twice"):
         load_gold("judge-analogy", path)
-    path.write_text(json.dumps(one) + "\n")
-    assert len(load_gold("judge-analogy", path)[0].readings) == 1  # until the second reading
+    one["readings"] = one["readings"][:1]  # the loader requires both readings
+    assert "'readings' must be a list of 2 readings" in _refused(tmp_path, "judge-analogy", one)
+    assert "'citing_sentence' must be one of" in _refused(
+        tmp_path, "judge-analogy", observed | {"citing_sentence": None}
+    )
+    assert "none exactly when the input holds no contexts" in _refused(
+        tmp_path, "judge-analogy", observed | {"citing_sentence": "none"}
+    )
+
+
+def _from_the_set(case: dict[str, Any], purpose: str) -> dict[str, Any]:
+    topics = {"q_field": "Earth", "q_topic": "Hydrology", "d_field": "Physics",
+              "d_topic": "Astronomy", "cross_field": True}  # fmt: skip
+    return case | {
+        "synthetic": False,
+        "sources": {"unique_id": "CCT1", "core_id": "81153632"},
+        "purpose": purpose,
+        "topics": topics,
+        "citing_sentence": "real",
+    }
+
+
+def test_a_case_from_the_citation_set_keeps_its_purpose_and_topics(tmp_path):
+    observed = gold_case("judge-analogy", 1, "observed_analogy")
+    uses = _from_the_set(observed, "USES")
+    path = tmp_path / "set.jsonl"
+    path.write_text(json.dumps(uses) + "\n")
+    (case,) = load_gold("judge-analogy", path)
+    assert case.citation == {"unique_id": "CCT1", "core_id": "81153632"}
+    assert case.purpose == "USES" and case.topics["cross_field"]
+    # a pass as observed on a background citation needs a line saying why, readings agreeing
+    background = _from_the_set(observed, "BACKGROUND")
+    assert "passes a citation labelled background" in _refused(
+        tmp_path, "judge-analogy", background
+    )
+    path.write_text(json.dumps(background | {"adjudication": "the sentence adapts d"}) + "\n")
+    assert load_gold("judge-analogy", path)[0].adjudication == "the sentence adapts d"
+    shared = dict(uses["topics"], d_topic="Hydrology", d_field="Earth", cross_field=False)
+    assert "share a topic" in _refused(tmp_path, "judge-analogy", uses | {"topics": shared})
+    assert "'purpose' must be one of" in _refused(
+        tmp_path, "judge-analogy", uses | {"purpose": "CITES"}
+    )
+    assert "cross_field must say" in _refused(
+        tmp_path, "judge-analogy", uses | {"topics": dict(uses["topics"], cross_field=False)}
+    )
 
 
 def test_limit_takes_cases_from_every_label_in_turn(tmp_path):
@@ -319,24 +371,25 @@ def test_sensitivity_specificity_and_precision_at_a_base_rate_by_hand():
     assert precision_at(sens, spec, 0.09) == pytest.approx(0.09 / 0.272)
     assert precision_at(sens, spec, 0.5) == pytest.approx(1 / 1.2)
     assert precision_at(0.0, 1.0, 0.09) is None  # it passes nothing
-    report = binary_report(gold, judged, 0.09)
+    report = binary_report(gold, judged, BaseRate("assumed", value=0.09))
     assert report["false_per_100"] == pytest.approx(100 * (1 - 0.09 / 0.272), abs=0.05)
+    # exact intervals: sensitivity 10/10, specificity 8/10; precision's from their corners
+    assert report["sensitivity_ci"] == [round(0.025**0.1, 4), 1.0]
+    spec_low, spec_high = report["specificity_ci"]
+    assert spec_low == pytest.approx(0.4439, abs=1e-4) and spec_high == pytest.approx(
+        0.9748, abs=1e-4
+    )
     low, high = report["precision_ci"]
+    assert low == pytest.approx(precision_at(0.025**0.1, spec_low, 0.09), abs=1e-4)
+    assert high == pytest.approx(precision_at(1.0, spec_high, 0.09), abs=1e-4)
     assert low <= report["precision"] <= high
     assert report["false_per_100_ci"] == [round(100 * (1 - high), 1), round(100 * (1 - low), 1)]
     assert binary_report(gold, judged, None)["precision"] is None
-    # the vectorised resamples are the scalar functions' over the same seeded resamples
+    # the vectorised resamples are the scalar function's over the same seeded resamples
     assert report["kappa_ci"] == pytest.approx(
         bootstrap(20, lambda idx: cohen_kappa([gold[i] for i in idx], [judged[i] for i in idx])),
         abs=1e-4,
     )
-    scalar = bootstrap(
-        20,
-        lambda idx: precision_at(
-            *sensitivity_specificity([gold[i] for i in idx], [judged[i] for i in idx]), 0.09
-        ),
-    )
-    assert report["precision_ci"] == pytest.approx(scalar, abs=1e-4)
 
 
 def test_the_bootstrap_is_seeded_percentile_and_narrows_with_more_cases():
@@ -470,17 +523,17 @@ def test_rows_and_pass_rates_come_from_a_build(tmp_path):
 
 # -- the command against scripted judges ---------------------------------------------------------
 
-SCRIPTED_GOLD: dict[str, list[Any]] = {
+SCRIPTED_GOLD: dict[str, list[Any]] = {  # ≥ 10 cases on each side of every binary: gates allowed
     "judge-analogy": ["observed_analogy"] * 5 + ["potential_analogy"] * 5 + ["not_analogy"] * 10,
-    "judge-transfer": ["transfer"] * 5
-    + ["same_problem"] * 2
-    + ["background_only"] * 2
-    + ["unsupported_mappings"],
-    "write-queries": ["accept", "reject"] * 5,
-    "dedup": ["same", "different"] * 4,
-    "strongest": [1, 2, 3, 1, 2, 3],
-    "score-positives": [0, 1, 2, 3] * 3,
-    "judge-negatives": [0, 1, 2, 3] * 3,
+    "judge-transfer": ["transfer"] * 10
+    + ["same_problem"] * 4
+    + ["background_only"] * 4
+    + ["unsupported_mappings"] * 2,
+    "write-queries": ["accept", "reject"] * 10,
+    "dedup": ["same", "different"] * 10,
+    "strongest": [1, 2, 3] * 4,
+    "score-positives": [0, 1, 2, 3] * 5,
+    "judge-negatives": [0, 1, 2, 3] * 5,
 }
 SWAP = {"observed_analogy": "potential_analogy", "potential_analogy": "observed_analogy"}
 OFF_BY_ONE = {0: 1, 1: 0, 2: 3, 3: 2}
@@ -539,32 +592,44 @@ def test_scripted_judges_get_the_kappa_and_precision_computed_by_hand(scripted_r
     assert a["binary"]["false_per_100"] == 66.9
     low, high = a["kappa_ci"]
     assert low < 0.8 < high <= 1.0
-    t = _stage(report, "judge-transfer")  # constant: κ 0, precision = the base rate
+    # constant: κ 0, precision = its base rate, which is the analogy judge's precision
+    t = _stage(report, "judge-transfer")
     assert t["kappa"] == 0.0 and t["binary"]["sensitivity"] == 1.0
-    assert t["binary"]["precision"] == pytest.approx(0.9) and t["binary"]["false_per_100"] == 10.0
-    assert t["binary"]["precision_ci"] == pytest.approx([0.9, 0.9])
+    assert t["binary"]["base_rate"] == a["binary"]["precision"]
+    assert t["binary"]["base_rate_ci"] == a["binary"]["precision_ci"]
+    assert t["binary"]["precision"] == pytest.approx(a["binary"]["precision"], abs=1e-4)
+    assert "analogy judge's measured precision" in t["base_rate_source"]
     w = _stage(report, "write-queries")
-    assert w["kappa"] == 1.0 and w["fails_named"] == {"same": 4, "cases": 5}
+    assert w["kappa"] == 1.0 and w["fails_named"] == {"same": 9, "cases": 10}
     assert _stage(report, "dedup")["binary"]["false_per_100"] == 0.0
-    s = _stage(report, "strongest")  # 5 of 6; p_e = (2·3 + 2·2 + 2·1)/36
-    assert s["binary"] is None and s["agreement"] == pytest.approx(5 / 6, abs=1e-4)
-    assert s["kappa"] == pytest.approx((5 / 6 - 1 / 3) / (2 / 3), abs=1e-4)
+    s = _stage(report, "strongest")  # 11 of 12; p_e = (4·5 + 4·4 + 4·3)/144
+    assert s["binary"] is None and s["agreement"] == pytest.approx(11 / 12, abs=1e-4)
+    assert s["kappa"] == pytest.approx((11 / 12 - 1 / 3) / (2 / 3), abs=1e-4)
     p = _stage(report, "score-positives")  # off by one inside each band: the binary is perfect
     assert p["kappa"] == 1.0 and p["agreement"] == 0.0
     assert p["kappa_labels"] == pytest.approx(-0.25 / 0.75, abs=1e-4)
     n = _stage(report, "judge-negatives")  # always 0: every candidate kept as a negative
     assert n["kappa"] == 0.0 and n["binary"]["false_per_100"] == 10.0
+    assert "assumed" in n["base_rate_source"]
     assert all(x["invalid_rate"] == 0.0 for x in report["stages"])
 
 
 def test_the_gates_exit_2_naming_each_stage_below_its_bar(scripted_run):
+    """The gates read lower bounds: a constant judge's κ interval is [0, 0]; a perfect
+    reviewer clears both bars; the analogy judge's precision is low at its 9% base rate."""
     code, output, report = scripted_run
     assert code == 2
     said = " ".join(output.split())
-    assert (
-        "error: judge-check: judge-transfer κ 0.00; judge-negatives κ 0.00; judge-analogy "
-        "precision 0.33 below --min-kappa 0.5, --min-precision 0.5" in said
-    )
+    assert "error: judge-check: " in said and "below --min-kappa 0.5, --min-precision 0.5" in said
+    failing = said[said.index("error: judge-check: ") :]
+    for part in (
+        "judge-transfer κ lower bound 0.00",
+        "judge-negatives κ lower bound 0.00",
+        "judge-analogy precision lower bound",
+        "judge-transfer precision lower bound",
+    ):
+        assert part in failing, part
+    assert "write-queries" not in failing and "score-positives" not in failing
     assert report is not None  # the report is written first
 
 
@@ -607,8 +672,6 @@ def test_a_judge_that_answers_the_gold_gets_kappa_one_on_every_stage(tmp_path, g
         str(folder),
         "--min-kappa",
         "0.99",
-        "--min-precision",
-        "0.99",
     )
     assert code == 0, output
     assert [s["stage"] for s in report["stages"]] == list(JUDGE_STAGES)
@@ -648,8 +711,8 @@ def test_a_judge_that_always_passes_gets_the_kappa_of_a_constant_rater(tmp_path,
 
 
 def test_the_gold_report_needs_no_endpoint(tmp_path):
-    """The readers' agreement by hand: 10 write-queries cases, the second reader rejects two
-    the first accepts: p_o 0.8; first 5/5, second 3/7: p_e = (5·3 + 5·7)/100 = 0.5, κ 0.6."""
+    """The readers' agreement by hand: 11 write-queries cases, the second reader rejects two
+    the first accepts: p_o 9/11; first 6/5, second 4/7: p_e = (6·4 + 5·7)/121, κ = 40/62."""
     folder = tmp_path / "gold"
     folder.mkdir()
     lines = [
@@ -657,7 +720,6 @@ def test_the_gold_report_needs_no_endpoint(tmp_path):
         for i, lab in enumerate(["accept", "reject"] * 5)
     ]
     lines += [gold_case("write-queries", 10, "accept", synthetic=False)]
-    lines[10]["readings"] = lines[10]["readings"][:1]
     (folder / "write-queries.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     result = runner.invoke(
         app, ["judge-check", "--gold-report", "--gold", str(folder), "--stages", "write-queries"]
@@ -666,8 +728,8 @@ def test_the_gold_report_needs_no_endpoint(tmp_path):
     out = " ".join(result.output.split())
     assert "11 cases: 1 real, 10 synthetic" in out
     assert "classes accept 6, reject 5" in out
-    assert "readers κ 0.60" in out and "agreement 0.80" in out
-    assert "10 read twice, 2 adjudicated" in out
+    assert f"readers κ {40 / 62:.2f}" in out and f"agreement {9 / 11:.2f}" in out
+    assert "11 read twice, 2 adjudicated" in out
 
 
 def test_unknown_stage_is_one_line(tmp_path):
@@ -771,15 +833,28 @@ def test_the_gold_files_ship_as_package_data(tmp_path):
             rel = path.relative_to(ROOT).as_posix()
             assert rel in zf.namelist(), f"{rel} is not in {wheel.name}"
             assert zf.read(rel) == path.read_bytes(), rel
+        # the citation set's licence travels with the texts copied from it
+        assert "cpr_ray/judge_check/gold/LICENSE-CORE-MIT.txt" in zf.namelist()
 
 
 @pytest.mark.slow
-def test_the_embedded_placeholder_is_measured(tmp_path):
-    """Against the embedded llama-server (Gemma 3 270M base): any κ, but one is reported."""
-    code, output, report = _check(tmp_path, "--stages", "score-positives", "--limit", "2")
-    assert code == 0, output
+def test_the_embedded_placeholder_fails_the_gate_on_dedup(tmp_path):
+    """The embedded llama-server (Gemma 3 270M base) on a whole dedup stage (its shortest
+    answers) of the smallest gold a gate accepts, 10 same-problem and 10 different cases of the
+    shipped set: measured like any judge, and stopped by the κ gate on its lower bound."""
+    cases = [json.loads(line) for line in gold_path("dedup").read_text().splitlines()]
+    same = [c for c in cases if c["expected"]["same_problem"]][:10]
+    other = [c for c in cases if not c["expected"]["same_problem"]][:10]
+    folder = tmp_path / "gold"
+    folder.mkdir()
+    (folder / "dedup.jsonl").write_text("".join(json.dumps(c) + "\n" for c in same + other))
+    code, output, report = _check(
+        tmp_path, "--stages", "dedup", "--gold", str(folder), "--min-kappa", "0.6"
+    )
+    assert code == 2, output
     assert report["embedded_server"] and report["pins_ignored"]
     (s,) = report["stages"]
-    assert s["cases"] == 2
-    assert isinstance(s["kappa"], float) and isinstance(s["invalid_rate"], float)
-    assert "κ" in output and "embedded placeholder" in " ".join(output.split())
+    assert s["cases"] == 20 and s["kappa_ci"][0] < 0.6
+    said = " ".join(output.split())
+    assert f"dedup κ lower bound {s['kappa_ci'][0]:.2f}" in said
+    assert "embedded placeholder" in said

@@ -28,6 +28,7 @@ from cpr_ray.judge_check.gold import (
     EXCLUSIONS,
     JUDGE_STAGES,
     LABELS,
+    NOT_TAKEN,
     GoldCase,
     build_stage,
     gold_path,
@@ -36,8 +37,22 @@ from cpr_ray.judge_check.gold import (
     select,
 )
 from cpr_ray.judge_check.gold_report import gold_summary
-from cpr_ray.judge_check.metrics import agreement, binary_report, bootstrap, cohen_kappa, confusion
-from cpr_ray.judge_check.projection import Measured, project_build, volumes, volumes_from_root
+from cpr_ray.judge_check.metrics import (
+    BaseRate,
+    agreement,
+    binary_report,
+    bootstrap,
+    cohen_kappa,
+    confusion,
+)
+from cpr_ray.judge_check.projection import (
+    PASS_RATES,
+    Measured,
+    Volumes,
+    project_build,
+    volumes,
+    volumes_from_root,
+)
 from cpr_ray.judge_check.tasks import judged_label, make_task
 from cpr_ray.llm.client import LLMClient, Usage, probe_endpoint
 from cpr_ray.llm.task import LLMTask
@@ -63,6 +78,7 @@ class CaseResult:
     exclusions: list[str] | None = None  # what the analogy judge named, where it names any
     expected_fails: list[str] | None = None  # write-queries: the review booleans the gold fails
     fails: list[str] | None = None  # and those the reviewer answered false
+    purpose: str | None = None  # the citation set's purpose label of a real case (never asked)
 
 
 async def _ask_all(
@@ -155,6 +171,7 @@ def run_stage(
             exclusions=None if named is None else (named[i] or []),
             expected_fails=None if case.fails is None else list(case.fails),
             fails=None if fails is None else fails[i],
+            purpose=case.purpose,
         )
         for i, (case, label, (_, status, error, usage, seconds)) in enumerate(
             zip(cases, labels, answers, strict=True)
@@ -162,11 +179,16 @@ def run_stage(
     ]
 
 
-def measure(stage: str, results: Sequence[CaseResult], base_rate: float | None) -> dict[str, Any]:
-    """One stage's figures: the binary the method reports (κ with its interval, sensitivity,
-    specificity, precision at `base_rate`), agreement and κ over every label, the invalid rate
-    and the per-answer means. `kappa` is the headline `--min-kappa` gates: the binary's, and for
-    `strongest` (whose label is an index) the κ over the index."""
+# the passing label the purpose-label block counts, per stage it applies to
+OBSERVED: dict[str, str] = {"judge-analogy": "observed_analogy", "judge-transfer": "transfer"}
+
+
+def measure(stage: str, results: Sequence[CaseResult], rate: BaseRate | None) -> dict[str, Any]:
+    """One stage's figures: the binary the method reports (κ with its interval, sensitivity and
+    specificity with exact intervals, precision at the stage's base rate), agreement and κ over
+    every label, the invalid rate and the per-answer means. `kappa` is the headline the κ gate
+    reads (its interval's lower bound): the binary's, and for `strongest` (whose label is an
+    index) the κ over the index. ValueError when a build's pass share cannot be corrected."""
     gold = [r.expected for r in results]
     got = [r.got for r in results]
     n = len(results)
@@ -174,9 +196,7 @@ def measure(stage: str, results: Sequence[CaseResult], base_rate: float | None) 
     unusable = sum(g is None for g in got)
     binary = None
     if stage != "strongest":
-        binary = binary_report(
-            [kept(stage, g) for g in gold], [kept(stage, g) for g in got], base_rate
-        )
+        binary = binary_report([kept(stage, g) for g in gold], [kept(stage, g) for g in got], rate)
         headline, ci = binary["kappa"], binary["kappa_ci"]
     else:
 
@@ -222,6 +242,8 @@ def measure(stage: str, results: Sequence[CaseResult], base_rate: float | None) 
             }
         else:
             out["exclusions_named"] = None  # this judge's answer names no exclusions
+    if stage in OBSERVED:
+        out["observed_on_not_taken"] = observed_on_not_taken(stage, results)
     if stage == "write-queries":
         both = [r for r in results if r.expected == "reject" and r.got == "reject"]
         out["fails_named"] = {
@@ -231,10 +253,110 @@ def measure(stage: str, results: Sequence[CaseResult], base_rate: float | None) 
     return out
 
 
+def observed_on_not_taken(stage: str, results: Sequence[CaseResult]) -> dict[str, Any] | None:
+    """How the judge's passes as observed fall on citations whose human purpose label says q
+    took nothing from d (background, comparison, future work): each such pass is one the citing
+    sentence contradicts. None when the sample holds no labelled citation."""
+    labelled = [r for r in results if r.purpose is not None]
+    if not labelled:
+        return None
+    not_taken = [r for r in labelled if r.purpose in NOT_TAKEN]
+    passed = [r for r in labelled if r.got == OBSERVED[stage]]
+    return {
+        "passed": sum(r.purpose in NOT_TAKEN for r in passed),  # N
+        "citations": len(not_taken),  # M
+        "gold_passed": sum(r.expected == OBSERVED[stage] for r in not_taken),
+        "passed_labelled": len(passed),
+        "by_purpose": dict(sorted(Counter(r.purpose for r in passed).items())),
+    }
+
+
 def without_pins(llm: LLMConfig) -> LLMConfig:
     """`llm` with every stage's pins dropped: a pinned judge's agreement would measure the pin."""
     stages = {k: v.model_copy(update={"pin": {}}) for k, v in llm.stages.items()}
     return llm.model_copy(update={"stages": stages})
+
+
+MIN_SIDE = 10  # cases a gated binary needs on each side, or its interval says nothing
+
+
+def degenerate_gates(cases: dict[str, Sequence[GoldCase]], limit: int | None) -> str | None:
+    """Why a gate over these cases would mean nothing (None: it means something): a sample
+    (`--limit`) measures the sample, and a stage with too few cases on one side of its gated
+    label can be passed by a judge that answers one class (κ is even defined as 1.0 on one)."""
+    if limit is not None:
+        return (
+            "a gate (--min-kappa, --min-precision) is refused with --limit: a sample can be "
+            "passed by a judge that answers its majority class; drop --limit to gate"
+        )
+    for stage, stage_cases in cases.items():
+        if stage == "strongest":
+            if len({c.label for c in stage_cases}) < 2:
+                return f"{stage}: its gold holds one index only; a gate on it means nothing"
+            continue
+        passes = sum(bool(kept(stage, c.label)) for c in stage_cases)
+        rest = len(stage_cases) - passes
+        if min(passes, rest) < MIN_SIDE:
+            return (
+                f"{stage}: its gold holds {passes} passing and {rest} other case(s); a gate "
+                f"needs {MIN_SIDE} on each side (a one-class judge would pass it)"
+            )
+    return None
+
+
+def ledger_models(storage: Storage, stage: str) -> set[str]:
+    """The models a build's ledger names for a stage's answers."""
+    from cpr_ray.compaction import read_parts
+    from cpr_ray.llm.ledger import LEDGER, ledger_uri
+
+    table = read_parts(storage, ledger_uri(storage, stage), LEDGER)
+    return {m for m in table["model"].to_pylist() if m}
+
+
+def base_rates(
+    vol: Volumes, stages: Sequence[str], llm: LLMConfig, storage: Storage | None
+) -> dict[str, BaseRate]:
+    """Each stage's base rate before measuring: a build's observed pass share (corrected later
+    with the gold's sensitivity and specificity) under `--root`, else the named assumption.
+    A build whose ledger names another model than the one measured is refused: its pass share
+    says nothing about this judge's errors."""
+    out: dict[str, BaseRate] = {}
+    for stage in stages:
+        if stage == "strongest":
+            continue
+        observed = vol.observed.get(stage)
+        if observed is not None and storage is not None:
+            model = llm.for_stage(build_stage(stage))[0]
+            others = ledger_models(storage, build_stage(stage)) - {model}
+            if others:
+                raise UserError(
+                    f"--root: the build's {stage} answers come from {', '.join(sorted(others))}, "
+                    f"not {model}: its pass share cannot be corrected with this judge's "
+                    "sensitivity and specificity (Rogan–Gladen refused)"
+                )
+            passed, judged = observed
+            out[stage] = BaseRate(
+                f"{storage.root} {stage}: {passed:,} of {judged:,} passed, corrected "
+                "(Rogan–Gladen) with the gold's sensitivity and specificity",
+                observed=observed,
+            )
+        else:
+            value, source = PASS_RATES[stage]
+            out[stage] = BaseRate(f"assumed: {source}", value=value)
+    return out
+
+
+def analogy_precision_rate(analogy: dict[str, Any]) -> BaseRate | None:
+    """The verifier's base rate: what reaches it is what the analogy judge passed, so the share
+    that deserves to pass is that judge's measured precision (None when it has none)."""
+    b = analogy["binary"]
+    if b is None or b["precision"] is None or b["precision_ci"] is None:
+        return None
+    return BaseRate(
+        "the analogy judge's measured precision (the verifier sees what it passed)",
+        value=b["precision"],
+        ci=tuple(b["precision_ci"]),
+    )
 
 
 def check_judges(
@@ -245,16 +367,23 @@ def check_judges(
     root: str | None = None,
     pins_ignored: Sequence[str] | None = None,
     gold: Path | None = None,
+    gated: bool = False,
 ) -> dict[str, Any]:
     """Measure each stage's judge on its gold cases and project a full build; the report as a
     dict (what `--out` writes). Starts the embedded local judge when no endpoint is configured.
     `pins_ignored`: the stages whose pins were dropped as the config loaded (the config's own
     pins, which are dropped here, are added to them). `gold`: a folder of STAGE.jsonl files
-    instead of the shipped set."""
+    instead of the shipped set. `gated`: a gate will read the report, so a degenerate one is
+    refused first, before any request."""
     from cpr_ray.llm.local_server import local_server
 
     loaded = {s: load_gold(s, gold_path(s, gold)) for s in stages}  # a bad file stops first
     cases = {s: select(c, limit) for s, c in loaded.items()}
+    if gated:
+        refused = degenerate_gates(cases, limit)
+        if refused:
+            raise UserError(f"judge-check: {refused}")
+    storage = None
     if root:
         storage = Storage(cfg.storage.model_copy(update={"root": root}))
         vol = volumes_from_root(cfg.dataset, storage)
@@ -262,6 +391,7 @@ def check_judges(
         vol = volumes(cfg.dataset)
     pinned = sorted({*(pins_ignored or ()), *(s for s, o in cfg.llm.stages.items() if o.pin)})
     llm = without_pins(cfg.llm)
+    rates = base_rates(vol, stages, llm, storage)
     embedded = not llm.base_url
     results: dict[str, list[CaseResult]] = {}
     if embedded:
@@ -274,13 +404,21 @@ def check_judges(
             results[stage] = run_stage(stage, cases[stage], llm, llm.base_url)
     report_stages = []
     for stage in stages:
-        rate = vol.rates.get(stage)
-        measured = measure(stage, results[stage], None if rate is None else rate[0])
+        if (
+            stage == "judge-transfer"
+            and report_stages
+            and report_stages[0]["stage"] == ("judge-analogy")
+        ):
+            rates[stage] = analogy_precision_rate(report_stages[0]) or rates[stage]
+        try:
+            measured = measure(stage, results[stage], rates.get(stage))
+        except ValueError as exc:
+            raise UserError(f"judge-check: {stage}: {exc}") from None
         report_stages.append(
             {
                 "stage": stage,
                 "model": llm.for_stage(build_stage(stage))[0],
-                "base_rate_source": None if rate is None else rate[1],
+                "base_rate_source": None if stage not in rates else rates[stage].source,
                 **measured,
                 "gold": gold_summary(stage, loaded[stage]),
                 "results": [asdict(r) for r in results[stage]],
@@ -299,19 +437,28 @@ def check_judges(
 
 
 def below(report: dict[str, Any], min_kappa: float) -> list[str]:
-    """'STAGE κ K' for every stage whose headline κ is under `min_kappa`."""
-    return [f"{s['stage']} κ {s['kappa']:.2f}" for s in report["stages"] if s["kappa"] < min_kappa]
+    """'STAGE κ lower bound K' for every stage whose κ interval's lower bound is under
+    `min_kappa`: a point estimate on a few cases is passed by luck as often as not."""
+    out = []
+    for s in report["stages"]:
+        ci = s["kappa_ci"]
+        if ci is None or ci[0] < min_kappa:
+            out.append(f"{s['stage']} κ lower bound {'n/a' if ci is None else f'{ci[0]:.2f}'}")
+    return out
 
 
 def below_precision(report: dict[str, Any], min_precision: float) -> list[str]:
-    """'STAGE precision P' for every stage whose precision at its base rate is under
-    `min_precision` (or unknown: a judge that passed nothing cannot show it)."""
+    """'STAGE precision lower bound P' for every stage whose precision interval's lower bound at
+    its base rate is under `min_precision` (or unknown: a judge that passed nothing cannot show
+    it). Where the base rate itself exceeds the bar, a judge that passes everything clears it:
+    the κ gate is what stops that judge."""
     out = []
     for s in report["stages"]:
         binary = s["binary"]
         if binary is None:
             continue
-        ppv = binary["precision"]
-        if ppv is None or ppv < min_precision:
-            out.append(f"{s['stage']} precision {'n/a' if ppv is None else f'{ppv:.2f}'}")
+        ci = binary["precision_ci"]
+        if binary["precision"] is None or ci is None or ci[0] < min_precision:
+            low = "n/a" if ci is None or binary["precision"] is None else f"{ci[0]:.2f}"
+            out.append(f"{s['stage']} precision lower bound {low}")
     return out

@@ -74,8 +74,9 @@ def judge_check_command(
         typer.Option(
             "--root",
             help="A build (path or s3://…) whose mined pairs and published stages size the "
-            "projection and give each judge's base rate; default: the method at full scale "
-            "(benchmarks/SCALE.md).",
+            "projection and give each judge's base rate (its pass share, corrected with the "
+            "gold's sensitivity and specificity); default: the method at full scale "
+            "(benchmarks/SCALE.md) and the assumed base rates.",
         ),
     ] = None,
     limit: Annotated[
@@ -86,7 +87,9 @@ def judge_check_command(
         float | None,
         typer.Option(
             "--min-kappa",
-            help="Exit 2 when any stage's binarised κ (strongest: κ over the index) is below this.",
+            help="Exit 2 when any stage's binarised κ (strongest: κ over the index) has the lower "
+            "bound of its 95% interval below this. Refused with --limit or a gold with under 10 "
+            "cases on either side of a stage's binary.",
         ),
     ] = None,
     min_precision: Annotated[
@@ -96,7 +99,8 @@ def judge_check_command(
             min=0.0,
             max=1.0,
             help="Exit 2 when any judge's precision at its base rate (the share of the rows it "
-            "passes in a build that deserve to pass) is below this.",
+            "passes in a build that deserve to pass) has the lower bound of its interval below "
+            "this.",
         ),
     ] = None,
     gold: Annotated[
@@ -132,7 +136,10 @@ def judge_check_command(
             print_gold_report(names, gold)
             return
         cfg, pinned = judge_config(config, profile, [*overrides, *(set_ or [])])
-        report = check_judges(cfg, names, limit=limit, root=root, pins_ignored=pinned, gold=gold)
+        gated = min_kappa is not None or min_precision is not None
+        report = check_judges(
+            cfg, names, limit=limit, root=root, pins_ignored=pinned, gold=gold, gated=gated
+        )
     except UserError as exc:
         fail(exc)
     for line in report_lines(report):

@@ -91,8 +91,28 @@ CASE_KEYS = frozenset(
         "exclusion",
         "readings",
         "adjudication",
+        "purpose",
+        "topics",
+        "citing_sentence",
     }
 )
+# the stages whose input holds citing sentences: each case says whether its sentences are real
+# (a paper's own, as a build sends them), invented, or absent (a pair a build no longer judges)
+CONTEXT_STAGES: tuple[str, ...] = ("judge-analogy", "judge-transfer", "write-queries")
+CITING_SENTENCES: tuple[str, ...] = ("real", "invented", "none")
+# the citation set's human label of a citation's purpose (reference/citation-contexts): kept on
+# the case, never shown to the judge; the first three say q took nothing from d
+PURPOSES: tuple[str, ...] = (
+    "BACKGROUND",
+    "COMPARES_CONTRASTS",
+    "EXTENSION",
+    "FUTURE",
+    "MOTIVATION",
+    "USES",
+)
+NOT_TAKEN: tuple[str, ...] = ("BACKGROUND", "COMPARES_CONTRASTS", "FUTURE")
+TOPIC_KEYS = ("q_field", "q_topic", "d_field", "d_topic")
+CITATION_KEYS = ("unique_id", "core_id")
 READING_KEYS = frozenset({"reader", "expected", "exclusion", "why"})
 READERS = ("first", "second")
 PATH_KEYS = ("from_d", "through_mappings", "helps_q")
@@ -152,10 +172,14 @@ class GoldCase:
     source: str  # FILE:LINE, for messages
     rule: str = ""
     synthetic: bool = True
-    sources: tuple[int, ...] = ()
+    sources: tuple[int, ...] = ()  # S2 corpus ids, for a case taken from the bundled sample
     readings: tuple[Reading, ...] = ()
     adjudication: str | None = None
     fails: tuple[str, ...] | None = None  # write-queries: the review booleans that are false
+    citation: dict[str, str] | None = None  # the citation set's unique_id and core_id
+    purpose: str | None = None  # the citation set's purpose label (never shown to the judge)
+    topics: dict[str, Any] | None = None  # hand-assigned field and topic of each paper
+    citing_sentence: str | None = None  # CONTEXT_STAGES: real, invented or none
 
 
 def key_columns(stage: str) -> tuple[str, ...]:
@@ -216,7 +240,7 @@ def _case(stage: str, raw: Any, columns: Sequence[str], where: str) -> GoldCase:
     for key in ("input", "expected"):
         if not isinstance(raw.get(key), dict):
             raise ValueError(f"{key!r} must be an object")
-    synthetic, sources = _provenance(raw)
+    synthetic, sources, citation = _provenance(raw)
     row = raw["input"]
     missing = [c for c in columns if c not in row]
     if missing:
@@ -230,7 +254,11 @@ def _case(stage: str, raw: Any, columns: Sequence[str], where: str) -> GoldCase:
     label, fails = _label(stage, raw["expected"], row)
     exclusion = _exclusion(stage, label, raw.get("exclusion"), "")
     readings = _readings(stage, raw.get("readings"), row)
-    _adjudicated(raw, (label, exclusion, fails), readings)
+    purpose, topics = _citation_fields(raw, citation)
+    _adjudicated(
+        raw, (label, exclusion, fails), readings, observed_on_not_taken(stage, label, purpose)
+    )
+    citing = _citing_sentence(stage, raw, row, synthetic)
     return GoldCase(
         stage,
         raw["id"],
@@ -246,22 +274,86 @@ def _case(stage: str, raw: Any, columns: Sequence[str], where: str) -> GoldCase:
         readings=readings,
         adjudication=raw.get("adjudication"),
         fails=fails,
+        citation=citation,
+        purpose=purpose,
+        topics=topics,
+        citing_sentence=citing,
     )
 
 
-def _provenance(raw: dict[str, Any]) -> tuple[bool, tuple[int, ...]]:
-    """`synthetic` and `sources`: a real case names the corpus ids its text comes from."""
+def _provenance(raw: dict[str, Any]) -> tuple[bool, tuple[int, ...], dict[str, str] | None]:
+    """`synthetic` and `sources`: a real case names where its text comes from, either the S2
+    corpus ids of the bundled sample (a list) or the citation set's citation and citing paper
+    (`{"unique_id": ..., "core_id": ...}`)."""
     synthetic = raw.get("synthetic")
     if not isinstance(synthetic, bool):
         raise ValueError("'synthetic' must be true (invented text) or false (real text)")
     sources = raw.get("sources")
+    if isinstance(sources, dict):
+        if set(sources) != set(CITATION_KEYS) or not all(
+            isinstance(v, str) and v for v in sources.values()
+        ):
+            raise ValueError("'sources' of a citation-set case must be {unique_id, core_id}")
+        if synthetic:
+            raise ValueError("a case from the citation set is real text: synthetic false")
+        return synthetic, (), dict(sources)
     if not isinstance(sources, list) or not all(
         isinstance(s, int) and not isinstance(s, bool) for s in sources
     ):
-        raise ValueError("'sources' must be a list of S2 corpus ids (integers)")
+        raise ValueError(
+            "'sources' must be a list of S2 corpus ids (integers) or {unique_id, core_id}"
+        )
     if not synthetic and not sources:
         raise ValueError("a real case (synthetic false) must name its 'sources' (corpus ids)")
-    return synthetic, tuple(sources)
+    return synthetic, tuple(sources), None
+
+
+def _citation_fields(
+    raw: dict[str, Any], citation: dict[str, str] | None
+) -> tuple[str | None, dict[str, Any] | None]:
+    """A citation-set case keeps the citation's purpose label and each paper's hand-assigned
+    field and topic; its topics differ (a build judges only topic-disjoint pairs)."""
+    purpose, topics = raw.get("purpose"), raw.get("topics")
+    if citation is None:
+        if purpose is not None or topics is not None:
+            raise ValueError("'purpose' and 'topics' belong to cases from the citation set")
+        return None, None
+    if purpose not in PURPOSES:
+        raise ValueError(f"'purpose' must be one of {', '.join(PURPOSES)}")
+    if not isinstance(topics, dict) or set(topics) - {"adjudication"} != {
+        *TOPIC_KEYS,
+        "cross_field",
+    }:
+        raise ValueError(
+            f"'topics' must be an object of {', '.join(TOPIC_KEYS)}, cross_field (and an "
+            "adjudication where the readers disagreed on them)"
+        )
+    for key in TOPIC_KEYS:
+        _text(topics, key, "topics.")
+    if topics["q_topic"] == topics["d_topic"]:
+        raise ValueError("the two papers share a topic: a build judges only topic-disjoint pairs")
+    if topics["cross_field"] is not (topics["q_field"] != topics["d_field"]):
+        raise ValueError("topics.cross_field must say whether the two fields differ")
+    return purpose, dict(topics)
+
+
+def _citing_sentence(
+    stage: str, raw: dict[str, Any], row: dict[str, Any], synthetic: bool
+) -> str | None:
+    """Where a stage reads citing sentences, the case says what they are: real, invented, or
+    none (the input holds none)."""
+    value = raw.get("citing_sentence")
+    if stage not in CONTEXT_STAGES:
+        if value is not None:
+            raise ValueError(f"'citing_sentence' belongs to {', '.join(CONTEXT_STAGES)} cases")
+        return None
+    if value not in CITING_SENTENCES:
+        raise ValueError(f"'citing_sentence' must be one of {', '.join(CITING_SENTENCES)}")
+    if (value == "none") != (not row["contexts"]):
+        raise ValueError("'citing_sentence' is none exactly when the input holds no contexts")
+    if value == "real" and synthetic:
+        raise ValueError("a synthetic case has no real citing sentence")
+    return value
 
 
 def _exclusion(stage: str, label: Any, exclusion: Any, where: str) -> str | None:
@@ -278,9 +370,9 @@ def _exclusion(stage: str, label: Any, exclusion: Any, where: str) -> str | None
 
 
 def _readings(stage: str, value: Any, row: dict[str, Any]) -> tuple[Reading, ...]:
-    """One reading (until the second reader's) or two, first then second."""
-    if not isinstance(value, list) or len(value) not in (1, 2):
-        raise ValueError("'readings' must be a list of 1 or 2 readings (first, then second)")
+    """Two readings, first then second (the second blind to the first)."""
+    if not isinstance(value, list) or len(value) != len(READERS):
+        raise ValueError("'readings' must be a list of 2 readings (first, then second)")
     readings = []
     for i, reading in enumerate(value):
         where = f"readings[{i}]: "
@@ -303,19 +395,32 @@ def _readings(stage: str, value: Any, row: dict[str, Any]) -> tuple[Reading, ...
     return tuple(readings)
 
 
-def _adjudicated(raw: dict[str, Any], final: tuple[Any, ...], readings: Sequence[Reading]) -> None:
+def observed_on_not_taken(stage: str, label: Any, purpose: str | None) -> bool:
+    """A pass as observed on a citation its purpose label says q took nothing from (background,
+    comparison, future work): the citing sentence contradicts it, so it is worth a second look."""
+    passing = {"judge-analogy": "observed_analogy", "judge-transfer": "transfer"}.get(stage)
+    return passing is not None and label == passing and purpose in NOT_TAKEN
+
+
+def _adjudicated(
+    raw: dict[str, Any], final: tuple[Any, ...], readings: Sequence[Reading], contradicted: bool
+) -> None:
     """`expected` is the readings' label when they agree, and an adjudication's when not: the
     adjudicator may side with either reading or find a third label the texts support, and the
-    sentence that says why is the record of it."""
+    sentence that says why is the record of it. A pass as observed on a citation labelled
+    background, comparison or future work needs that sentence even when the readings agree."""
     labels = [(r.label, r.exclusion, r.fails) for r in readings]
     adjudication = raw.get("adjudication")
-    if len(set(labels)) > 1:
-        if not isinstance(adjudication, str) or not adjudication.strip():
+    said = isinstance(adjudication, str) and bool(adjudication.strip())
+    if len(set(labels)) > 1 or contradicted:
+        if not said:
             raise ValueError(
-                "the two readings differ: 'adjudication' must say in one sentence which wins"
+                "the two readings differ, or the case passes a citation labelled background, "
+                "comparison or future work: 'adjudication' must say in one sentence why"
             )
-        return
-    if adjudication is not None:
+        if len(set(labels)) > 1:
+            return
+    elif adjudication is not None:
         raise ValueError("'adjudication' belongs only to a case whose two readings differ")
     if final != labels[0]:
         raise ValueError(

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from cpr_ray.judge_check.gold import GoldCase, kept
+from cpr_ray.judge_check.gold import CITING_SENTENCES, CONTEXT_STAGES, GoldCase, kept
 from cpr_ray.judge_check.metrics import agreement, bootstrap, cohen_kappa, one_miss_step
 
 ONE_MISS_BAR = 0.05  # the bar: one miss moves the binarised κ by at most this
@@ -30,6 +30,13 @@ def gold_summary(stage: str, cases: Sequence[GoldCase]) -> dict[str, Any]:
         "classes": {str(k): v for k, v in sorted(Counter(labels).items(), key=str)},
         "passes": sum(bool(b) for b in binary) if has_binary else None,
         "one_miss_kappa_step": one_miss_step(binary if has_binary else labels),
+        # the stages that read citing sentences: real ones (what a build sends), invented, and
+        # none (a marked minority a build no longer judges), counted apart
+        "citing_sentences": (
+            {k: sum(c.citing_sentence == k for c in cases) for k in CITING_SENTENCES}
+            if stage in CONTEXT_STAGES
+            else None
+        ),
         "read_twice": len(twice),
         "adjudicated": sum(c.adjudication is not None for c in cases),
         "readings": None,
@@ -68,6 +75,12 @@ def gold_lines(stage: str, summary: dict[str, Any]) -> list[str]:
     ]
     if s["passes"] is not None:
         lines.append(f"              {s['passes']} pass, {s['cases'] - s['passes']} not")
+    said = s.get("citing_sentences")
+    if said is not None:
+        lines.append(
+            f"  sentences   {said['real']} real, {said['invented']} invented, "
+            f"{said['none']} without a citing sentence"
+        )
     step = s["one_miss_kappa_step"]
     flag = "" if step <= ONE_MISS_BAR else f" (over {ONE_MISS_BAR}: too few cases)"
     lines.append(f"  one miss    moves κ by {step:.3f}{flag}")

@@ -30,7 +30,7 @@ projected to a full build's rows per group by benchmarks/prompt_prefix.py) at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cpr_ray.config import Config, DatasetConfig, LLMConfig
@@ -80,9 +80,9 @@ LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
 # benchmarks/SCALE.md). write-queries: its review's, for all three calls; synthesis: not
 # measured, so no discount.
 PREFIX_SHARES: dict[str, float] = {
-    "judge-analogy": 0.821,
-    "judge-transfer": 0.473,
-    "write-queries": 0.640,
+    "judge-analogy": 0.793,
+    "judge-transfer": 0.480,
+    "write-queries": 0.618,
     "dedup": 0.869,
     "strongest": 0.118,
     "score-positives": 0.369,
@@ -110,6 +110,9 @@ class Volumes:
     rows: dict[str, int]
     rates: dict[str, tuple[float, str]]
     source: str
+    # per published judged stage of a build: (rows it passed, rows it judged), the observed pass
+    # share its base rate is corrected from (dedup: same-problem links of its comparisons)
+    observed: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def attempts(accept_rate: float) -> float:
@@ -172,14 +175,20 @@ def volumes_from_root(ds: DatasetConfig, storage: Storage) -> Volumes:
         raise StorageError(f"{storage.root}: the mine manifest records no pairs table") from None
     judged: dict[str, int] = {}
     rates: dict[str, tuple[float, str]] = {}
+    observed: dict[str, tuple[int, int]] = {}
     for stage in PASS_RATES:
         stats = (read_manifest(storage, stage) or {}).get("stats") or {}
         if stats.get("rows_in"):
             judged[stage] = int(stats["rows_in"])
             rates[stage] = (float(stats["rows_out"]) / judged[stage], f"{storage.root} {stage}")
+            observed[stage] = (int(stats["rows_out"]), judged[stage])
+        if stage == "dedup" and stats.get("comparisons"):
+            # the gated binary is "same problem" per comparison, not the share of queries kept
+            observed[stage] = (int(stats.get("same_problem_links") or 0), int(stats["comparisons"]))
     published = f"; the rows and pass rates of {', '.join(judged)}" if judged else ""
     source = f"{pairs:,} mined pairs of {storage.root}{published}"
-    return volumes(ds, pairs, rates=rates, judged=judged, source=source)
+    vol = volumes(ds, pairs, rates=rates, judged=judged, source=source)
+    return Volumes(vol.rows, vol.rates, vol.source, observed)
 
 
 def per_row(

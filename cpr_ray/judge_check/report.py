@@ -67,12 +67,12 @@ def stage_lines(s: dict[str, Any]) -> list[str]:
     if b is None:  # strongest: the label is an index
         lines.append(
             f"  index       κ {s['kappa']:.2f}{_ci(s['kappa_ci'])}, accuracy "
-            f"{s['agreement']:.2f} (gated)"
+            f"{s['agreement']:.2f} (gated: lower bound)"
         )
     else:
         lines.append(
             f"  pass/not    κ {b['kappa']:.2f}{_ci(b['kappa_ci'])}, agreement "
-            f"{b['agreement']:.2f} (gated)"
+            f"{b['agreement']:.2f} (gated: lower bound)"
         )
         n_labels = len(s["labels"]["gold"])
         lines.append(
@@ -80,6 +80,7 @@ def stage_lines(s: dict[str, Any]) -> list[str]:
             f"({n_labels} labels)"
         )
         lines += _precision_lines(s["stage"], b, s["base_rate_source"])
+        lines += _observed_lines(s.get("observed_on_not_taken"))
     lines.append(
         f"  invalid     {s['invalid_rate']:.0%} ({s['invalid']} invalid, {s['failed']} failed)"
     )
@@ -104,23 +105,47 @@ def stage_lines(s: dict[str, Any]) -> list[str]:
 
 def _precision_lines(stage: str, b: dict[str, Any], source: str | None) -> list[str]:
     sens, spec = _num(b["sensitivity"], 2), _num(b["specificity"], 2)
-    lines = [f"  sens/spec   {sens} / {spec}"]
+    lines = [f"  sens/spec   {sens}{_ci(b['sensitivity_ci'])} / {spec}{_ci(b['specificity_ci'])}"]
     if b["base_rate"] is None:
         return lines
     rate = f"{b['base_rate']:.0%}"
+    rate_ci = b["base_rate_ci"]
+    if rate_ci and rate_ci[0] != rate_ci[1]:
+        rate += f" [{rate_ci[0]:.0%}, {rate_ci[1]:.0%}]"
     if b["false_per_100"] is None:
         lines.append(f"  precision   n/a at base rate {rate}: it passed no case")
-        return lines
-    ci = b["false_per_100_ci"]
-    interval = "" if ci is None else f" [{ci[0]:.0f}, {ci[1]:.0f}]"
-    lines.append(f"  precision   {b['precision']:.2f}{_ci(b['precision_ci'])} at base rate {rate}")
-    lines.append(
-        f"              of every 100 rows it passes in a build, about "
-        f"{b['false_per_100']:.0f}{interval}"
-    )
-    lines.append("              would be false passes")
+    else:
+        ci = b["false_per_100_ci"]
+        interval = "" if ci is None else f" [{ci[0]:.0f}, {ci[1]:.0f}]"
+        lines.append(
+            f"  precision   {b['precision']:.2f}{_ci(b['precision_ci'])} (gated: lower bound)"
+        )
+        lines.append(f"              at base rate {rate}; of every 100 rows it passes")
+        lines.append(
+            f"              in a build, about {b['false_per_100']:.0f}{interval} would be false"
+        )
+    if b["observed_pass_share"] is not None:
+        lines.append(
+            f"              (the build passed {b['observed_pass_share']:.0%}; corrected: {rate})"
+        )
     if source:
         lines += wrap(f"base rate: {source}", INDENT)
+    return lines
+
+
+def _observed_lines(block: dict[str, Any] | None) -> list[str]:
+    """The purpose-label block: passes as observed on citations a human labelled background,
+    comparison or future work (a label nobody on this project wrote)."""
+    if block is None:
+        return []
+    lines = [
+        f"  purpose     observed on background citations: {block['passed']} of {block['citations']}"
+    ]
+    lines += wrap(
+        f"(citations labelled BACKGROUND, COMPARES_CONTRASTS or FUTURE by the citation set; the "
+        f"gold passes {block['gold_passed']} of them)",
+        INDENT,
+    )
     return lines
 
 

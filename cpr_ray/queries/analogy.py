@@ -39,32 +39,28 @@ NOT_SAME_PROBLEM = tuple(t for t in get_args(TransferType) if t != "same_problem
 Decision = Literal["observed_analogy", "potential_analogy", "not_analogy"]
 PASSING: tuple[Decision, ...] = ("observed_analogy", "potential_analogy")
 
-# The method's "reject before accepting" list past the same-problem test, in the order the answer
-# writes it: map, then falsify. The first four need no mapping to be seen, so one set ends the
-# judgment before anything is mapped (nothing mapped, nothing holds, not_analogy); the last three
-# judge the mappings, relations and path the answer has just written, so one set keeps them on
-# record and decides not_analogy (nothing holds).
+# What rules a pair out once the answer has mapped it, in the order the answer tests them: each
+# one is a way the mappings, relations and path just written fail to carry anything over. One
+# set decides not_analogy, and the stored record drops the mappings and relations
+# (`analogy_record`): the model wrote them before it tried to break them, and nothing later may
+# read a falsified correspondence as if it held.
 EXCLUSIONS: dict[str, str] = {
-    "background_only": "Q cites D only as background: narrative or motivation, a contrast with "
-    "its own work, or evidence for a statement",
-    "tool_or_data_as_is": "Q takes a tool, dataset, benchmark, pretrained resource, measuring "
-    "instrument or lookup source from D and uses it as it is (an adaptation counts only where "
-    "the mappings carry it)",
-    "terminology_only": "Q borrows D's terminology or metaphor without a correspondence of "
-    "relations",
-    "surface_similarity": "the papers only look alike on the surface (both involve networks)",
-    "unsupported_possibility": "the mappings make a link possible, but the texts do not back it",
-    "off_goal_mapping": "the mappings hold, but what they carry does not serve Q's goal",
-    "adoption_without_transfer": "Q adopts something of D without carrying any of the mapped "
-    "relations over",
+    "background_only": "what you mapped only frames Q's story: D is cited for context, "
+    "motivation, a contrast with Q's own work or evidence for a claim, and nothing of D's "
+    "moves through the mappings (a component, measure or resource of D that Q reshapes through "
+    "them is not background)",
+    "tool_or_data_as_is": "what you mapped is a tool, dataset, benchmark, pretrained resource, "
+    "measuring instrument or lookup source of D that Q runs unchanged; a change to it counts "
+    "only where your mappings carry that change",
+    "terminology_only": "the mappings pair words or a metaphor Q borrows from D, with no "
+    "relation holding on both sides",
+    "surface_similarity": "the mappings pair things that only look alike (both involve "
+    "networks), not objects in the same role",
+    "unsupported_possibility": "the mappings make a link conceivable, but the texts do not back it",
+    "off_goal_mapping": "the objects pair up, but what the pairing carries does nothing for "
+    "Q's goal",
+    "adoption_without_transfer": "Q takes something of D without carrying any mapped relation over",
 }
-PRE_MAPPING: tuple[str, ...] = (
-    "background_only",
-    "tool_or_data_as_is",
-    "terminology_only",
-    "surface_similarity",
-)
-POST_MAPPING: tuple[str, ...] = tuple(e for e in EXCLUSIONS if e not in PRE_MAPPING)
 
 
 OBJECT_CHARS = 80
@@ -162,22 +158,22 @@ def _exclusion_field(why: str) -> Any:
 
 
 class AnalogyJudgment(_Answer):
-    """Fields in the order the method works (map, then falsify): same problem and the exclusions
-    that need no mapping; the mappings, relations and what would carry over; the exclusions that
-    judge them; then structure, transfer and the decision."""
+    """Fields in the order the method works: same problem (which alone leaves nothing to map);
+    the mappings, relations, transfer type and path; every exclusion, each a test of what was
+    just mapped; then structure, transfer and the decision."""
 
     same_problem: bool = Field(
         description="True when D is earlier work on Q's own problem or task line, also when D "
         "works on it in another dataset, population, language or setting."
     )
-    background_only: bool = _exclusion_field(EXCLUSIONS["background_only"])
-    tool_or_data_as_is: bool = _exclusion_field(EXCLUSIONS["tool_or_data_as_is"])
-    terminology_only: bool = _exclusion_field(EXCLUSIONS["terminology_only"])
-    surface_similarity: bool = _exclusion_field(EXCLUSIONS["surface_similarity"])
     object_mappings: list[ObjectMapping] = Field(max_length=MAX_MAPPINGS)
     shared_relations: list[SharedRelation] = Field(max_length=MAX_RELATIONS)
     transfer_type: TransferType
     transfer_path: TransferPath
+    background_only: bool = _exclusion_field(EXCLUSIONS["background_only"])
+    tool_or_data_as_is: bool = _exclusion_field(EXCLUSIONS["tool_or_data_as_is"])
+    terminology_only: bool = _exclusion_field(EXCLUSIONS["terminology_only"])
+    surface_similarity: bool = _exclusion_field(EXCLUSIONS["surface_similarity"])
     unsupported_possibility: bool = _exclusion_field(EXCLUSIONS["unsupported_possibility"])
     off_goal_mapping: bool = _exclusion_field(EXCLUSIONS["off_goal_mapping"])
     adoption_without_transfer: bool = _exclusion_field(EXCLUSIONS["adoption_without_transfer"])
@@ -202,23 +198,10 @@ class AnalogyJudgment(_Answer):
             },
         ),
         Branch(
-            "an exclusion that needs no mapping (or nothing found): nothing mapped, nothing holds",
+            "an exclusion found in what was mapped (or nothing found): whatever was mapped, "
+            "nothing holds",
             {
                 "same_problem": False,
-                "object_mappings": Items(max=0),
-                "shared_relations": Items(max=0),
-                "structural_analogy": False,
-                "transfer_holds": False,
-                "transferable": False,
-                "transfer_type": NOT_SAME_PROBLEM,
-                "decision": "not_analogy",
-            },
-        ),
-        Branch(
-            "an exclusion that judges the mappings: they stay on record, nothing holds",
-            {
-                "same_problem": False,
-                **dict.fromkeys(PRE_MAPPING, False),
                 "structural_analogy": False,
                 "transfer_holds": False,
                 "transferable": False,
@@ -293,6 +276,22 @@ def analogy_decision(answers: pa.Table) -> pa.ChunkedArray:
     )
 
 
+def analogy_record(answers: pa.Table) -> pa.Table:
+    """The answers as a build stores them: where the answer names same problem or any
+    exclusion, its mappings and relations emptied (the method's rule: an excluded pair keeps no
+    correspondence). Applied after every cache read, like `analogy_decision`, so the cache
+    keeps what the model wrote and a later reader never sees a falsified mapping."""
+    excluded = pc.greater(pc.list_value_length(answers["exclusions"]), 0)
+    for column in ("object_mappings", "shared_relations"):
+        if column not in answers.column_names:
+            continue  # a table of the decision's columns only
+        kept = answers[column]
+        empty = pa.array([[]] * len(answers), kept.type)
+        index = answers.schema.get_field_index(column)
+        answers = answers.set_column(index, column, pc.if_else(excluded, empty, kept))
+    return answers
+
+
 def derived_decision(j: AnalogyJudgment) -> Decision:
     """`analogy_decision` for one answer, to check the model's own decision before accepting it."""
     one = pa.table(
@@ -325,20 +324,19 @@ def analogy_problems(j: AnalogyJudgment) -> list[str]:
     problems = []
     if j.transfer_holds and not j.transferable:
         problems.append("transfer_holds is true, so transferable must be true")
-    before = [e for e in j.exclusions if e == "same_problem" or e in PRE_MAPPING]
-    after = [e for e in j.exclusions if e in POST_MAPPING]
+    excluded = [e for e in j.exclusions if e != "same_problem"]
     holds_nothing = not (
         j.structural_analogy or j.transfer_holds or j.transferable or j.decision in PASSING
     )
-    if before and (j.object_mappings or j.shared_relations or not holds_nothing):
+    if j.same_problem and (j.object_mappings or j.shared_relations or not holds_nothing):
         problems.append(
-            f"{', '.join(before)} is true: mappings and relations must be empty, every other "
-            "boolean false and decision not_analogy"
+            "same_problem is true: mappings and relations must be empty, every other boolean "
+            "false and decision not_analogy"
         )
-    elif after and not holds_nothing:
+    elif excluded and not holds_nothing:
         problems.append(
-            f"{', '.join(after)} is true: the mappings stay, but structural_analogy, "
-            "transfer_holds and transferable must be false and decision not_analogy"
+            f"{', '.join(excluded)} is true: structural_analogy, transfer_holds and "
+            "transferable must be false and decision not_analogy"
         )
     if j.same_problem != (j.transfer_type == "same_problem"):
         problems.append('transfer_type is "same_problem" exactly when same_problem is true')

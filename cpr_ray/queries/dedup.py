@@ -1,12 +1,13 @@
 """Deduplicating the queries of one base paper (App. B.4).
 
-Queries written from the same base paper are compared pairwise ("would a paper that answers one
-answer the other?"); same-problem answers link queries into groups (transitively), and each group
-of two or more keeps the cited paper with the strongest analogy, as a model judges it from the
-texts (`StrongestAnalogyJudge`: one call per group). Where that answer is missing, invalid or
-names no candidate, a ranking read off the first judgment decides instead (`strength`):
-observed before potential, a transfer of the cited paper's own method, formulation or finding
-before other kinds, then more shared relations, then more mappings (ties: lower cited id).
+Every two queries of one base paper are put side by side, and the model says whether whatever
+paper settles one would also settle the other; same-problem answers link queries into groups
+(transitively), and each group of two or more keeps the cited paper with the strongest
+analogy, as a model judges it from the texts (`StrongestAnalogyJudge`: one call per group).
+Where that answer is missing, invalid or names no candidate, a ranking read off the first
+judgment decides instead (`strength`): observed before potential, a transfer of the cited
+paper's own method, formulation or finding before other kinds, then more shared relations,
+then more mappings (ties: lower cited id).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from cpr_ray.queries.analogy import (
     analogy_decision,
     analogy_passed,
     analogy_problems,
+    analogy_record,
     transfer_problems,
     transfer_verified,
 )
@@ -92,11 +93,12 @@ class AnalogyJudge(LLMTask):
     """B.1: mappings, relations and a decision; passes on observed or potential analogy.
 
     The cache keeps the model's answer (its own decision as `model_decision`); `derive` adds the
-    decision the booleans imply, the pair's `input_flags` and `passed`, on every read.
+    decision the booleans imply, empties an excluded pair's mappings and relations, and adds the
+    pair's `input_flags` and `passed`, on every read.
     """
 
     stage = "judge-analogy"
-    prompts = (prompts.load("analogy", "v3"),)
+    prompts = (prompts.load("analogy", "v4"),)
     prefix_columns = ("q_title", "q_abstract", "q_topic")
     key_columns = (
         "base_id",
@@ -129,11 +131,11 @@ class AnalogyJudge(LLMTask):
         self.hold_out_flagged = hold_out_flagged
 
     def derive(self, table: pa.Table) -> pa.Table:
-        """`decision` from the booleans (never the model's word alone), `input_flags` from the
-        pair's texts, and `passed` (see `analogy_passed`)."""
-        table = table.append_column("decision", analogy_decision(table)).append_column(
-            "input_flags", input_flags(table, PAIR_TEXT_COLUMNS)
-        )
+        """`decision` from the booleans (never the model's word alone), the mappings and
+        relations of an excluded pair dropped (`analogy_record`), `input_flags` from the pair's
+        texts, and `passed` (see `analogy_passed`)."""
+        table = analogy_record(table).append_column("decision", analogy_decision(table))
+        table = table.append_column("input_flags", input_flags(table, PAIR_TEXT_COLUMNS))
         return table.append_column(
             "passed", analogy_passed(table, hold_out_flagged=self.hold_out_flagged)
         )
@@ -168,7 +170,7 @@ class TransferVerifier(LLMTask):
     `verified`."""
 
     stage = "judge-transfer"
-    prompts = (prompts.load("transfer", "v3"),)
+    prompts = (prompts.load("transfer", "v4"),)
     prefix_columns = ("q_title", "q_abstract")
     key_columns = (
         "base_id",
