@@ -89,7 +89,7 @@ def test_index_answers_as_exact_search_with_metadata(built):
     assert manifest["n_docs"] == N and len(manifest["shards"]) == 1
     assert manifest["build"] == {**manifest["build"], "encoded": N, "reused": 0, "deleted": 0}
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
-    results = index.search(QUERIES, SearchOptions(k=10))
+    results = index.search(QUERIES, SearchOptions(retriever="dense", k=10))
     q = enc.encode_queries([x.query for x in QUERIES])
     order, want = exact(docs, q, 10)
     ids = [[h["corpus_id"] for h in r["hits"]] for r in results]
@@ -131,7 +131,7 @@ def test_filters_run_inside_the_search(built):
     cs = "Computer Science"
 
     # the query's own field given: no hit from it, k hits, exactly the filtered exact search
-    res = index.search(QUERIES, SearchOptions(k=25, other_fields_only=True, field=cs))
+    res = index.search(QUERIES, SearchOptions(retriever="dense", k=25, other_fields_only=True, field=cs))
     order, want = exact(docs, q, 25, fields != cs)
     for r, o, w in zip(res, order, want):
         assert len(r["hits"]) == 25 and all(h["field"] != cs for h in r["hits"])
@@ -144,7 +144,7 @@ def test_filters_run_inside_the_search(built):
         )
 
     # inferred: the majority field of the 20 nearest papers, and never returned
-    res = index.search(QUERIES, SearchOptions(k=10, other_fields_only=True, infer_field_k=20))
+    res = index.search(QUERIES, SearchOptions(retriever="dense", k=10, other_fields_only=True, infer_field_k=20))
     near, near_scores = exact(docs, q, 20)
     for r, o, s in zip(res, near, near_scores):
         own = majority_field([rows[i]["field"] for i in o], s)
@@ -154,7 +154,7 @@ def test_filters_run_inside_the_search(built):
 
     # excluded fields and a date: all three filters at once, k hits still
     excluded = ("Physics and Astronomy", "Economics, Econometrics and Finance")
-    res = index.search(QUERIES, SearchOptions(k=30, exclude_fields=excluded, before=2005))
+    res = index.search(QUERIES, SearchOptions(retriever="dense", k=30, exclude_fields=excluded, before=2005))
     allowed = ~np.isin(fields, excluded) & (years < 2005)
     assert allowed.sum() > 30
     for r in res:
@@ -162,7 +162,7 @@ def test_filters_run_inside_the_search(built):
         assert all(h["field"] not in excluded and h["year"] < 2005 for h in r["hits"])
 
     # fewer than k pass: all of them, nothing else
-    res = index.search(QUERIES[:1], SearchOptions(k=100, before=1991))
+    res = index.search(QUERIES[:1], SearchOptions(retriever="dense", k=100, before=1991))
     assert (years < 1991).sum() < 100
     assert sorted(h["corpus_id"] for h in res[0]["hits"]) == sorted(
         rows[i]["corpus_id"] for i in np.flatnonzero(years < 1991)
@@ -183,14 +183,14 @@ def test_sharded_index_on_s3_answers_as_one_shard(built, s3_endpoint, s3_bucket)
     published = publish(s3, out, one.docs, vectors, search, generation=1, build={}, **extra)
     assert len(published["shards"]) == -(-N // 64)
     many = SearchIndex.load(s3, out)
-    opts = SearchOptions(k=40, exclude_fields=("Computer Science",), before=2015)
+    opts = SearchOptions(retriever="dense", k=40, exclude_fields=("Computer Science",), before=2015)
     for a, b in zip(one.search(QUERIES, opts), many.search(QUERIES, opts)):
         assert [h["corpus_id"] for h in a["hits"]] == [h["corpus_id"] for h in b["hits"]]
         np.testing.assert_allclose(
             [h["score"] for h in a["hits"]], [h["score"] for h in b["hits"]], atol=1e-6
         )
-    # the hybrid index's BM25 files went to S3 too
-    hybrid = SearchOptions(k=5, hybrid=True)
+    # the hybrid index's BM25 files went to S3 too (hybrid: the default where both sides are)
+    hybrid = SearchOptions(k=5)
     assert [h["corpus_id"] for h in one.search(QUERIES, hybrid)[0]["hits"]] == [
         h["corpus_id"] for h in many.search(QUERIES, hybrid)[0]["hits"]
     ]
@@ -240,7 +240,7 @@ def test_reindex_encodes_only_what_changed(
     docs = enc.encode_docs(texts_of(changed))
     q = enc.encode_queries([x.query for x in QUERIES])
     order, want = exact(docs, q, 15)
-    res = index.search(QUERIES, SearchOptions(k=15))
+    res = index.search(QUERIES, SearchOptions(retriever="dense", k=15))
     assert_same_ranking(
         [[h["corpus_id"] for h in r["hits"]] for r in res],
         np.array([[h["score"] for h in r["hits"]] for r in res]),
