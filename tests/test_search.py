@@ -4,6 +4,7 @@ hybrid, the LLM steps through the scripted endpoint, and the command line's two 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -537,9 +538,16 @@ def test_query_files_and_merge_helpers():
 
 def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
     cfg, *_ = built
+    # q1's best paper in process, named as its own paper in the file: never in its hits
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    opts = SearchOptions(k=7, other_fields_only=True, before=2010)
+    own = index.search(QUERIES[:1], opts)[0]["hits"][0]["corpus_id"]
     queries = tmp_path / "q.jsonl"
     queries.write_text(
-        "\n".join(json.dumps({"query_id": q.query_id, "query": q.query}) for q in QUERIES)
+        "\n".join(
+            json.dumps({"query_id": q.query_id, "query": q.query, "excluded_ids": [own] * (n == 0)})
+            for n, q in enumerate(QUERIES)
+        )
     )
     proc = subprocess.run(
         [
@@ -571,6 +579,21 @@ def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
         assert r["query_field_source"] == "inferred" and len(r["hits"]) == 7
         assert {"corpus_id", "score", "title", "field", "year"} <= set(r["hits"][0])
         assert all(h["year"] < 2010 and h["field"] != r["query_field"] for h in r["hits"])
+        assert r["retriever"] == "hybrid" and r["fusion"]["method"] == "rrf"
+        assert all(h["dense_rank"] or h["bm25_rank"] for h in r["hits"])
+    assert own not in [h["corpus_id"] for h in lines[0]["hits"]]
+    assert lines[0]["excluded_ids"] == [own] and lines[1]["excluded_ids"] == []
+    # the table shows each hit's rank on each side, "–" where it was not in that side's depth
+    from cpr_ray.command_line import console
+    from cpr_ray.search.commands import print_result
+
+    with console.capture() as shown:
+        print_result(lines[0])
+    table = shown.get()
+    assert "hybrid rrf k=60, depth 100" in table and "dense" in table and "bm25" in table
+    first = lines[0]["hits"][0]
+    cells = [str(first["dense_rank"] or "–"), str(first["bm25_rank"] or "–")]
+    assert re.search(r"│\s*1\s*│\s*[\d.]+\s*│\s*" + r"\s*│\s*".join(cells) + r"\s*│", table), table
 
 
 @pytest.mark.parametrize(
