@@ -195,27 +195,34 @@ def main() -> None:
     )
     ap.add_argument("--docs", type=int, default=3000, help="synthetic BEIR documents")
     ap.add_argument("--queries", type=int, default=300, help="synthetic BEIR queries")
+    ap.add_argument(
+        "--sets", default="cpr-full,beir,analobench", help="comma-separated: which sets to run"
+    )
     args = ap.parse_args()
     storage = Storage(load_config().storage)
+    wanted = set(args.sets.split(","))
     rows: list[dict] = []
     export = Path(args.export) if args.export else newest_export()
-    if export is not None and (export / "cpr-eval.parquet").exists():
+    analobench = Path(args.analobench, "AnaloBench-T2-Base.csv")
+    if "cpr-full" in wanted and export is not None and (export / "cpr-eval.parquet").exists():
         bench = load_benchmark("cpr-full", storage, str(export))[0]
         rows += sweep(f"cpr-full ({export.name})", bench, args.model)
-    else:
+    elif "cpr-full" in wanted:
         print("cpr-full: skipped, no dry-run export (run `make dry-run`, or give --export)")
-    with tempfile.TemporaryDirectory() as tmp:
-        beir = synthetic_beir(Path(tmp) / "beir", args.docs, args.queries)
-        rows += sweep("beir-synthetic", load_benchmark("beir", storage, str(beir))[0], args.model)
-    if Path(args.analobench, "AnaloBench-T2-Base.csv").exists():
+    if "beir" in wanted:
+        with tempfile.TemporaryDirectory() as tmp:
+            beir = synthetic_beir(Path(tmp) / "beir", args.docs, args.queries)
+            bench = load_benchmark("beir", storage, str(beir))[0]
+            rows += sweep("beir-synthetic", bench, args.model)
+    if "analobench" in wanted and analobench.exists():
         bench = load_benchmark("analobench", storage, args.analobench, subset="t2")[0]
         rows += sweep("analobench-t2", bench, args.model)
-    else:
-        print(f"analobench-t2: skipped, no {args.analobench}/AnaloBench-T2-Base.csv")
-    sets = {r["set"] for r in rows}
+    elif "analobench" in wanted:
+        print(f"analobench-t2: skipped, no {analobench}")
+    ran = {r["set"] for r in rows}
     print(
-        f"\n## The rule: another setting replaces rrf k=60 d100 only if its interval is above 0 "
-        f"on at least two of the {len(sets)} sets"
+        "\n## The rule: another setting replaces rrf k=60 d100 only if its interval is above 0 "
+        f"on at least two of the {len(ran)} sets"
     )
     for s in SETTINGS[1:]:
         above = [r["set"] for r in rows if r["fusion"] == s and r["vs_default"][1] > 0]
