@@ -31,6 +31,8 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from sample_texts import abstracts  # noqa: E402
+
 from cpr_ray.config import SearchConfig  # noqa: E402
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions  # noqa: E402
 from cpr_ray.search.index import publish  # noqa: E402
@@ -43,8 +45,12 @@ DIM = 384
 FIELDS = [f"Field {i:02d}" for i in range(20)]
 
 
-def synthetic_index(n: int, root: str, seed: int = 0) -> tuple[SearchIndex, np.ndarray, np.ndarray]:
-    """The index, 4,096 query vectors near the fields' centres, and the papers' vectors."""
+def synthetic_index(
+    n: int, root: str, seed: int = 0, bm25: bool = False
+) -> tuple[SearchIndex, np.ndarray, np.ndarray]:
+    """The index, 4,096 query vectors near the fields' centres, and the papers' vectors. With
+    `bm25`, a BM25 side beside it over real texts (the bundled sample's abstracts, repeated
+    where it holds fewer), so its postings are a real corpus's."""
     rng = np.random.default_rng(seed)
     # clustered like a real corpus: a paper is near its field's centre
     centres = rng.normal(size=(len(FIELDS), DIM)).astype(np.float32)
@@ -56,7 +62,7 @@ def synthetic_index(n: int, root: str, seed: int = 0) -> tuple[SearchIndex, np.n
         {
             "corpus_id": pa.array(vids),
             "title": pa.array([f"Synthetic paper {i}" for i in range(n)]),
-            "text": pa.array([f"Synthetic paper {i}" for i in range(n)]),
+            "text": pa.array(abstracts(n) if bm25 else [f"Synthetic paper {i}" for i in range(n)]),
             "year": pa.array(rng.integers(1980, 2025, n).astype(np.int32)),
             "field": pa.array([FIELDS[f] for f in field]),
             "domain": pa.array([f"Domain {f % 4}" for f in field]),
@@ -71,7 +77,7 @@ def synthetic_index(n: int, root: str, seed: int = 0) -> tuple[SearchIndex, np.n
         root,
         table,
         vectors,
-        SearchConfig(),
+        SearchConfig(bm25=bm25),
         encoder={
             "model": "synthetic",
             "fingerprint": "synthetic",
