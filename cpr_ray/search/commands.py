@@ -182,7 +182,7 @@ def search_command(
 ) -> None:
     """Papers from other fields whose ideas could solve a research problem: dense and BM25
     fused (the `fusion:` section) where the index has both sides, else dense."""
-    from cpr_ray.search.engine import Query, SearchIndex
+    from cpr_ray.search.engine import NO_BM25, Query, SearchIndex
     from cpr_ray.search.run import read_queries, run_search, search_options
 
     redirect = _logs_to_stderr() if json_out and out is None else _nothing()
@@ -214,7 +214,7 @@ def search_command(
             reader = EncoderSpec.from_config(cfg.encoder)
             idx = SearchIndex.load(storage, str(cfg.search.index), reader)
             if idx.notice and not (dense_only or bm25_only):
-                Console(stderr=True).print(f"[yellow]{idx.notice}[/]", soft_wrap=True)
+                Console(stderr=True).print(f"[yellow]{NO_BM25}[/]", soft_wrap=True)
             results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
         except UserError as exc:
             fail(exc)
@@ -254,7 +254,7 @@ def serve_command(
 ) -> None:
     """Run the search service (Ray Serve): the search page at /, POST /search, POST /explain,
     GET /healthz, OpenAPI at /docs."""
-    from cpr_ray.search.engine import query_encoder_spec
+    from cpr_ray.search.engine import NO_BM25, query_encoder_spec
     from cpr_ray.search.index import require_index
     from cpr_ray.search.serve import run_locally
 
@@ -264,6 +264,8 @@ def serve_command(
         # line, not a failed deployment
         manifest = require_index(Storage(cfg.storage), str(cfg.search.index))
         query_encoder_spec(manifest, index, EncoderSpec.from_config(cfg.encoder))
+        if not manifest.get("bm25"):
+            Console(stderr=True).print(f"[yellow]{NO_BM25}[/]", soft_wrap=True)
         run_locally(cfg)
     except UserError as exc:
         fail(exc)

@@ -45,6 +45,11 @@ from cpr_ray.storage import Storage, StorageError, join
 
 HIT_COLUMNS = ("corpus_id", "title", "year", "field", "domain")
 SCAN_FLOATS = 1 << 25  # scores held at once by a one-scan search (128 MiB)
+LEXICAL_CHUNK = 32  # queries BM25 scores at once: 32 x N floats (128 MiB at 1M papers)
+NO_BM25 = (
+    "this index has no BM25 side: searching dense only. Add it by running cpr index again with "
+    "the same --corpus and --out (vectors are reused, BM25 is built beside)"
+)
 
 
 @dataclass(frozen=True)
@@ -264,10 +269,15 @@ class SearchIndex:
         """BM25's rows (n_q, k) and scores, best first, equal scores to the lower row (as
         `BM25Retriever.search`); row -1 where fewer than k papers share a term with the query
         (a score of 0 is no match)."""
-        scores = self.bm25.scores(texts)  # (n_q, N): filtered before ranking, never after
-        if allowed is not None:
-            scores[:, ~allowed] = -np.inf
-        rows, best = top_k_rows(scores, k)
+        parts = []
+        for c in range(0, len(texts), LEXICAL_CHUNK):  # (chunk, N) scores at a time
+            scores = self.bm25.scores(texts[c : c + LEXICAL_CHUNK])  # filtered before ranking
+            if allowed is not None:
+                scores[:, ~allowed] = -np.inf
+            parts.append(top_k_rows(scores, k))
+        if not parts:
+            return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+        rows, best = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         return np.where(best > 0, rows, -1), best
 
     def _inferred_one_scan(
@@ -308,12 +318,7 @@ class SearchIndex:
     @property
     def notice(self) -> str | None:
         """One line for an index built without BM25 (before hybrid became the default)."""
-        if self.bm25 is not None:
-            return None
-        return (
-            "this index has no BM25 side: searching dense only. Add it by running cpr index "
-            "again with the same --corpus and --out (vectors are reused, BM25 is built beside)"
-        )
+        return None if self.bm25 is not None else NO_BM25
 
     def retriever(self, asked: str | None) -> str:
         """What a search runs: the side(s) asked for, or hybrid where the index has both."""
@@ -400,7 +405,9 @@ class SearchIndex:
                 "fusion": opts.fusion.describe() if mode == "hybrid" else None,
                 "filters": opts.filters(),
                 "excluded_ids": list(x.excluded_ids),
-                "hits": [self.hit(r, s, n, d, b) for n, (r, s, d, b) in enumerate(hits[i], start=1)],
+                "hits": [
+                    self.hit(r, s, n, d, b) for n, (r, s, d, b) in enumerate(hits[i], start=1)
+                ],
             }
             for i, x in enumerate(queries)
         ]
