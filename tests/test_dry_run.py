@@ -127,6 +127,11 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     # then the exported corpus is indexed and one query searched in the other fields
     assert f"{len(split['corpus'])} documents (export" in first
     assert re.search(r"\(field: [^,]+, inferred\)", first), first[-3000:]
+    # hybrid (the index has both sides), and the query's own paper is not among its hits
+    panel = first[first.index("search: the exported corpus indexed") :]
+    assert "(hybrid rrf k=60, depth 100)" in " ".join(panel.split()), panel[:3000]
+    base = cpr_eval[0]["base_corpus_id"]
+    assert not re.search(rf"│\s*{base}\s*│", panel[: panel.index("try: cpr search")]), panel
 
     # it trains MiniLM for a few steps on 2 workers on the queries synthesized for CPR-train's
     # positives and evaluates it beside the untrained one; which positives the placeholder judge

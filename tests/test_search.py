@@ -4,8 +4,11 @@ hybrid, the LLM steps through the scripted endpoint, and the command line's two 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +16,9 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, InputError, StorageError
+from cpr_ray.retrieval import make_retriever
 from cpr_ray.retrieval.encoder import DenseEncoder
-from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions, majority_field, merge_top_k
 from cpr_ray.search.index import build_index
 from cpr_ray.search.run import read_queries, run_search
@@ -59,11 +63,14 @@ def built(corpus, minilm, ray_session, tmp_path_factory):
     """One index with BM25 beside it, and the exact vectors to check it against."""
     export, rows = corpus
     tmp = tmp_path_factory.mktemp("index")
-    cfg = config(tmp, minilm, export, tmp / "idx", **{"search.bm25": True})
+    cfg = config(tmp, minilm, export, tmp / "idx")
     manifest = build_index(cfg)
-    enc = DenseEncoder(EncoderSpec(minilm))
-    docs = enc.encode_docs(texts_of(rows))
-    return cfg, manifest, rows, docs, enc
+    # `cpr eval --retriever hybrid`'s retriever over the same papers (corpus-id order, as the
+    # cpr-full loader reads them): its dense side's vectors are the exact ones
+    hybrid = make_retriever("hybrid", minilm, RetrieverOptions.from_config(cfg))
+    hybrid.index(texts_of(sorted(rows, key=lambda r: r["corpus_id"])))
+    assert [r["corpus_id"] for r in rows] == sorted(r["corpus_id"] for r in rows)
+    return cfg, manifest, rows, hybrid.dense.docs, hybrid.dense.encoder, hybrid
 
 
 def exact(docs, q, k, allowed=None):
@@ -85,11 +92,11 @@ def assert_same_ranking(ids, scores, want_ids, want_scores):
 
 
 def test_index_answers_as_exact_search_with_metadata(built):
-    cfg, manifest, rows, docs, enc = built
+    cfg, manifest, rows, docs, enc, _ = built
     assert manifest["n_docs"] == N and len(manifest["shards"]) == 1
     assert manifest["build"] == {**manifest["build"], "encoded": N, "reused": 0, "deleted": 0}
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
-    results = index.search(QUERIES, SearchOptions(k=10))
+    results = index.search(QUERIES, SearchOptions(retriever="dense", k=10))
     q = enc.encode_queries([x.query for x in QUERIES])
     order, want = exact(docs, q, 10)
     ids = [[h["corpus_id"] for h in r["hits"]] for r in results]
@@ -123,7 +130,7 @@ def test_trust_remote_code_is_the_searchers_setting_not_the_indexs(built):
 
 
 def test_filters_run_inside_the_search(built):
-    cfg, _, rows, docs, enc = built
+    cfg, _, rows, docs, enc, _ = built
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
     fields = np.array([r["field"] for r in rows])
     years = np.array([r["year"] for r in rows])
@@ -131,7 +138,9 @@ def test_filters_run_inside_the_search(built):
     cs = "Computer Science"
 
     # the query's own field given: no hit from it, k hits, exactly the filtered exact search
-    res = index.search(QUERIES, SearchOptions(k=25, other_fields_only=True, field=cs))
+    res = index.search(
+        QUERIES, SearchOptions(retriever="dense", k=25, other_fields_only=True, field=cs)
+    )
     order, want = exact(docs, q, 25, fields != cs)
     for r, o, w in zip(res, order, want):
         assert len(r["hits"]) == 25 and all(h["field"] != cs for h in r["hits"])
@@ -144,7 +153,9 @@ def test_filters_run_inside_the_search(built):
         )
 
     # inferred: the majority field of the 20 nearest papers, and never returned
-    res = index.search(QUERIES, SearchOptions(k=10, other_fields_only=True, infer_field_k=20))
+    res = index.search(
+        QUERIES, SearchOptions(retriever="dense", k=10, other_fields_only=True, infer_field_k=20)
+    )
     near, near_scores = exact(docs, q, 20)
     for r, o, s in zip(res, near, near_scores):
         own = majority_field([rows[i]["field"] for i in o], s)
@@ -154,7 +165,9 @@ def test_filters_run_inside_the_search(built):
 
     # excluded fields and a date: all three filters at once, k hits still
     excluded = ("Physics and Astronomy", "Economics, Econometrics and Finance")
-    res = index.search(QUERIES, SearchOptions(k=30, exclude_fields=excluded, before=2005))
+    res = index.search(
+        QUERIES, SearchOptions(retriever="dense", k=30, exclude_fields=excluded, before=2005)
+    )
     allowed = ~np.isin(fields, excluded) & (years < 2005)
     assert allowed.sum() > 30
     for r in res:
@@ -162,7 +175,7 @@ def test_filters_run_inside_the_search(built):
         assert all(h["field"] not in excluded and h["year"] < 2005 for h in r["hits"])
 
     # fewer than k pass: all of them, nothing else
-    res = index.search(QUERIES[:1], SearchOptions(k=100, before=1991))
+    res = index.search(QUERIES[:1], SearchOptions(retriever="dense", k=100, before=1991))
     assert (years < 1991).sum() < 100
     assert sorted(h["corpus_id"] for h in res[0]["hits"]) == sorted(
         rows[i]["corpus_id"] for i in np.flatnonzero(years < 1991)
@@ -173,7 +186,7 @@ def test_sharded_index_on_s3_answers_as_one_shard(built, s3_endpoint, s3_bucket)
     """The same documents and vectors published as 5 shards on S3 and loaded back from there."""
     from cpr_ray.search.index import publish
 
-    cfg, manifest, _, _, _ = built
+    cfg, manifest, *_ = built
     one = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
     out = f"s3://{s3_bucket}/index"
     s3 = Storage(cfg.storage.model_copy(update={"s3_endpoint": s3_endpoint}))
@@ -183,14 +196,14 @@ def test_sharded_index_on_s3_answers_as_one_shard(built, s3_endpoint, s3_bucket)
     published = publish(s3, out, one.docs, vectors, search, generation=1, build={}, **extra)
     assert len(published["shards"]) == -(-N // 64)
     many = SearchIndex.load(s3, out)
-    opts = SearchOptions(k=40, exclude_fields=("Computer Science",), before=2015)
+    opts = SearchOptions(retriever="dense", k=40, exclude_fields=("Computer Science",), before=2015)
     for a, b in zip(one.search(QUERIES, opts), many.search(QUERIES, opts)):
         assert [h["corpus_id"] for h in a["hits"]] == [h["corpus_id"] for h in b["hits"]]
         np.testing.assert_allclose(
             [h["score"] for h in a["hits"]], [h["score"] for h in b["hits"]], atol=1e-6
         )
-    # the hybrid index's BM25 files went to S3 too
-    hybrid = SearchOptions(k=5, hybrid=True)
+    # the hybrid index's BM25 files went to S3 too (hybrid: the default where both sides are)
+    hybrid = SearchOptions(k=5)
     assert [h["corpus_id"] for h in one.search(QUERIES, hybrid)[0]["hits"]] == [
         h["corpus_id"] for h in many.search(QUERIES, hybrid)[0]["hits"]
     ]
@@ -207,7 +220,7 @@ def test_reindex_encodes_only_what_changed(
     monkeypatch.setattr(search_index, "CHUNK_ROWS", 16)
     _, rows = corpus
     out = f"s3://{s3_bucket}/idx"
-    on_s3 = {"storage.s3_endpoint": s3_endpoint, "search.shard_size": 50}
+    on_s3 = {"storage.s3_endpoint": s3_endpoint, "search.shard_size": 50, "search.bm25": False}
     export = write_export(tmp_path / "v1", rows[:120])
     cfg = config(tmp_path, minilm, export, out, **on_s3)
     storage = Storage(cfg.storage)
@@ -240,7 +253,7 @@ def test_reindex_encodes_only_what_changed(
     docs = enc.encode_docs(texts_of(changed))
     q = enc.encode_queries([x.query for x in QUERIES])
     order, want = exact(docs, q, 15)
-    res = index.search(QUERIES, SearchOptions(k=15))
+    res = index.search(QUERIES, SearchOptions(retriever="dense", k=15))
     assert_same_ranking(
         [[h["corpus_id"] for h in r["hits"]] for r in res],
         np.array([[h["score"] for h in r["hits"]] for r in res]),
@@ -301,8 +314,13 @@ def test_beir_corpus_keeps_its_ids_and_evaluation_vectors(minilm, ray_session, t
         for i, r in enumerate(papers(60, seed=3))
     ]
     (beir / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
-    (beir / "queries.jsonl").write_text(json.dumps({"_id": "x", "text": "protein folding"}) + "\n")
-    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nx\tdoc-2\t1\n")
+    asked = {"x": "protein folding", "y": "auction prices in markets", "z": "graph networks"}
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in asked.items())
+    )
+    (beir / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{i}\tdoc-{n}\t1\n" for n, i in enumerate(asked))
+    )
     cfg = config(tmp_path, minilm, beir / "corpus.jsonl", tmp_path / "idx")
     manifest = build_index(cfg)
     assert manifest["id_type"] == "string" and not manifest["has_fields"]
@@ -311,34 +329,155 @@ def test_beir_corpus_keeps_its_ids_and_evaluation_vectors(minilm, ray_session, t
     assert all(h["corpus_id"].startswith("doc-") for h in res[0]["hits"])
     # the vectors `cpr eval --benchmark beir` ranks with
     bench = load_beir(Storage(cfg.storage), str(beir))
-    want = DenseEncoder(EncoderSpec(minilm)).encode_docs(bench.doc_texts)
+    hybrid = make_retriever("hybrid", minilm)  # `cpr eval --retriever hybrid`'s
+    hybrid.index(bench.doc_texts)
+    want = hybrid.dense.docs
     got = np.concatenate([s.vectors for s in index.shards])
     order = [index.row_of(d) for d in bench.doc_ids]
     np.testing.assert_allclose(got[order], want, atol=1e-5)
     with pytest.raises(InputError, match="no fields"):
         index.search([Query("x", "y")], SearchOptions(other_fields_only=True))
-    with pytest.raises(ConfigError, match="search.bm25=true"):  # built without BM25
-        index.search([Query("x", "y")], SearchOptions(hybrid=True))
+    # `cpr eval --benchmark beir --retriever hybrid`: the same top 10 as the search
+    from cpr_ray.evaluate.runner import rank
+
+    evaluated = [[bench.doc_ids[p] for p in r[:10]] for r in rank(bench, hybrid, bench.queries)]
+    searched = index.search([Query(i, asked[i]) for i in bench.query_ids], SearchOptions(k=10))
+    assert evaluated == [[h["corpus_id"] for h in r["hits"]] for r in searched]
+    # an index built before BM25 was the default (its manifest names none) still searches
+    old = tmp_path / "old-idx"
+    shutil.copytree(tmp_path / "idx", old)
+    manifest = json.loads((old / "index.json").read_text())
+    (old / "index.json").write_text(json.dumps({**manifest, "bm25": None}))
+    before = SearchIndex.load(Storage(cfg.storage), str(old))
+    assert "running cpr index again" in before.notice
+    plain = before.search([Query("x", "protein folding")], SearchOptions(k=5))[0]
+    assert plain["retriever"] == "dense" and plain["hits"][0]["bm25_rank"] is None
+    with pytest.raises(ConfigError, match="built without it"):
+        before.search([Query("x", "y")], SearchOptions(retriever="bm25"))
     with pytest.raises(StorageError, match="no search index"):
         SearchIndex.load(Storage(cfg.storage), str(tmp_path / "nothing"))
 
 
-def test_hybrid_fuses_bm25_and_dense(built):
-    cfg, _, rows, _, _ = built
+def test_hybrid_by_default_each_hit_with_its_rank_on_each_side(built):
+    cfg, _, rows, *_ = built
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
     # "setting 123" is in one abstract only: BM25 finds it, dense alone does not rank it first
     target = next(r for r in rows if r["abstract"] and "setting 123." in r["abstract"])
     query = [Query("h", "What happens in setting 123?")]
-    hybrid = index.search(query, SearchOptions(k=10, hybrid=True))[0]["hits"]
+    result = index.search(query, SearchOptions(k=10))[0]  # an index with both sides: fused
+    hybrid = result["hits"]
+    assert result["retriever"] == "hybrid"
+    assert result["fusion"] == {"method": "rrf", "k": 60, "depth": 100}
     assert len(hybrid) == 10 and target["corpus_id"] in [h["corpus_id"] for h in hybrid[:3]]
     assert hybrid[0]["score"] <= 2 / 61 + 1e-6  # reciprocal rank fusion scores (6 decimals)
-    filtered = index.search(query, SearchOptions(k=10, hybrid=True, before=target["year"]))
-    assert target["corpus_id"] not in [h["corpus_id"] for h in filtered[0]["hits"]]
-    assert all(h["year"] < target["year"] for h in filtered[0]["hits"])
+    # each hit's ranks are its ranks in the one-side searches, and its score their RRF
+    sides = {
+        side: [
+            h["corpus_id"]
+            for h in index.search(query, SearchOptions(k=100, retriever=side))[0]["hits"]
+        ]
+        for side in ("dense", "bm25")
+    }
+    assert sides["bm25"][0] == target["corpus_id"] and sides["dense"][0] != target["corpus_id"]
+    for h in hybrid:
+        ranks = {
+            s: sides[s].index(h["corpus_id"]) + 1 if h["corpus_id"] in sides[s] else None
+            for s in sides
+        }
+        assert (h["dense_rank"], h["bm25_rank"]) == (ranks["dense"], ranks["bm25"])
+        want = sum(1 / (60 + r) for r in ranks.values() if r is not None)
+        assert h["score"] == pytest.approx(want, abs=1e-6)
+    dense = index.search(query, SearchOptions(k=10, retriever="dense"))[0]
+    assert dense["fusion"] is None
+    assert [(h["dense_rank"], h["bm25_rank"]) for h in dense["hits"]] == [
+        (n, None) for n in range(1, 11)
+    ]
+
+
+def test_a_paper_filtered_or_excluded_on_one_side_never_returns_through_the_other(built):
+    """BM25 ranks the target first and dense ranks it too: a filter that drops it (its year,
+    its field, the query's own field) or the query naming it as its own paper keeps it out of
+    the fused hits, and each side's ranks are those of that side's filtered search."""
+    cfg, _, rows, *_ = built
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    target = next(r for r in rows if r["abstract"] and "setting 123." in r["abstract"])
+    text = "What happens in setting 123?"
+    tid = target["corpus_id"]
+    for opts in (
+        SearchOptions(k=10, before=target["year"]),
+        SearchOptions(k=10, exclude_fields=(target["field"],)),
+        SearchOptions(k=10, other_fields_only=True, field=target["field"]),
+    ):
+        got = index.search([Query("h", text)], opts)[0]["hits"]
+        assert len(got) == 10 and tid not in [h["corpus_id"] for h in got]
+        for side in ("dense", "bm25"):
+            alone = index.search([Query("h", text)], replace(opts, k=100, retriever=side))
+            ids = [h["corpus_id"] for h in alone[0]["hits"]]
+            for h in got:
+                rank = h[f"{side}_rank"]
+                assert rank is None or ids[rank - 1] == h["corpus_id"]
+    for side in ("hybrid", "dense", "bm25"):
+        own = index.search([Query("h", text, (tid,))], SearchOptions(k=10, retriever=side))
+        assert len(own[0]["hits"]) == 10 and tid not in [h["corpus_id"] for h in own[0]["hits"]]
+        assert own[0]["excluded_ids"] == [tid]
+    # excluded before each side's cut (an id given as text too): a hit's rank on a side is its
+    # rank in that side's search without the paper, as a filter dropping it would give
+    q = Query("h", text, (str(tid),))
+    fused = index.search([q], SearchOptions(k=10))[0]["hits"]
+    assert tid not in [h["corpus_id"] for h in fused]
+    for side in ("dense", "bm25"):
+        alone = index.search([q], SearchOptions(k=100, retriever=side))[0]["hits"]
+        ids = [h["corpus_id"] for h in alone]
+        assert all(ids[h[f"{side}_rank"] - 1] == h["corpus_id"] for h in fused if h[f"{side}_rank"])
+
+
+def test_eval_hybrid_equals_search_on_the_whole_corpus(built, tmp_path):
+    """`cpr eval --benchmark cpr-full --retriever hybrid` and `cpr search` on an index of the
+    same export: the same top 10 per query (each query's own paper left out by both), for RRF
+    and for the convex sum."""
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cpr_ray.evaluate.loaders.cpr import load_cpr
+    from cpr_ray.evaluate.runner import rank
+    from cpr_ray.retrieval.fusion import Fusion
+
+    cfg, _, rows, _, _, retriever = built
+    export = tmp_path / "export"
+    shutil.copytree(cfg.search.corpus, export)
+    picks = [rows[i] for i in (3, 50, 120, 200, 260)]
+    base = [rows[i]["corpus_id"] for i in (4, 51, 121, 201, 261)]
+    texts = [f"How can {p['title'].lower()} help?" for p in picks]
+    table = {
+        "query_id": [f"q{i}" for i in range(5)],
+        "query": texts,
+        "base_corpus_id": base,
+        "positive_id": [p["corpus_id"] for p in picks],
+        "candidate_ids": [[p["corpus_id"]] for p in picks],
+        "candidate_groups": [["positive"]] * 5,
+        "field": [p["field"] for p in picks],
+        "domain": [p["domain"] for p in picks],
+    }
+    pq.write_table(pa.table(table), export / "cpr-eval.parquet")
+    bench = load_cpr(Storage(cfg.storage), str(export), full=True)
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    assert bench.doc_texts == texts_of(rows)  # the papers the fixture indexed, in its order
+    queries = [Query(f"q{i}", t, (b,)) for i, (t, b) in enumerate(zip(texts, base))]
+    for fusion in (Fusion(), Fusion("convex", weight=0.3, depth=50)):
+        retriever.fusion = fusion
+        ranked = rank(bench, retriever, bench.queries, top_k=fusion.depth)
+        evaluated = [[int(bench.doc_ids[p]) for p in r[:10]] for r in ranked]
+        searched = [
+            [h["corpus_id"] for h in r["hits"]]
+            for r in index.search(queries, SearchOptions(k=10, fusion=fusion))
+        ]
+        assert evaluated == searched
+        assert not any(b in hits for b, hits in zip(base, searched))
 
 
 def test_rerank_and_explain_through_the_llm_layer(built, llm):
-    cfg, _, _, _, _ = built
+    cfg, *_ = built
     cfg = cfg.model_copy(
         update={
             "llm": cfg.llm.model_copy(
@@ -398,10 +537,17 @@ def test_query_files_and_merge_helpers():
 
 
 def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
-    cfg, _, _, _, _ = built
+    cfg, *_ = built
+    # q1's best paper in process, named as its own paper in the file: never in its hits
+    index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
+    opts = SearchOptions(k=7, other_fields_only=True, before=2010)
+    own = index.search(QUERIES[:1], opts)[0]["hits"][0]["corpus_id"]
     queries = tmp_path / "q.jsonl"
     queries.write_text(
-        "\n".join(json.dumps({"query_id": q.query_id, "query": q.query}) for q in QUERIES)
+        "\n".join(
+            json.dumps({"query_id": q.query_id, "query": q.query, "excluded_ids": [own] * (n == 0)})
+            for n, q in enumerate(QUERIES)
+        )
     )
     proc = subprocess.run(
         [
@@ -433,6 +579,21 @@ def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
         assert r["query_field_source"] == "inferred" and len(r["hits"]) == 7
         assert {"corpus_id", "score", "title", "field", "year"} <= set(r["hits"][0])
         assert all(h["year"] < 2010 and h["field"] != r["query_field"] for h in r["hits"])
+        assert r["retriever"] == "hybrid" and r["fusion"]["method"] == "rrf"
+        assert all(h["dense_rank"] or h["bm25_rank"] for h in r["hits"])
+    assert own not in [h["corpus_id"] for h in lines[0]["hits"]]
+    assert lines[0]["excluded_ids"] == [own] and lines[1]["excluded_ids"] == []
+    # the table shows each hit's rank on each side, "–" where it was not in that side's depth
+    from cpr_ray.command_line import console
+    from cpr_ray.search.commands import print_result
+
+    with console.capture() as shown:
+        print_result(lines[0])
+    table = shown.get()
+    assert "hybrid rrf k=60, depth 100" in table and "dense" in table and "bm25" in table
+    first = lines[0]["hits"][0]
+    cells = [str(first["dense_rank"] or "–"), str(first["bm25_rank"] or "–")]
+    assert re.search(r"│\s*1\s*│\s*[\d.]+\s*│\s*" + r"\s*│\s*".join(cells) + r"\s*│", table), table
 
 
 @pytest.mark.parametrize(
@@ -461,7 +622,7 @@ def test_ivf_shards_filter_inside_faiss_and_never_run_short(built, tmp_path):
     index; one list probed, a filtered search still returns k hits, all passing the filter."""
     from cpr_ray.search.index import publish
 
-    cfg, manifest, _, _, _ = built
+    cfg, manifest, *_ = built
     storage = Storage(cfg.storage)
     exact_index = SearchIndex.load(storage, cfg.search.index)
     vectors = np.concatenate([s.vectors for s in exact_index.shards])

@@ -17,6 +17,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
@@ -150,9 +151,11 @@ def fill(driver, element_id: str, text: str) -> None:
 
 
 def enter_key(driver) -> None:
-    """Type the key in the page's key field (opening its box if a kept key closed it)."""
+    """Type the key in the page's key field (opening its box if a kept key closed it), once
+    the page has shown the box: it does when the service's healthz says it asks for a key."""
     from selenium.webdriver.common.by import By
 
+    wait(driver, lambda d: d.find_element(By.ID, "key-box").is_displayed())
     if not driver.find_element(By.ID, "api-key").is_displayed():
         driver.find_element(By.CSS_SELECTOR, "#key-box summary").click()
     fill(driver, "api-key", KEY)
@@ -180,12 +183,19 @@ def search(driver, query: str, k: int | str = 5, **filters) -> list[dict[str, st
     answered = int(form.get_attribute("data-answered") or 0)
     driver.find_element(By.ID, "search-button").click()
     wait(driver, lambda d: int(form.get_attribute("data-answered") or 0) > answered)
+    return shown_hits(driver)
+
+
+def shown_hits(driver) -> list[dict[str, str]]:
+    """The hits the page shows."""
+    from selenium.webdriver.common.by import By
+
     return [
         {
             "corpus_id": li.get_attribute("data-corpus-id"),
             **{
                 part: li.find_element(By.CLASS_NAME, part).text
-                for part in ("title", "year", "field", "domain", "score", "abstract")
+                for part in ("title", "year", "field", "domain", "score", "ranks", "abstract")
             },
         }
         for li in driver.find_elements(By.CSS_SELECTOR, "#results li.hit")
@@ -228,6 +238,9 @@ def test_search_filter_and_explain_in_the_browser(page_service, browser, llm, tm
     browser.get(url + "/")
     assert browser.title.startswith("cpr-ray search")
 
+    # this service asks for a key (its healthz says so): the key panel is shown, open
+    wait(browser, lambda d: d.find_element(By.ID, "key-box").is_displayed())
+    assert browser.find_element(By.ID, "api-key").is_displayed()
     # no key yet: the 401 as a message asking for it, and the key field opened
     search(browser, PROBLEM)
     assert "API key" in shown_error(browser) and "missing or wrong X-API-Key" in shown_error(
@@ -250,11 +263,35 @@ def test_search_filter_and_explain_in_the_browser(page_service, browser, llm, tm
         )
         assert hit["year"] == str(row["year"]) and re.fullmatch(r"score -?\d\.\d{4}", hit["score"])
         assert hit["abstract"] == (row["abstract"] or "Abstract withheld by licence.")
+        # hybrid by default: each hit's rank on each side, "–" where it was not in its depth
+        assert re.fullmatch(r"dense (#\d+|–) · BM25 (#\d+|–)", hit["ranks"]), hit["ranks"]
+    assert any(h["ranks"] != "dense – · BM25 –" for h in hits)
     assert BIOLOGY in {h["field"] for h in hits}  # so the filter below has something to drop
 
     # the key was entered once: a reload keeps it
     browser.refresh()
     assert browser.find_element(By.ID, "api-key").get_attribute("value") == KEY
+
+    # a link with a query and filters runs that search as the page opens, its form filled
+    link = "/?" + urlencode({"q": PROBLEM, "other_fields_only": 1, "before": 2020, "k": 6})
+    form_answered = 'return document.getElementById("search-form").dataset.answered'
+    browser.get(url + link)
+    wait(browser, lambda d: d.execute_script(form_answered) == "1")
+    linked = shown_hits(browser)
+    assert len(linked) == 6 and BIOLOGY not in {h["field"] for h in linked}
+    assert all(int(h["year"]) < 2020 for h in linked)
+    assert browser.find_element(By.ID, "query").get_attribute("value") == PROBLEM
+    assert browser.find_element(By.ID, "other-fields-only").is_selected()
+    # and the URL follows the form: a new search is a new link, back gives the old one
+    search(browser, PROBLEM, k=4, before=2010)
+    shown = parse_qs(urlparse(browser.current_url).query)
+    assert shown == {"q": [PROBLEM], "before": ["2010"], "k": ["4"]}
+    browser.back()
+    wait(browser, lambda d: d.execute_script(form_answered) == "3")
+    assert (
+        len(shown_hits(browser)) == 6
+        and browser.find_element(By.ID, "before").get_attribute("value") == "2020"
+    )
 
     others = search(browser, PROBLEM, k=5, other_fields_only=True)
     assert len(others) == 5 and BIOLOGY not in {h["field"] for h in others}

@@ -123,7 +123,7 @@ def test_service_answers_validates_and_sheds_load(service):
     from tests.test_secrets import WRONG_SERVICE_KEY, assert_no_secret, searched
 
     url, health, proc, log, idx, ray_tmp = service
-    assert health == {**health, "status": "ok", "documents": 120}
+    assert health == {**health, "status": "ok", "documents": 120, "api_key": True}
     with urllib.request.urlopen(url + "/openapi.json", timeout=10) as resp:
         schema = json.loads(resp.read())
     assert {"/search", "/healthz"} <= set(schema["paths"])
@@ -135,6 +135,17 @@ def test_service_answers_validates_and_sheds_load(service):
     assert result["query_field_source"] == "inferred" and len(result["hits"]) == 5
     assert all(h["field"] != result["query_field"] for h in result["hits"])
     assert {"corpus_id", "score", "title", "field", "year"} <= set(result["hits"][0])
+    # hybrid by default (the index has both sides), one side on request; a query's own paper
+    # (excluded_ids) never returns
+    assert result["retriever"] == "hybrid" and result["fusion"]["method"] == "rrf"
+    own = result["hits"][0]["corpus_id"]
+    asked = {"queries": [{"query": "How to fold a protein?", "excluded_ids": [own]}], "k": 5}
+    status, body = post(url, {**asked, "other_fields_only": True, "retriever": "dense"})
+    assert status == 200 and body["results"][0]["retriever"] == "dense"
+    assert own not in [h["corpus_id"] for h in body["results"][0]["hits"]]
+    status, body = post(url, {**asked, "other_fields_only": True})
+    assert own not in [h["corpus_id"] for h in body["results"][0]["hits"]]
+    assert len(body["results"][0]["hits"]) == 5
 
     # the caller's mistakes: a message naming what is wrong, no stack trace
     status, body = post(url, {"query": "x", "colour": "red"})

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from cpr_ray.config import TrainConfig
+from cpr_ray.evaluate.results import retriever_label
 
 TAG = "cpr-ray"
 LOSS = "InfoNCE"
@@ -199,7 +200,7 @@ class Evaluation:
             when = dt.datetime.fromisoformat(created).astimezone(dt.timezone.utc)
         except ValueError:
             when = dt.datetime.now(dt.timezone.utc)
-        protocol = str(results["retriever"])
+        protocol = retriever_label(dict(results))
         if results.get("rewrite"):
             protocol = f"rewrite {results['rewrite']} + {protocol}"
         if results.get("rerank"):

@@ -29,7 +29,7 @@ from cpr_ray.config.loading import ENV_NESTING, ENV_PREFIX, format_validation_er
 from cpr_ray.config.mining import MiningConfig
 from cpr_ray.config.pooling import TEMPLATE_FIELDS, PoolerConfig, PoolingConfig
 from cpr_ray.config.refresh import RefreshConfig
-from cpr_ray.config.search import SearchConfig, ServeConfig
+from cpr_ray.config.search import FusionConfig, SearchConfig, ServeConfig
 from cpr_ray.config.synthesis import SynthesisConfig
 from cpr_ray.config.tracking import TrackingConfig
 from cpr_ray.config.training import (
@@ -60,6 +60,7 @@ __all__ = [
     "DatasetConfig",
     "EncoderConfig",
     "EvalConfig",
+    "FusionConfig",
     "IngestConfig",
     "InputConfig",
     "LLMConfig",

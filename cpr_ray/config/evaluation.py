@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from cpr_ray.sections import Section as _Section
 
 Benchmark = Literal["cpr", "cpr-full", "beir", "analobench", "bright"]
-RetrieverName = Literal["bm25", "dense", "splade"]
+RetrieverName = Literal["bm25", "dense", "splade", "hybrid"]
 RewriteKind = Literal["hyde", "query2doc", "rag-fusion"]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -46,6 +46,25 @@ class ServeConfig(_Section):
         return self
 
 
+class FusionConfig(_Section):
+    """How hybrid retrieval fuses its dense and BM25 rankings: one section for `cpr search`,
+    `cpr serve` and `cpr eval --retriever hybrid`, so what is measured is what is searched.
+    Chosen by `benchmarks/fusion.py` (docs/search.md, "Choosing the fusion")."""
+
+    method: Literal["rrf", "convex"] = Field(
+        "rrf",
+        description="rrf: reciprocal rank fusion, sum of 1/(k + rank); convex: weight x dense + "
+        "(1 - weight) x BM25, each side's scores min-max normalised over its own hits.",
+    )
+    k: int = Field(60, ge=0, description="rrf's constant (Cormack et al.'s 60).")
+    weight: float = Field(
+        0.5, ge=0, le=1, description="convex: the dense side's weight (BM25's is 1 - weight)."
+    )
+    depth: int = Field(
+        100, ge=1, description="Hits of each side fused (at least the hits asked for)."
+    )
+
+
 class SearchConfig(_Section):
     """Cross-field search: the index `cpr index` builds and what `cpr search`/`cpr serve` do."""
 
@@ -68,14 +87,15 @@ class SearchConfig(_Section):
         "(exact).",
     )
     nprobe: int = Field(32, ge=1, description="Inverted lists an IVF shard searches per query.")
-    bm25: bool = Field(False, description="Build a BM25 index beside the dense one (--hybrid).")
+    bm25: bool = Field(
+        True,
+        description="Build a BM25 index beside the dense one; `cpr search` and `cpr serve` "
+        "then fuse both (`fusion:`). --no-bm25: dense only.",
+    )
     k: int = Field(10, ge=1, description="Hits per query.")
     max_k: int = Field(1000, ge=1, description="Largest k a query may ask for.")
     infer_field_k: int = Field(
         20, ge=1, description="Nearest papers whose majority field is the query's own field."
-    )
-    hybrid_depth: int = Field(
-        100, ge=1, description="Hits of each retriever fused by --hybrid (reciprocal rank fusion)."
     )
     rerank_depth: int = Field(30, ge=2, description="Candidates the --rerank llm tournament ranks.")
     query_batch: int = Field(256, ge=1, description="Queries encoded and searched together.")

@@ -19,7 +19,7 @@ from cpr_ray.config.llm import LLMConfig
 from cpr_ray.config.mining import MiningConfig
 from cpr_ray.config.pooling import PoolingConfig
 from cpr_ray.config.refresh import RefreshConfig
-from cpr_ray.config.search import SearchConfig
+from cpr_ray.config.search import FusionConfig, SearchConfig
 from cpr_ray.config.synthesis import SynthesisConfig
 from cpr_ray.config.tracking import TrackingConfig
 from cpr_ray.config.training import TrainConfig
@@ -44,6 +44,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     refresh: RefreshConfig = RefreshConfig()
     search: SearchConfig = SearchConfig()
+    fusion: FusionConfig = FusionConfig()
     tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="after")

@@ -23,7 +23,7 @@ EVAL_FLAGS = (
     Flag("eval.benchmark"),
     Flag("eval.data"),
     Flag("eval.retriever"),
-    Flag("encoder.model", help="Model path or hub name (dense, splade)"),
+    Flag("encoder.model", help="Model path or hub name (dense, splade, hybrid)"),
     Flag("eval.subset"),
     Flag("eval.rerank"),
     Flag("eval.rewrite"),

@@ -16,7 +16,8 @@ other data. Building the file needs no mteb install (the tests load it with mteb
 
 Names: a hub model keeps its name (``intfloat/e5-base-v2``); a local model or BM25 becomes
 ``cpr-ray/<label>``; a reranker or rewriter is part of what was run, so it extends the name
-(``…+rerank-llm-tournament``). The revision is MTEB's ``no_revision_available``. A data variant
+(``…+rerank-llm-tournament``), as hybrid retrieval's fusion does (``…+hybrid-rrf-k60-d100``).
+The revision is MTEB's ``no_revision_available``. A data variant
 or another split table extends the task name (``CPREval-no-e5``), so runs never overwrite each
 other's file.
 """
@@ -31,6 +32,7 @@ import re
 from typing import Any
 
 from cpr_ray.evaluate.metrics import METRICS
+from cpr_ray.evaluate.results import retriever_label
 from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, join
 from cpr_ray.table_files import find_table
@@ -88,6 +90,8 @@ def mteb_model_name(results: dict[str, Any]) -> str:
         name = str(model)
     else:
         name = f"cpr-ray/{model_label(model) or results['retriever']}"
+    if results.get("fusion"):
+        name += f"+{retriever_label(results)}"
     for key in ("rewrite", "rerank"):
         if results.get(key):
             name += f"+{key}-{results[key]}"
@@ -134,6 +138,7 @@ def model_meta(results: dict[str, Any]) -> dict[str, Any]:
         "output_dtypes extra_requirements_groups loader"
     ).split()
     sparse = results.get("retriever") in ("bm25", "splade")
+    kind = ["dense", "sparse"] if results.get("retriever") == "hybrid" else None
     return {
         "name": mteb_model_name(results),
         "revision": NO_REVISION,
@@ -141,7 +146,7 @@ def model_meta(results: dict[str, Any]) -> dict[str, Any]:
         "loader_kwargs": {},
         "framework": [],
         "modalities": ["text"],
-        "model_type": ["sparse" if sparse else "dense"],
+        "model_type": kind or ["sparse" if sparse else "dense"],
     }
 
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from cpr_ray.evaluate.results import check_results
+from cpr_ray.evaluate.results import check_results, retriever_label
 from cpr_ray.evaluate.robustness import order_agreement
 from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, StorageError, join
@@ -56,7 +56,7 @@ def load_results(storage: Storage, uris: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def run_label(r: dict[str, Any]) -> str:
-    label = r["retriever"]
+    label = retriever_label(r)
     if r.get("model"):
         label += f" {model_label(r['model'])}"
     if r.get("rewrite"):

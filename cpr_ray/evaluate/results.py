@@ -4,7 +4,8 @@ Top-level keys: ``recall_at_1``, ``recall_at_5``, ``recall_at_10``, ``mrr_at_10`
 ``ndcg_at_10`` (each ``{value, ci_low, ci_high, random, vs_random}``), ``accuracy`` (AnaloBench
 T1), ``per_domain`` (same blocks per OpenAlex domain, with ``n_queries``), ``per_subset`` and
 ``macro_over_subsets`` (BRIGHT), ``robustness``, ``n_queries``, the run's identity (``benchmark``,
-``subset``, ``variant``, ``data``, ``retriever``, ``model``, ``rerank``, ``rewrite``),
+``subset``, ``variant``, ``data``, ``retriever``, ``model``, ``rerank``, ``rewrite``, and for
+``hybrid`` the ``fusion`` that fused its sides: method, its constant or weight, depth),
 ``settings``, ``timing`` (seconds per stage), ``input_rejects`` and ``rerank_stats``.
 """
 
@@ -80,6 +81,7 @@ def build_results(
         "model": names.get("model", cfg.encoder.model),
         "rerank": names.get("rerank"),
         "rewrite": names.get("rewrite"),
+        "fusion": names.get("fusion"),
         "primary_metric": parts[0].primary_metric if parts else "recall_at_10",
         **summary,
         "robustness": robustness,
@@ -92,6 +94,16 @@ def build_results(
     }
 
 
+def retriever_label(results: dict[str, Any]) -> str:
+    """The retriever as a run names it: ``hybrid`` with its fusion (``hybrid-rrf-k60-d100``,
+    ``hybrid-convex-w0.3-d100``), so runs of two fusions never share a name, a file or a row."""
+    fusion = results.get("fusion")
+    if not fusion:
+        return str(results["retriever"])
+    knob = f"k{fusion['k']}" if fusion["method"] == "rrf" else f"w{fusion['weight']:g}"
+    return f"{results['retriever']}-{fusion['method']}-{knob}-d{fusion['depth']}"
+
+
 def _default_subset(parts: Sequence[Benchmark]) -> str | None:
     names = [p.name.split(":", 1)[1] for p in parts if ":" in p.name]
     return ",".join(names) if names else None
@@ -102,7 +114,7 @@ def results_name(results: dict[str, Any]) -> str:
     bits = [
         results["benchmark"],
         results.get("subset") if results.get("subset") and "," not in results["subset"] else None,
-        results["retriever"],
+        retriever_label(results),
         model_label(results.get("model")),
         f"rerank-{results['rerank']}" if results.get("rerank") else None,
         f"rewrite-{results['rewrite']}" if results.get("rewrite") else None,

@@ -26,7 +26,9 @@ from cpr_ray.evaluate.ranking import drop_excluded, rank_pools
 from cpr_ray.evaluate.robustness import SAME_TOPIC, without_groups
 from cpr_ray.evaluate.summary import SummaryOptions, metric_blocks, query_scores, summarize
 from cpr_ray.retrieval import Retriever, make_retriever
+from cpr_ray.retrieval.base import PAD
 from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
+from cpr_ray.retrieval.hybrid import HybridRetriever
 from cpr_ray.retrieval.rerank import Reranker, llm_reranker
 from cpr_ray.retrieval.spec import RetrieverOptions
 from cpr_ray.storage import Storage
@@ -66,10 +68,14 @@ def rank(
         pools = bench.pools[rows]
         ranked = rank_pools(retriever.score(flat, pools), pools, seed)
     else:
-        extra = max((len(e) for e in bench.excluded), default=0) if bench.excluded else 0
-        idx, _ = retriever.search(flat, top_k + extra)
         excluded = None if bench.excluded is None else [bench.excluded[o] for o in owner]
-        ranked = drop_excluded(list(idx), excluded, top_k)
+        if isinstance(retriever, HybridRetriever):  # excluded before fusion, as cpr search does
+            idx, _ = retriever.search(flat, top_k, excluded)
+            ranked = [r[r != PAD] for r in idx]
+        else:
+            extra = max((len(e) for e in bench.excluded), default=0) if bench.excluded else 0
+            idx, _ = retriever.search(flat, top_k + extra)
+            ranked = drop_excluded(list(idx), excluded, top_k)
     if len(flat) == len(texts):
         return ranked
     out: list[list[np.ndarray]] = [[] for _ in texts]
@@ -184,6 +190,7 @@ def _run_part(
         "model": retriever.model,
         "rerank": reranker.name if reranker is not None else None,
         "rewrite": rewriter.name if rewriter is not None else None,
+        "fusion": retriever.fusion.describe() if isinstance(retriever, HybridRetriever) else None,
     }
     return ranked, names, reranker
 

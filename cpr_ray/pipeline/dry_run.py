@@ -256,13 +256,20 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
         overrides=[f"storage.root={cfg.storage.root}"],
         flags={"search.corpus": export, "search.out": out, "encoder.model": model},
     )
-    console.rule("search: the exported corpus indexed, one CPR-eval query in other fields")
+    console.rule(
+        "search: the exported corpus indexed (dense and BM25), one CPR-eval query in other "
+        "fields, hybrid, its own paper left out"
+    )
     manifest = build_index(search_cfg)
     for line in index_lines(manifest, out):
         console.print(line, soft_wrap=True)
     storage = Storage(search_cfg.storage)
-    first = storage.read_parquet(join(export, "cpr-eval.parquet"), ["query_id", "query"])
-    query = Query(first["query_id"][0].as_py(), first["query"][0].as_py())
+    first = storage.read_parquet(
+        join(export, "cpr-eval.parquet"), ["query_id", "query", "base_corpus_id"]
+    ).slice(0, 1)
+    row = first.to_pylist()[0]
+    # the query was written from its base paper: that paper is no answer to it (as cpr eval)
+    query = Query(row["query_id"], row["query"], (row["base_corpus_id"],))
     reader = EncoderSpec.from_config(search_cfg.encoder, device="cpu")
     index = SearchIndex.load(storage, out, reader)
     opts = search_options(search_cfg, k=5, other_fields_only=True)

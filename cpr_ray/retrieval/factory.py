@@ -9,7 +9,7 @@ from __future__ import annotations
 from cpr_ray.retrieval.base import Retriever
 from cpr_ray.retrieval.spec import RetrieverOptions
 
-RETRIEVERS = ("bm25", "dense", "splade")
+RETRIEVERS = ("bm25", "dense", "splade", "hybrid")
 
 DEFAULT_DENSE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_SPLADE_MODEL = "naver/splade-v3"
@@ -18,8 +18,9 @@ DEFAULT_SPLADE_MODEL = "naver/splade-v3"
 def make_retriever(
     name: str, model: str | None = None, options: RetrieverOptions | None = None
 ) -> Retriever:
-    """`bm25`, `dense` (MODEL: any sentence-transformers/transformers path or hub name) or
-    `splade` (MODEL: a masked-LM checkpoint)."""
+    """`bm25`, `dense` (MODEL: any sentence-transformers/transformers path or hub name),
+    `splade` (MODEL: a masked-LM checkpoint) or `hybrid` (`dense` with MODEL and `bm25`, fused
+    as ``options.fusion`` says)."""
     opts = options or RetrieverOptions()
     if name == "bm25":
         from cpr_ray.retrieval.bm25 import BM25Retriever
@@ -27,6 +28,11 @@ def make_retriever(
         if model:
             raise ValueError("bm25 takes no --model")
         return BM25Retriever(k1=opts.k1, b=opts.b)
+    if name == "hybrid":
+        from cpr_ray.retrieval.hybrid import HybridRetriever
+
+        dense = make_retriever("dense", model, opts)
+        return HybridRetriever(dense, make_retriever("bm25", None, opts), opts.fusion, opts.seed)
     if name in ("dense", "splade"):
         from cpr_ray.retrieval.neural import DenseRetriever, SpladeRetriever
 

@@ -1,13 +1,25 @@
-"""Reciprocal rank fusion (Cormack et al., 2009): several rankings of one query -> one ranking.
+"""Fusing rankings of one query into one: reciprocal rank fusion, and hybrid retrieval's fusion.
 
-score(d) = sum over rankings i containing d of w_i / (k + rank_i(d)), with 1-based ranks. RAG-Fusion
-fuses the rankings of several generated queries this way.
+Reciprocal rank fusion (Cormack et al., 2009): score(d) = sum over rankings i containing d of
+w_i / (k + rank_i(d)), with 1-based ranks. RAG-Fusion fuses the rankings of several generated
+queries this way.
+
+Hybrid retrieval (:class:`Fusion`) fuses a dense and a BM25 ranking of the same query, each cut
+to ``depth`` hits, by RRF or by a convex sum of their min-max normalised scores. It is the one
+fusion of `cpr search`, `cpr serve` and `cpr eval --retriever hybrid` (:func:`Fusion.fuse`), so
+what the evaluation measures is what a researcher searches with. Both sides reach it in the
+same form (:func:`Fusion.sides`): the query's excluded documents dropped from each side before
+its cut (as a filter would), and BM25's documents that share no term with the query (score 0)
+left out of its ranking: they are not matches, and their order among themselves is arbitrary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Literal, TypeVar, overload
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, TypeVar, overload
+
+import numpy as np
 
 Id = TypeVar("Id", bound=Hashable)
 
@@ -69,3 +81,117 @@ def reciprocal_rank_fusion(
     fused = sorted(score, key=lambda d: (-score[d], best[d], seen[d]))
     fused = fused if top_n is None else fused[:top_n]
     return [(d, score[d]) for d in fused] if with_scores else fused
+
+
+@dataclass(frozen=True)
+class Fused:
+    """One fused hit: its document, fused score and 1-based rank on each side (None: not in
+    that side's fused depth)."""
+
+    doc: Any
+    score: float
+    dense_rank: int | None
+    bm25_rank: int | None
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The `fusion:` section as the retrievers use it (plain values: it travels to Ray actors).
+
+    ``rrf``: reciprocal rank fusion with constant ``k``. ``convex``: ``weight`` x dense +
+    (1 - ``weight``) x BM25, each side's scores min-max normalised over its own ``depth`` hits
+    (a document absent from a side gets 0 there). Ties, in both: the better best rank, then
+    the dense side's order, then BM25's, so a fused ranking is a function of the two rankings.
+    """
+
+    method: Literal["rrf", "convex"] = "rrf"
+    k: int = RRF_K
+    weight: float = 0.5
+    depth: int = 100
+
+    def __post_init__(self) -> None:
+        if self.method not in ("rrf", "convex"):
+            raise ValueError(f"unknown fusion {self.method!r}; known: rrf, convex")
+        if self.k < 0 or not 0 <= self.weight <= 1 or self.depth < 1:
+            raise ValueError("fusion needs k >= 0, 0 <= weight <= 1 and depth >= 1")
+
+    @classmethod
+    def from_config(cls, section: Any) -> Fusion:
+        return cls(section.method, section.k, section.weight, section.depth)
+
+    def describe(self) -> dict[str, Any]:
+        """The settings that decide a fused ranking, as results and reports name them."""
+        d = asdict(self)
+        d.pop("weight" if self.method == "rrf" else "k")
+        return d
+
+    @property
+    def label(self) -> str:
+        """Short name: ``rrf(k=60,depth=100)`` or ``convex(w=0.5,depth=100)``."""
+        if self.method == "rrf":
+            return f"rrf(k={self.k},depth={self.depth})"
+        return f"convex(w={self.weight:g},depth={self.depth})"
+
+    def side_depth(self, top_n: int) -> int:
+        """Hits each side contributes: ``depth``, or more when more hits are asked for."""
+        return max(self.depth, top_n)
+
+    def sides(
+        self,
+        dense_docs: Sequence[Any],
+        dense_scores: Sequence[float],
+        bm25_docs: Sequence[Any],
+        bm25_scores: Sequence[float],
+        top_n: int,
+        excluded: Collection[Any] = (),
+    ) -> tuple[list[tuple[Any, float]], list[tuple[Any, float]]]:
+        """Each side's (doc, score) best first, as :meth:`fuse` takes them: `excluded` dropped,
+        no-result cells (doc -1, score -inf) and BM25's non-matches (score <= 0) left out, then
+        cut to the side depth. A caller fetches ``side_depth(top_n) + len(excluded)`` per side."""
+        depth = self.side_depth(top_n)
+
+        def keep(docs: Sequence[Any], scores: Sequence[float], floor: float) -> list:
+            out = []
+            for d, s in zip(docs, scores):
+                if len(out) == depth:
+                    break
+                if d != -1 and s > floor and d not in excluded:
+                    out.append((d, float(s)))
+            return out
+
+        return keep(dense_docs, dense_scores, -np.inf), keep(bm25_docs, bm25_scores, 0.0)
+
+    def fuse(
+        self,
+        dense: Sequence[tuple[Any, float]],
+        bm25: Sequence[tuple[Any, float]],
+        top_n: int | None = None,
+    ) -> list[Fused]:
+        """The fused ranking of two sides given best first as (doc, score) (:meth:`sides`)."""
+        d_rank = {d: r for r, (d, _) in enumerate(dense, start=1)}
+        b_rank = {d: r for r, (d, _) in enumerate(bm25, start=1)}
+        if self.method == "rrf":
+            fused = reciprocal_rank_fusion(
+                [[d for d, _ in dense], [d for d, _ in bm25]], k=self.k, with_scores=True
+            )
+        else:
+            score: dict[Any, float] = {}
+            for side, w in ((dense, self.weight), (bm25, 1.0 - self.weight)):
+                for d, s in zip((d for d, _ in side), _min_max([s for _, s in side])):
+                    score[d] = score.get(d, 0.0) + w * s
+            order = {d: n for n, d in enumerate([*d_rank, *b_rank])}  # dense's order first
+            big = len(dense) + len(bm25) + 1
+            best = {d: min(d_rank.get(d, big), b_rank.get(d, big)) for d in score}
+            fused = [
+                (d, score[d]) for d in sorted(score, key=lambda d: (-score[d], best[d], order[d]))
+            ]
+        fused = fused if top_n is None else fused[:top_n]
+        return [Fused(d, s, d_rank.get(d), b_rank.get(d)) for d, s in fused]
+
+
+def _min_max(scores: Sequence[float]) -> list[float]:
+    """Scores mapped onto [0, 1] by their own minimum and maximum (all equal: all 1)."""
+    if not scores:
+        return []
+    lo, hi = min(scores), max(scores)
+    return [1.0 if hi == lo else (s - lo) / (hi - lo) for s in scores]

@@ -16,6 +16,8 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from cpr_ray.retrieval.fusion import Fusion
+
 if TYPE_CHECKING:
     from cpr_ray.config import Config, EncoderConfig
 
@@ -237,6 +239,9 @@ class RetrieverOptions:
     ray_num_cpus: float = 1.0
     ray_num_gpus: float = 0.0
     ray_resources: dict[str, float] = field(default_factory=dict)
+    # hybrid: how its two sides fuse (the `fusion:` section), and the pooled tie-break's seed
+    fusion: Fusion = Fusion()
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.search_backend not in ("numpy", "faiss"):
@@ -256,6 +261,8 @@ class RetrieverOptions:
             ray_num_cpus=enc.cpus_per_actor,
             ray_num_gpus=enc.gpus_per_actor,
             ray_resources=dict(enc.resources_per_actor),
+            fusion=Fusion.from_config(cfg.fusion),
+            seed=ev.seed,
         )
 
     def encoder_spec(self, model: str) -> EncoderSpec:

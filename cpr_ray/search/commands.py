@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from cpr_ray.command_line import (
@@ -46,7 +47,7 @@ INDEX_FLAGS = (
     Flag("search.corpus"),
     Flag("encoder.model", help="Dense model: a local folder or a hub name"),
     Flag("search.out"),
-    Flag("search.bm25"),
+    Flag("search.bm25", help="Build the BM25 side (the default); --no-bm25: dense only."),
     Flag("storage.s3_endpoint"),
 )
 
@@ -83,13 +84,18 @@ def print_result(result: dict[str, Any]) -> None:
     title = f"[bold]{result['query_id']}[/]: {result['query']}"
     if result.get("query_field"):
         title += f"  (field: {result['query_field']}, {result['query_field_source']})"
+    if result.get("fusion"):
+        title += f"  [dim](hybrid {_fusion_text(result['fusion'])})[/]"
     table = Table(title=title, title_justify="left", show_lines=False)
-    for col in ("#", "score", "corpus id", "year", "field", "title"):
-        table.add_column(col, justify="right" if col in ("#", "score", "year") else "left")
+    columns = ("#", "score", "dense", "bm25", "corpus id", "year", "field", "title")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("corpus id", "field", "title") else "right")
     for h in result["hits"]:
         table.add_row(
             str(h["rank"]),
             f"{h['score']:.4f}",
+            _rank_text(h.get("dense_rank")),
+            _rank_text(h.get("bm25_rank")),
             str(h["corpus_id"]),
             "" if h["year"] is None else str(h["year"]),
             h["field"] or "",
@@ -97,10 +103,20 @@ def print_result(result: dict[str, Any]) -> None:
         )
         exp = h.get("explanation")
         if "explanation" in h:
-            table.add_row("", "", "", "", "", _explanation_text(exp))
+            table.add_row("", "", "", "", "", "", "", _explanation_text(exp))
     console.print(table)
     if not result["hits"]:
         console.print("  no paper passes the filters")
+
+
+def _rank_text(rank: int | None) -> str:
+    """A hit's rank on one side; "–" where it was not in that side's fused depth."""
+    return "–" if rank is None else str(rank)
+
+
+def _fusion_text(fusion: dict[str, Any]) -> str:
+    knob = f"k={fusion['k']}" if fusion["method"] == "rrf" else f"weight={fusion['weight']}"
+    return f"{fusion['method']} {knob}, depth {fusion['depth']}"
 
 
 def _explanation_text(exp: dict[str, Any] | None) -> str:
@@ -141,7 +157,12 @@ def search_command(
     before: Annotated[
         int | None, typer.Option("--before", help="Only papers published before this year.")
     ] = None,
-    hybrid: Annotated[bool, typer.Option("--hybrid", help="Fuse dense and BM25 (RRF).")] = False,
+    dense_only: Annotated[
+        bool, typer.Option("--dense-only", help="Search the dense side only (no fusion).")
+    ] = False,
+    bm25_only: Annotated[
+        bool, typer.Option("--bm25-only", help="Search the BM25 side only (no fusion).")
+    ] = False,
     rerank: Annotated[
         str | None, typer.Option("--rerank", help="llm: the tournament reranker.")
     ] = None,
@@ -151,12 +172,17 @@ def search_command(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines, one per query.")] = False,
     queries: Annotated[
         str | None,
-        typer.Option("--queries", help="File of queries: plain lines, or JSONL query_id/query."),
+        typer.Option(
+            "--queries",
+            help="File of queries: plain lines, or JSONL query_id/query (excluded_ids: papers "
+            "never returned for that query).",
+        ),
     ] = None,
     out: Annotated[str | None, typer.Option("--out", help="Write the JSON lines here.")] = None,
 ) -> None:
-    """Papers from other fields whose ideas could solve a research problem."""
-    from cpr_ray.search.engine import Query, SearchIndex
+    """Papers from other fields whose ideas could solve a research problem: dense and BM25
+    fused (the `fusion:` section) where the index has both sides, else dense."""
+    from cpr_ray.search.engine import NO_BM25, Query, SearchIndex
     from cpr_ray.search.run import read_queries, run_search, search_options
 
     redirect = _logs_to_stderr() if json_out and out is None else _nothing()
@@ -164,6 +190,8 @@ def search_command(
         try:
             if rerank not in (None, "llm"):
                 raise InputError(f"--rerank {rerank!r}: the only reranker is llm")
+            if dense_only and bm25_only:
+                raise InputError("--dense-only and --bm25-only: choose one side, or neither")
             if (query is None) == (queries is None):
                 raise InputError("give one query, or --queries FILE")
             cfg = given.load(extra={"search.index": index})
@@ -180,11 +208,13 @@ def search_command(
                 field=field,
                 exclude_fields=tuple(exclude_field or ()),
                 before=before,
-                hybrid=hybrid,
+                retriever="dense" if dense_only else "bm25" if bm25_only else None,
             )
             quiet_model_loading()
             reader = EncoderSpec.from_config(cfg.encoder)
             idx = SearchIndex.load(storage, str(cfg.search.index), reader)
+            if idx.notice and not (dense_only or bm25_only):
+                Console(stderr=True).print(f"[yellow]{NO_BM25}[/]", soft_wrap=True)
             results = run_search(idx, asked, opts, cfg, rerank=rerank == "llm", explain=explain)
         except UserError as exc:
             fail(exc)
@@ -224,7 +254,7 @@ def serve_command(
 ) -> None:
     """Run the search service (Ray Serve): the search page at /, POST /search, POST /explain,
     GET /healthz, OpenAPI at /docs."""
-    from cpr_ray.search.engine import query_encoder_spec
+    from cpr_ray.search.engine import NO_BM25, query_encoder_spec
     from cpr_ray.search.index import require_index
     from cpr_ray.search.serve import run_locally
 
@@ -234,6 +264,8 @@ def serve_command(
         # line, not a failed deployment
         manifest = require_index(Storage(cfg.storage), str(cfg.search.index))
         query_encoder_spec(manifest, index, EncoderSpec.from_config(cfg.encoder))
+        if not manifest.get("bm25"):
+            Console(stderr=True).print(f"[yellow]{NO_BM25}[/]", soft_wrap=True)
         run_locally(cfg)
     except UserError as exc:
         fail(exc)

@@ -11,16 +11,24 @@ IVF shards are searched by faiss with the mask as a bitmap selector.
 was. Over exact shards one scan gives both the nearest papers and the filtered hits; otherwise
 queries that exclude the same fields share one masked search.
 
-Hybrid search fuses the dense and BM25 rankings (each ``hybrid_depth`` deep, both filtered) by
-reciprocal rank fusion; a hit's score is then its fused score.
+An index with a BM25 side beside the dense one (`cpr index` builds it unless ``--no-bm25``) is
+searched hybrid by default: the dense and BM25 rankings, each filtered by the same mask before
+it is ranked (a paper a filter drops is in neither, so it cannot return through the other) and
+each ``fusion.depth`` deep, fused by `cpr_ray.retrieval.fusion.Fusion`, the fusion `cpr eval
+--retriever hybrid` measures; a hit's score is then its fused score. ``retriever`` "dense" or
+"bm25" searches one side. Every hit carries its rank on each side searched (``dense_rank``,
+``bm25_rank``; null where it was not in that side's fused depth or the side was not searched).
+An index built without BM25 searches dense only, and :attr:`SearchIndex.notice` says how to add
+it. A query that names papers to leave out (``excluded_ids``: a CPR-eval query's own base paper)
+has them dropped from each side before its cut, as `cpr eval` drops them.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +36,7 @@ import pyarrow.compute as pc
 
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.retrieval.base import top_k_rows
-from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
+from cpr_ray.retrieval.fusion import Fusion
 from cpr_ray.retrieval.index import VectorIndex
 from cpr_ray.retrieval.model_source import locate
 from cpr_ray.retrieval.spec import EncoderSpec, with_identity
@@ -37,6 +45,11 @@ from cpr_ray.storage import Storage, StorageError, join
 
 HIT_COLUMNS = ("corpus_id", "title", "year", "field", "domain")
 SCAN_FLOATS = 1 << 25  # scores held at once by a one-scan search (128 MiB)
+LEXICAL_CHUNK = 32  # queries BM25 scores at once: 32 x N floats (128 MiB at 1M papers)
+NO_BM25 = (
+    "this index has no BM25 side: searching dense only. Add it by running cpr index again with "
+    "the same --corpus and --out (vectors are reused, BM25 is built beside)"
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,7 @@ class Query:
 
     query_id: str
     query: str
+    excluded_ids: tuple[Any, ...] = ()  # papers never returned (the query's own)
 
     def __post_init__(self) -> None:
         if not self.query.strip():
@@ -62,9 +76,10 @@ class SearchOptions:
     field: str | None = None  # the query's own field (else inferred when needed)
     exclude_fields: tuple[str, ...] = ()
     before: int | None = None  # only papers published before this year
-    hybrid: bool = False
+    # hybrid, dense or bm25; None: hybrid where the index has both sides, else dense
+    retriever: Literal["hybrid", "dense", "bm25"] | None = None
     infer_field_k: int = 20
-    hybrid_depth: int = 100
+    fusion: Fusion = Fusion()
 
     def filters(self) -> dict[str, Any]:
         return {
@@ -248,19 +263,22 @@ class SearchIndex:
             return np.full((len(q), 0), -1, np.int64), np.zeros((len(q), 0), np.float32)
         return merge_top_k(rows, scores, k)
 
-    def lexical(self, texts: Sequence[str], k: int, allowed: np.ndarray | None) -> list[np.ndarray]:
-        scores = self.bm25.scores(texts)  # (n_q, N): filtered before ranking, never after
-        if allowed is not None:
-            scores[:, ~allowed] = -np.inf
-        k = min(k, scores.shape[1])
-        top = (
-            np.argpartition(-scores, k - 1, axis=1)[:, :k] if k else np.zeros((len(texts), 0), int)
-        )
-        out = []
-        for i, row in enumerate(top):
-            row = row[np.isfinite(scores[i, row])]
-            out.append(row[np.argsort(-scores[i, row], kind="stable")])
-        return out
+    def lexical(
+        self, texts: Sequence[str], k: int, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """BM25's rows (n_q, k) and scores, best first, equal scores to the lower row (as
+        `BM25Retriever.search`); row -1 where fewer than k papers share a term with the query
+        (a score of 0 is no match)."""
+        parts = []
+        for c in range(0, len(texts), LEXICAL_CHUNK):  # (chunk, N) scores at a time
+            scores = self.bm25.scores(texts[c : c + LEXICAL_CHUNK])  # filtered before ranking
+            if allowed is not None:
+                scores[:, ~allowed] = -np.inf
+            parts.append(top_k_rows(scores, k))
+        if not parts:
+            return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+        rows, best = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return np.where(best > 0, rows, -1), best
 
     def _inferred_one_scan(
         self, q: np.ndarray, opts: SearchOptions
@@ -297,30 +315,49 @@ class SearchIndex:
 
     # -- the whole search ------------------------------------------------------------------
 
+    @property
+    def notice(self) -> str | None:
+        """One line for an index built without BM25 (before hybrid became the default)."""
+        return None if self.bm25 is not None else NO_BM25
+
+    def retriever(self, asked: str | None) -> str:
+        """What a search runs: the side(s) asked for, or hybrid where the index has both."""
+        if asked is None:
+            return "dense" if self.bm25 is None else "hybrid"
+        if asked != "dense" and self.bm25 is None:
+            raise ConfigError(
+                f"{asked} search needs a BM25 index beside the dense one, and this index was "
+                "built without it: run cpr index again with the same --corpus and --out"
+            )
+        return asked
+
     def search(
         self, queries: Sequence[Query], opts: SearchOptions, vectors: np.ndarray | None = None
     ) -> list[dict[str, Any]]:
         """One result per query: its field (when known or needed), filters and hits."""
-        if opts.hybrid and self.bm25 is None:
-            raise ConfigError(
-                "--hybrid needs a BM25 index beside the dense one: rebuild with "
-                "cpr index … --set search.bm25=true"
-            )
+        mode = self.retriever(opts.retriever)
         needs_fields = opts.other_fields_only or opts.exclude_fields
         if needs_fields and not self.manifest.get("has_fields", True):
             raise InputError(
                 "this index's corpus has no fields (a BEIR corpus): field filters do not apply"
             )
-        q = self.encode([x.query for x in queries]) if vectors is None else vectors
+        inferred = opts.other_fields_only and opts.field is None
+        q = vectors
+        if q is None and (mode != "bm25" or inferred):
+            q = self.encode([x.query for x in queries])
         own: list[str | None] = [opts.field] * len(queries)
         source = "given" if opts.field else None
-        inferred = opts.other_fields_only and opts.field is None
-        one_scan = inferred and not opts.hybrid and self.exact
-        hits: list[list[tuple[int, float]]] = [[] for _ in queries]
+        one_scan = inferred and mode == "dense" and self.exact
+        drop = [self.rows_of(x.excluded_ids) for x in queries]
+        extra = max(map(len, drop), default=0)
+        hits: list[list[tuple[int, float, int | None, int | None]]] = [[] for _ in queries]
         groups: dict[frozenset[str], list[int]] = defaultdict(list)
         if one_scan:
-            own, hits = self._inferred_one_scan(q, opts)
+            own, found = self._inferred_one_scan(q, replace(opts, k=opts.k + extra))
             source = "inferred"
+            for i, h in enumerate(found):
+                kept = [(r, s) for r, s in h if r not in drop[i]][: opts.k]
+                hits[i] = [(r, s, n, None) for n, (r, s) in enumerate(kept, start=1)]
         elif inferred:
             own, source = self.infer_fields(q, opts.infer_field_k), "inferred"
         for i, f in enumerate([] if one_scan else own):
@@ -330,37 +367,66 @@ class SearchIndex:
             groups[frozenset(excluded)].append(i)
         for excluded, members in groups.items():
             allowed = self.mask(excluded, opts.before)
-            if opts.hybrid:
-                depth = max(opts.k, opts.hybrid_depth)
-                d_rows, _ = self.dense(q[members], depth, allowed)
-                lex = self.lexical([queries[i].query for i in members], depth, allowed)
-                for i, dr, lr in zip(members, d_rows, lex):
-                    fused = reciprocal_rank_fusion(
-                        [dr[dr >= 0].tolist(), lr.tolist()], top_n=opts.k, with_scores=True
+            texts = [queries[i].query for i in members]
+            if mode == "hybrid":
+                fetch = opts.fusion.side_depth(opts.k) + extra
+                d_rows, d_scores = self.dense(q[members], fetch, allowed)
+                b_rows, b_scores = self.lexical(texts, fetch, allowed)
+                for n, i in enumerate(members):
+                    sides = opts.fusion.sides(
+                        d_rows[n].tolist(),
+                        d_scores[n],
+                        b_rows[n].tolist(),
+                        b_scores[n],
+                        opts.k,
+                        drop[i],
                     )
-                    hits[i] = [(int(r), s) for r, s in fused]
+                    fused = opts.fusion.fuse(*sides, top_n=opts.k)
+                    hits[i] = [(f.doc, f.score, f.dense_rank, f.bm25_rank) for f in fused]
+                continue
+            if mode == "dense":
+                rows, scores = self.dense(q[members], opts.k + extra, allowed)
             else:
-                rows, scores = self.dense(q[members], opts.k, allowed)
-                for i, rr, ss in zip(members, rows, scores):
-                    hits[i] = [(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0]
+                rows, scores = self.lexical(texts, opts.k + extra, allowed)
+            for i, rr, ss in zip(members, rows, scores):
+                kept = [(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0 and r not in drop[i]]
+                ranked = enumerate(kept[: opts.k], start=1)
+                hits[i] = [
+                    (r, s, n if mode == "dense" else None, n if mode == "bm25" else None)
+                    for n, (r, s) in ranked
+                ]
         return [
             {
                 "query_id": x.query_id,
                 "query": x.query,
                 "query_field": own[i] if (opts.other_fields_only or opts.field) else None,
                 "query_field_source": source if (opts.other_fields_only or opts.field) else None,
+                "retriever": mode,
+                "fusion": opts.fusion.describe() if mode == "hybrid" else None,
                 "filters": opts.filters(),
-                "hits": [self.hit(r, s, n) for n, (r, s) in enumerate(hits[i], start=1)],
+                "excluded_ids": list(x.excluded_ids),
+                "hits": [
+                    self.hit(r, s, n, d, b) for n, (r, s, d, b) in enumerate(hits[i], start=1)
+                ],
             }
             for i, x in enumerate(queries)
         ]
 
-    def hit(self, row: int, score: float, rank: int) -> dict[str, Any]:
+    def hit(
+        self,
+        row: int,
+        score: float,
+        rank: int,
+        dense_rank: int | None = None,
+        bm25_rank: int | None = None,
+    ) -> dict[str, Any]:
         c = self.columns
         return {
             "rank": rank,
             "corpus_id": c["corpus_id"][row],
             "score": round(float(score), 6),
+            "dense_rank": dense_rank,
+            "bm25_rank": bm25_rank,
             "title": c["title"][row],
             "year": c["year"][row],
             "field": c["field"][row],
@@ -384,9 +450,26 @@ class SearchIndex:
         return None  # the title alone: no abstract
 
     def row_of(self, corpus_id: Any) -> int:
+        return self._row_by_id_map()[corpus_id]
+
+    def rows_of(self, corpus_ids: Sequence[Any]) -> set[int]:
+        """The rows of those of `corpus_ids` the index holds (an id given as text or as a
+        number alike: a JSON file may write an S2 id either way)."""
+        if not corpus_ids:
+            return set()
+        by_id = self._row_by_id_map()
+        out = set()
+        for d in corpus_ids:
+            for key in (d, str(d), int(d) if str(d).isdigit() else None):
+                if key in by_id:
+                    out.add(by_id[key])
+                    break
+        return out
+
+    def _row_by_id_map(self) -> dict[Any, int]:
         if not hasattr(self, "_row_by_id"):
             self._row_by_id = {d: i for i, d in enumerate(self.columns["corpus_id"])}
-        return self._row_by_id[corpus_id]
+        return self._row_by_id
 
 
 __all__ = ["Query", "SearchIndex", "SearchOptions", "majority_field", "merge_top_k"]

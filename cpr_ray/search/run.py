@@ -8,11 +8,13 @@ from typing import Any
 
 from cpr_ray.config import Config
 from cpr_ray.errors import InputError
+from cpr_ray.retrieval.fusion import Fusion
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions
 
 
 def read_queries(text: str, source: str) -> list[Query]:
-    """Plain lines (ids q1, q2, … by line), or JSON lines with `query_id` and `query`."""
+    """Plain lines (ids q1, q2, … by line), or JSON lines with `query_id`, `query` and
+    optionally `excluded_ids` (papers never returned for it: a CPR-eval query's own paper)."""
     out: list[Query] = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -24,7 +26,11 @@ def read_queries(text: str, source: str) -> list[Query]:
                 raise InputError(f"{source}: line {n} is not valid JSON ({exc.msg})") from None
             if not isinstance(row.get("query"), str) or not row["query"].strip():
                 raise InputError(f'{source}: line {n} has no "query" text')
-            out.append(Query(str(row.get("query_id", f"q{n}")), row["query"].strip()))
+            excluded = row.get("excluded_ids") or []
+            if not isinstance(excluded, list):
+                raise InputError(f'{source}: line {n}: "excluded_ids" must be a list of ids')
+            query_id = str(row.get("query_id", f"q{n}"))
+            out.append(Query(query_id, row["query"].strip(), tuple(excluded)))
         else:
             out.append(Query(f"q{n}", line.strip()))
     if not out:
@@ -83,6 +89,6 @@ def search_options(cfg: Config, **given: Any) -> SearchOptions:
     return SearchOptions(
         k=k,
         infer_field_k=cfg.search.infer_field_k,
-        hybrid_depth=cfg.search.hybrid_depth,
+        fusion=Fusion.from_config(cfg.fusion),
         **{key: v for key, v in given.items() if v is not None},
     )

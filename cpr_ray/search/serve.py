@@ -1,14 +1,16 @@
 """The search service: Ray Serve replicas over the same `run_search` as `cpr search`.
 
-``POST /search`` takes ``{"query": "How to …"}`` (or ``"queries": [{"query_id", "query"}, …]``)
-and the CLI's options (``k``, ``other_fields_only``, ``field``, ``exclude_fields``, ``before``,
-``hybrid``, ``rerank``, ``explain``) and answers ``{"results": [...]}``, each result the JSON line
-`cpr search --json` prints; ``infer_field`` adds the query's inferred field where no filter
-needed it, ``abstracts`` each hit's abstract (null: withheld by its licence). ``POST /explain``
-takes ``{"query", "corpus_id", "query_field"}`` and answers the LLM's explanation of that one
-hit (`llm_steps.explain_one`: mappings, shared relations, transfer path), as ``explain`` would
-attach it. ``GET /healthz`` answers once the index is loaded; ``/docs`` and ``/openapi.json``
-describe the API.
+``POST /search`` takes ``{"query": "How to …"}`` (or ``"queries": [{"query_id", "query"}, …]``,
+each query optionally with ``excluded_ids``: papers never returned for it) and the CLI's options
+(``k``, ``other_fields_only``, ``field``, ``exclude_fields``, ``before``, ``retriever``:
+hybrid, dense or bm25, unset the index's default; ``rerank``, ``explain``) and answers
+``{"results": [...]}``, each result the JSON line `cpr search --json` prints; ``infer_field``
+adds the query's inferred field where no filter needed it, ``abstracts`` each hit's abstract
+(null: withheld by its licence). ``POST /explain`` takes ``{"query", "corpus_id",
+"query_field"}`` and answers the LLM's explanation of that one hit (`llm_steps.explain_one`:
+mappings, shared relations, transfer path), as ``explain`` would attach it. ``GET /healthz``
+answers once the index is loaded, saying whether the service asks for a key (``api_key``: the
+search page shows its key panel only then); ``/docs`` and ``/openapi.json`` describe the API.
 
 ``GET /`` is the search page (``cpr_ray/search/page/``: plain HTML, JS and CSS shipped in the
 package, no build step and nothing fetched from elsewhere, so it works offline): a problem,
@@ -51,6 +53,11 @@ class QueryIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query_id: str | None = Field(None, max_length=200)
     query: str = Field(max_length=QUERY_CHARS)
+    excluded_ids: list[int | str] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Papers never returned for this query (its own paper).",
+    )
 
 
 class SearchRequest(BaseModel):
@@ -62,7 +69,10 @@ class SearchRequest(BaseModel):
     field: str | None = None
     exclude_fields: list[str] = Field(default_factory=list)
     before: int | None = None
-    hybrid: bool = False
+    retriever: Literal["hybrid", "dense", "bm25"] | None = Field(
+        None,
+        description="The side(s) searched; unset: hybrid where the index has BM25, else dense.",
+    )
     rerank: Literal["llm"] | None = None
     explain: bool = False
     infer_field: bool = Field(
@@ -229,7 +239,7 @@ def _queries(request: SearchRequest, max_queries: int) -> list[Any]:
         queries = [Query("q1", request.query)]
     else:
         queries = [
-            Query(q.query_id or f"q{i}", q.query)
+            Query(q.query_id or f"q{i}", q.query, tuple(q.excluded_ids))
             for i, q in enumerate(request.queries or [], start=1)
         ]
     if len(queries) > max_queries:
@@ -290,6 +300,8 @@ def build_app(cfg: Config):
                 EncoderSpec.from_config(self.cfg.encoder),
             )
             self.index.encode(["warm-up"])  # the model loads before the first request
+            if self.index.notice:
+                log.warning("%s: %s", self.cfg.search.index, self.index.notice)
 
         def documents(self) -> int:
             return len(self.index)
@@ -348,7 +360,12 @@ def build_app(cfg: Config):
         @api.get("/healthz")
         async def healthz(self) -> dict[str, Any]:
             documents = await self._call("documents")
-            return {"status": "ok", "documents": documents, "index": self.cfg.search.index}
+            return {
+                "status": "ok",
+                "documents": documents,
+                "index": self.cfg.search.index,
+                "api_key": self.key is not None,
+            }
 
         @api.post("/search")
         async def search(
@@ -365,7 +382,7 @@ def build_app(cfg: Config):
                 field=request.field,
                 exclude_fields=tuple(request.exclude_fields),
                 before=request.before,
-                hybrid=request.hybrid,
+                retriever=request.retriever,
             )
             extras = {"infer_field": request.infer_field, "abstracts": request.abstracts}
             results = await self._call(

@@ -26,8 +26,21 @@
   }
 
   keyInput.value = storedKey();
-  $("key-box").open = !keyInput.value; // asked for until one is kept
   showKeyState();
+  // the key panel is shown only where the service asks for a key (GET healthz says so)
+  const keyBox = $("key-box");
+  keyBox.hidden = true;
+  fetch("healthz")
+    .then((r) => (r.ok ? r.json() : null))
+    .then((health) => {
+      if (health && health.api_key) {
+        keyBox.hidden = false;
+        keyBox.open = !keyInput.value; // asked for until one is kept
+      }
+    })
+    .catch(() => {
+      /* the search itself will say what is wrong */
+    });
   keyInput.addEventListener("change", () => {
     try {
       window.localStorage.setItem(KEY_STORE, keyInput.value.trim());
@@ -131,8 +144,46 @@
     return body;
   }
 
+  // -- the URL: a search is a link (/?q=…&other_fields_only=1&before=2020) -----------------
+
+  const URL_FIELDS = {
+    q: "query",
+    exclude_fields: "exclude-fields",
+    before: "before",
+    k: "k",
+  };
+
+  function formFromUrl() {
+    const params = new URLSearchParams(window.location.search);
+    Object.entries(URL_FIELDS).forEach(([name, id]) => {
+      $(id).value = params.has(name) ? params.get(name) : name === "k" ? "10" : "";
+    });
+    const only = params.get("other_fields_only");
+    $("other-fields-only").checked = only === "1" || only === "true";
+    return Boolean((params.get("q") || "").trim());
+  }
+
+  function urlFromForm() {
+    const params = new URLSearchParams();
+    Object.entries(URL_FIELDS).forEach(([name, id]) => {
+      const value = $(id).value.trim();
+      if (value && !(name === "k" && value === "10")) params.set(name, value);
+    });
+    if ($("other-fields-only").checked) params.set("other_fields_only", "1");
+    const query = params.toString();
+    const url = window.location.pathname + (query ? "?" + query : "");
+    if (url !== window.location.pathname + window.location.search) {
+      window.history.pushState(null, "", url);
+    }
+  }
+
   async function search(event) {
     event.preventDefault();
+    urlFromForm();
+    await run();
+  }
+
+  async function run() {
     const button = $("search-button");
     showError("");
     setStatus("Searching…");
@@ -178,6 +229,10 @@
     );
   }
 
+  function rankText(rank) {
+    return rank === null || rank === undefined ? "–" : "#" + rank;
+  }
+
   function hitItem(hit) {
     const item = el("li", "hit");
     item.dataset.corpusId = String(hit.corpus_id);
@@ -190,6 +245,7 @@
       ["field", hit.field || "field unknown"],
       ["domain", hit.domain || "domain unknown"],
       ["score", "score " + Number(hit.score).toFixed(4)],
+      ["ranks", "dense " + rankText(hit.dense_rank) + " · BM25 " + rankText(hit.bm25_rank)],
     ];
     parts.forEach(([name, text], i) => {
       if (i) meta.append(" · ");
@@ -319,6 +375,11 @@
   }
 
   form.addEventListener("submit", search);
+  // a shared link runs its search; going back or forward runs the one in the URL
+  if (formFromUrl()) run();
+  window.addEventListener("popstate", () => {
+    if (formFromUrl()) run();
+  });
   $("query").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
   });
