@@ -1,4 +1,5 @@
-"""Running one LLM step over a table on Ray: many requests in flight, nothing paid twice.
+"""Running one LLM step over a table on Ray: many requests in flight, none paid twice unless a
+kill cut it off.
 
 A step (`LLMTask`) turns one input row into one or more structured questions and returns its
 output columns. `run_llm_task`:
@@ -10,14 +11,18 @@ output columns. `run_llm_task`:
    through a pool of `LLMActor`s (async, a semaphore of requests in flight each).
    Each actor appends its answers to the cache and every row's cost to the ledger as they
    arrive (small atomic Parquet parts, flushed at least every `FLUSH_S`), so a killed run loses
-   at most a second of paid answers and its rerun asks only for what is missing. An actor lost
+   at most a second of paid answers and its rerun asks only for what is missing. Before a build
+   stage's request leaves, it reserves its worst case from the stage's `Reserver` (`reserve`),
+   which journals it: a request in flight when its process was killed may be paid and is asked
+   again by the rerun, so after a kill at most the requests then in flight are paid twice, and
+   each is in the journal as a reservation no ledger row settled (`spend.in_doubt`). An actor lost
    with its node is restarted by Ray on a surviving node and given its batches again; it serves
    what the lost actor had flushed and asks only for the rest (`LLMActor._answered_in_this_run`);
 4. stops the stage with one clear line when the endpoint refuses us (key, model, URL), when
    more calls fail or come back invalid than the configured rates allow, or when a build
-   stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`,
-   checked as answers arrive), and otherwise returns every input row with its answer, status
-   and reason.
+   stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`;
+   a request that does not fit under it is not sent), and otherwise returns every input row
+   with its answer, status and reason.
 
 Only `ok` answers are served from the cache. Invalid answers (the model kept breaking the
 contract after re-asks) and transport failures are in the ledger, and are asked again next run.
@@ -25,6 +30,7 @@ contract after re-asks) and transport failures are in the ledger, and are asked 
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -128,14 +134,12 @@ def run_llm_task(
     call_id = uuid.uuid4().hex[:8]  # one run may call several times (tournament rounds)
     tag = f"{run.run_id}-{call_id}"
     gate = None
-    if budget is not None and todo.num_rows:
+    if isinstance(run, StageRun) and todo.num_rows:  # a build stage's every request journaled
         journal = reserved_uri(storage, task.stage)
+        room = budget.room() if budget is not None else math.inf
         # a reservation is held for one HTTP request at most: one held longer is a dead asker's
-        gate = reserver(
-            budget.room(), storage.cfg, journal, tag, cfg.timeout_s + 30.0, shared=not inline
-        )
-        if isinstance(run, StageRun):
-            run.part_folders.add(journal)
+        gate = reserver(room, storage.cfg, journal, tag, cfg.timeout_s + 30.0, shared=not inline)
+        run.part_folders.add(journal)
     sink = AnswerSink(storage.cfg, cache, ledger_uri(storage, task.stage), tag, gate)
     if isinstance(run, StageRun):  # compacted by the stage before it publishes
         run.part_folders.update((sink.cache, sink.ledger))
