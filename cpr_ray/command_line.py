@@ -56,9 +56,10 @@ LLMModelOpt = Annotated[str | None, typer.Option("--llm-model", help="Model name
 
 
 def fail(exc: Exception) -> NoReturn:
-    """A user's mistake: its one line (however long) on stderr, exit code 2."""
+    """A user's mistake: its one line (however long) on stderr, exit code 2 (or the error's
+    own: 75 for a refresh that found the root owned, `leases.RootOwned`)."""
     errors.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(getattr(exc, "exit_code", 2))
 
 
 def crash_line(exc: BaseException) -> str:
@@ -253,7 +254,7 @@ def run_job(work: Callable[[], Iterable[str]]) -> int:
         lines = list(work())
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except Exception as exc:
         return report_crash(exc)
     if lines:

@@ -18,18 +18,23 @@ from cpr_ray.s3_retries import count_boto_retry
 
 @cache
 def boto_client(
-    endpoint: str | None, region: str | None, virtual: bool, anonymous: bool, max_retries: int
+    endpoint: str | None,
+    region: str | None,
+    virtual: bool,
+    anonymous: bool,
+    max_retries: int,
+    timeout_s: float | None = None,
 ) -> Any:
     """One boto3 client per S3 setting, made from its own session (boto3's default session is
-    not thread-safe; a client is); the same timeouts and retries as the pyarrow filesystem, and
-    a hook that counts the retries."""
+    not thread-safe; a client is); the same timeouts and retries as the pyarrow filesystem
+    (`timeout_s`: the connect and read timeouts instead), and a hook that counts the retries."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config as BotoConfig
 
     config = BotoConfig(
-        connect_timeout=5,
-        read_timeout=60,
+        connect_timeout=5 if timeout_s is None else timeout_s,
+        read_timeout=60 if timeout_s is None else timeout_s,
         retries={"max_attempts": max_retries + 1, "mode": "standard"},
         s3={"addressing_style": "virtual" if virtual else "path"},
         **({"signature_version": UNSIGNED} if anonymous else {}),

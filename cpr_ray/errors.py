@@ -11,6 +11,8 @@ from __future__ import annotations
 class UserError(Exception):
     """A problem the user can fix; the message names the thing to fix."""
 
+    exit_code = 2  # what the CLI and a job exit with after its one line
+
 
 class ConfigError(UserError):
     """A config key or value that cannot be used; the message names the key."""

@@ -103,10 +103,14 @@ def manifest_uri(storage: Storage, stage: str) -> str:
 
 
 def read_manifest(storage: Storage, stage: str) -> dict[str, Any] | None:
+    """The stage's published manifest; None when there is none, or when it was written under a
+    lease already taken over (`leases.superseded`): the stage runs again."""
+    uri = manifest_uri(storage, stage)
     try:
-        return storage.read_json(manifest_uri(storage, stage))
+        manifest = storage.read_json(uri)
     except FileNotFoundError:
         return None
+    return None if leases.superseded(storage, manifest, uri) else manifest
 
 
 def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
@@ -242,7 +246,9 @@ def run_stage(
         "seconds": seconds,
         "storage_retries": retries,
     }
-    leases.check_owner(storage)  # a build whose lease was taken over publishes nothing
+    # a build whose lease was taken over, or not renewed within its slack, publishes nothing;
+    # the manifest records the lease's generation renewed right now
+    manifest["lease"] = leases.fence(storage)
     # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
     storage.write_json(manifest_uri(storage, name), manifest)
     metrics.stage_published(name, result.tables)

@@ -7,6 +7,7 @@ loopback exercises exactly what runs against AWS. Credentials come from the stan
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 import os
@@ -74,9 +75,17 @@ def join(uri: str, *parts: str) -> str:
 
 
 class Storage:
-    def __init__(self, cfg: StorageConfig) -> None:
+    def __init__(self, cfg: StorageConfig, *, call_s: float | None = None) -> None:
         self.cfg = cfg
         self._s3: dict[BucketSettings, pafs.S3FileSystem] = {}
+        self._call_s = call_s  # set by `bounded`
+
+    def bounded(self, call_s: float) -> Storage:
+        """This store with each conditional write and tagged read (`write_if`, `read_tagged`,
+        `delete_if`) given up within about `call_s` on S3: two attempts, each its connection
+        and its answer within a quarter (half a second at least). What a lease's renewal uses:
+        a store that hangs must fail a beat well before the lease would go stale."""
+        return Storage(self.cfg.model_copy(update={"max_retries": 1}), call_s=call_s)
 
     @property
     def root(self) -> str:
@@ -288,6 +297,19 @@ class Storage:
 
     def exists(self, uri: str) -> bool:
         return self._type_at(self.resolve(uri)) != pafs.FileType.NotFound
+
+    def written_at(self, uri: str) -> dt.datetime | None:
+        """When the store last wrote the file (its clock: S3's LastModified, to the second), or
+        None when there is none."""
+        loc = self.resolve(uri)
+        try:
+            info = loc.fs.get_file_info(loc.path)
+        except OSError as exc:
+            raise StorageError(_explain(loc, exc)) from None
+        if info.type == pafs.FileType.NotFound or info.mtime is None:
+            return None
+        mtime = info.mtime
+        return mtime if mtime.tzinfo else mtime.replace(tzinfo=dt.timezone.utc)
 
     def _again(self, read: Callable[[], _T]) -> _T:
         """`read` once more when S3 broke off an answer mid-body (a reset connection), which
@@ -644,6 +666,7 @@ class Storage:
             self.cfg.s3_virtual_addressing,
             self.cfg.s3_anonymous,
             self.cfg.max_retries,
+            None if self._call_s is None else max(0.5, self._call_s / 4),
         )
 
 

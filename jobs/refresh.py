@@ -5,8 +5,10 @@ key in $S2_API_KEY, never logged), then reruns the later build stages, which pay
 and changed pairs. Config as for `cpr refresh` (profile < `--config` < `CPR_*` variables <
 `--set`); on a user error it prints the same one line as the CLI and exits 2. Submit it with one
 `--submission-id` per night: a killed or repeated run picks up where the last one stopped. A
-root that a build or another refresh owns is one line saying who, and exit 0: nothing failed,
-and the next night applies every release since the one the corpus holds.
+root that a build or another refresh owns is one line, "root owned by HOST since T; retry after
+T'", and exit 75, so the scheduler retries or alerts; set `$CPR_JOB_ID` to the same value for
+every attempt of one night's job (the RayJob's name) and a retry takes over its killed attempt's
+lease at once.
 """
 
 from __future__ import annotations

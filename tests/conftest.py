@@ -343,6 +343,14 @@ class S3Faults:
 
     def clear(self) -> None:
         post_json(f"{self.url}/_faults/clear", {})
+        self.release()
+
+    def hold(self, match: str) -> None:
+        """Hold every request whose "METHOD /path?query" `match` finds until `release`."""
+        post_json(f"{self.url}/_hold", {"match": match})
+
+    def release(self) -> None:
+        post_json(f"{self.url}/_hold/release", {})
 
     def stats(self) -> dict:
         with urllib.request.urlopen(f"{self.url}/_stats", timeout=10) as resp:

@@ -15,7 +15,10 @@ Faults are bounded: at most `max_faults` in all, only within `for_s` seconds of 
 start; with `match` (a regex), only requests whose "METHOD /path?query" it finds are drawn, and
 the first `skip` of those pass. Controls: POST `/_faults` {"seed", "slowdown", "internal",
 "reset" (shares of requests), "max_faults", "for_s", "match", "skip"} starts a schedule (and
-zeroes the counts); POST `/_faults/clear` ends it;
+zeroes the counts); POST `/_faults/clear` ends it; POST `/_hold` {"match"} holds every request
+whose "METHOD /path?query" the regex finds, unanswered, until POST `/_hold/release` (a store
+that hangs, or a holder paused mid-call), and then forwards it (`held` in the stats counts the
+requests held so far);
 GET `/_stats` answers {"requests", "faults": {kind: n}, "faulted": [[kind, method, path?query],
 …]}.
 """
@@ -131,17 +134,31 @@ def make_app(upstream: str) -> web.Application:
             )
         return state["s"]
 
+    held: dict[str, Any] = {"match": None, "released": asyncio.Event(), "count": 0}
+
     async def control(request: web.Request) -> web.Response:
         if request.method == "POST" and request.path == "/_faults":
             schedule.start(json.loads(await request.read() or b"{}"))
         elif request.method == "POST" and request.path == "/_faults/clear":
             schedule.clear()
-        return web.json_response(schedule.stats())
+        elif request.method == "POST" and request.path == "/_hold":
+            held["match"] = re.compile(json.loads(await request.read())["match"])
+            if held["released"].is_set():  # requests held already stay held
+                held["released"] = asyncio.Event()
+        elif request.method == "POST" and request.path == "/_hold/release":
+            held["match"] = None
+            held["released"].set()
+        return web.json_response({**schedule.stats(), "held": held["count"]})
 
     async def proxy(request: web.Request) -> web.StreamResponse:
-        if request.path in ("/_faults", "/_faults/clear", "/_stats"):
+        if request.path in ("/_faults", "/_faults/clear", "/_stats", "/_hold", "/_hold/release"):
             return await control(request)
         body = await request.read()
+        if held["match"] is not None and held["match"].search(
+            f"{request.method} {request.path_qs}"
+        ):
+            held["count"] += 1
+            await held["released"].wait()
         kind = schedule.draw(request.method, request.path_qs)
         if kind in ERRORS:
             return _error(kind, request.path)

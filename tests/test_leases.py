@@ -5,12 +5,15 @@ evaluation or index run surviving the cleanup of a newer export's publication (n
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime as dt
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,7 +25,7 @@ from cpr_ray import leases
 from cpr_ray.cli import app
 from cpr_ray.config import load_config
 from cpr_ray.dataset.format import CORPUS
-from cpr_ray.stage import StageOutput, StageRun, run_stage
+from cpr_ray.stage import StageOutput, StageRun, read_manifest, run_stage
 from cpr_ray.storage import Storage, StorageConfig, join
 
 from .test_cli import error_line
@@ -94,26 +97,118 @@ def test_two_takers_racing_for_a_stale_lease_exactly_one_wins(storage):
         assert not storage.exists(leases.owner_uri(storage))  # the winner released it
 
 
-def test_a_holder_whose_lease_was_taken_over_publishes_nothing(storage):
-    with leases.owner(storage, "build", heartbeat_s=3600, stale_after_s=0.3) as first:
-        poll(lambda: not leases.Lease.parse(storage.read_tagged(first.uri)[0]).alive())
-        taken, release = threading.Event(), threading.Event()
+# a heartbeat in tenths of a second: a lease is stale a second after its last renewal
+BEAT = {"heartbeat_s": 0.1, "stale_after_s": 1.0}
 
-        def take_over() -> None:
+
+def _stage(storage: Storage, work: Callable[[], None]) -> dict:
+    """A real stage (`run_stage`: what every stage publishes through) that runs `work`."""
+
+    def write(run: StageRun) -> StageOutput:
+        work()
+        storage.write_text(join(run.out, "corpus.parquet"), "rows")
+        return StageOutput(tables={"corpus": {"uri": join(run.out, "corpus.parquet")}})
+
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={storage.root}"])
+    return run_stage("export", cfg, storage, {"run": uuid.uuid4().hex}, (), write)
+
+
+def _kill(thread_name: str) -> None:
+    """End a thread from outside, as a crash in it would: SystemExit raised in it while it
+    waits between beats (raised amid a storage call, it could die holding a client's lock)."""
+    [thread] = [t for t in threading.enumerate() if t.name == thread_name]
+    poll(lambda: sys._current_frames()[thread.ident].f_code.co_name == "wait")
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit)
+    )
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def _stale_by_age(storage: Storage) -> bool:
+    return not leases.Lease.parse(storage.read_tagged(leases.owner_uri(storage))[0]).alive()
+
+
+def test_a_stage_running_longer_than_stale_after_keeps_its_lease(storage):
+    """A stage working 2.5 × `stale_after_s` keeps the root: its heartbeat renews the lease
+    meanwhile (a taker is refused), and it publishes, recording the lease's generation."""
+
+    def work() -> None:
+        time.sleep(2.5)
+        with pytest.raises(leases.RootBusy):
             with leases.owner(storage, "refresh"):
-                taken.set()
-                release.wait(10)
+                pass
 
-        thread = threading.Thread(target=take_over)
-        thread.start()
-        assert taken.wait(10)
-        first.beat()  # its next heartbeat, conditional on the version it wrote, fails
-        with pytest.raises(leases.LeaseLost, match="taken over .*a refresh on"):
-            leases.check_owner(storage)  # what run_stage calls before it publishes
-    # leaving the block does not remove the new owner's lease
-    assert leases.Lease.parse(storage.read_tagged(first.uri)[0]).purpose == "refresh"
-    release.set()
-    thread.join()
+    with leases.owner(storage, "build", **BEAT) as held:
+        manifest = _stage(storage, work)
+    assert manifest["lease"]["id"] == held.lease.id and manifest["lease"]["generation"] >= 5
+    assert read_manifest(storage, "export") == manifest
+
+
+def test_a_holder_whose_heartbeat_thread_died_publishes_nothing(storage):
+    """The heartbeat thread killed mid-stage: the lease is not renewed, the stage's publish is
+    refused (by the holder's own clock, before anyone took the lease over), the published
+    manifest stays the one before, and the stale lease is taken over."""
+    before = _stage(storage, lambda: None)
+    with leases.owner(storage, "build", **BEAT) as held:
+
+        def work() -> None:
+            _kill(f"lease-{held.lease.id}")
+            poll(lambda: _stale_by_age(storage))
+
+        with pytest.raises(leases.LeaseLost, match="not renewed for"):
+            _stage(storage, work)
+        with leases.owner(storage, "refresh") as taker:  # stale: taken over at once
+            assert taker.lease.id != held.lease.id
+    assert read_manifest(storage, "export") == before
+
+
+@pytest.fixture()
+def proxied(s3_endpoint: str, s3_bucket: str, faults) -> tuple[Storage, Storage]:
+    """One S3 root through the fault proxy (the holder's) and straight (the taker's, a
+    reader's)."""
+    root = f"s3://{s3_bucket}/root"
+    return (
+        Storage(StorageConfig(root=root, s3_endpoint=faults.url)),
+        Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint)),
+    )
+
+
+def _take_over_then(direct: Storage, then: Callable[[], None]) -> threading.Thread:
+    """Another process's refresh: once the lease is stale, it takes it over, then runs `then`,
+    and holds the root until the test has looked."""
+    taken = threading.Event()
+
+    def take() -> None:
+        poll(lambda: _stale_by_age(direct), timeout_s=30)
+        with leases.owner(direct, "refresh", **BEAT):
+            taken.set()
+            then()
+
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    return thread
+
+
+def test_a_holder_blocked_past_stale_after_is_taken_over_and_its_late_publish_refused(
+    proxied, faults
+):
+    """The store holds the holder's renewals (a network that hangs) past `stale_after_s`:
+    another process takes the lease over, the held calls then go on and fail their condition,
+    and the holder's publish is refused; the reader sees no manifest."""
+    via_proxy, direct = proxied
+    with leases.owner(via_proxy, "build", **BEAT):
+
+        def work() -> None:
+            faults.hold(r"owner\.json")
+            _take_over_then(direct, faults.release).join(60)
+
+        with pytest.raises(leases.LeaseLost):
+            _stage(via_proxy, work)
+    assert read_manifest(direct, "export") is None
+    assert faults.stats()["held"] > 0
 
 
 def test_a_lease_is_stale_once_its_holder_is_killed_on_this_host_or_silent_anywhere():

@@ -9,9 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from cpr_ray.config import load_config
-from cpr_ray.errors import LLMStageError
+from cpr_ray.errors import LLMStageError, SpendCapError
 from cpr_ray.llm.ledger import ledger_uri
 from cpr_ray.llm.runner import run_llm_task
+from cpr_ray.llm.spend import in_doubt, ledger_spend
 from cpr_ray.queries.judges import AnalogyJudge
 from cpr_ray.queries.stages import _dedup
 from cpr_ray.queries.usefulness import UsefulnessGrader
@@ -34,6 +35,7 @@ def _run(tmp_path, llm, **llm_cfg):
     ]
     cfg = load_config("dry-run", overrides=overrides, env={})
     storage = Storage(cfg.storage)
+    tmp_path.mkdir(exist_ok=True)
     return StageRun("test", f"run{len(list(tmp_path.iterdir()))}", f"{tmp_path}/out", cfg, storage)
 
 
@@ -99,6 +101,53 @@ def test_analogy_judge_many_rows_then_zero_calls_on_rerun(tmp_path, llm):
     # the ledger records every answer that was paid for, the invalid one twice
     ledger = pq.read_table(ledger_uri(run.storage, "judge-analogy"))
     assert ledger.num_rows == 41 and set(ledger["status"].to_pylist()) == {"ok", "invalid"}
+
+
+PRICES = {"prices.scripted.input_per_mtok": 10000, "prices.scripted.output_per_mtok": 10000}
+
+
+def _spent(run: StageRun) -> tuple[float, int]:
+    """(USD the judge's ledger and its requests in doubt count, requests in doubt)."""
+    return (
+        ledger_spend(run.storage, run.llm).get("judge-analogy", 0.0),
+        in_doubt(run.storage, "judge-analogy").num_rows,
+    )
+
+
+@pytest.mark.parametrize("inline_max_rows", [200, 0], ids=["from-the-driver", "actor-pool"])
+def test_a_stage_never_spends_past_its_cap_and_a_higher_cap_pays_only_the_rest(
+    tmp_path, llm, inline_max_rows
+):
+    """200 rows, 2 actors × 16 requests in flight (the driver's own asker: 32), answers
+    delayed, a cap of 50 answers' cost: each request reserves its worst case before it is sent,
+    so the ledger never counts more than the cap, not by a micro-dollar, and no request is left
+    in doubt; the stop says what was spent against which cap, and the endpoint answered exactly
+    the requests the ledger holds. The rerun with a higher cap is served every answer paid
+    before the stop and asks only for the rest."""
+    one = _run(tmp_path / "one", llm, **PRICES)
+    answer_usd = run_llm_task(one, AnalogyJudge(), _pairs(1), base_url=llm.base_url).stats[
+        "cost_usd"
+    ]
+    cap = round(50 * answer_usd, 2)
+    llm.reset()
+    llm.latency(100)
+    wide = {"actors": 2, "max_in_flight": 16, "inline_max_rows": inline_max_rows, **PRICES}
+    capped = _run(tmp_path / "root", llm, **wide, **{"stages.judge-analogy.max_usd": cap})
+    with pytest.raises(SpendCapError) as stop:
+        run_llm_task(capped, AnalogyJudge(), _pairs(200), base_url=llm.base_url)
+    assert f"against llm.stages.judge-analogy.max_usd=${cap:,.2f}. Nothing was published" in str(
+        stop.value
+    )
+    spent, doubt = _spent(capped)
+    paid = pq.read_table(ledger_uri(capped.storage, "judge-analogy")).num_rows
+    assert spent <= cap and doubt == 0
+    assert 0 < paid < 200 and llm.stats()["total"] == llm.stats()["answered"] == paid
+
+    llm.reset()
+    higher = _run(tmp_path / "root", llm, **wide, **{"stages.judge-analogy.max_usd": 10 * cap})
+    stats = run_llm_task(higher, AnalogyJudge(), _pairs(200), base_url=llm.base_url).stats
+    assert (stats["cached"], stats["asked"]) == (paid, 200 - paid)
+    assert llm.stats()["total"] == 200 - paid  # none paid twice
 
 
 def test_one_actor_pool_serves_the_whole_stage_and_every_actor_works(tmp_path, llm):

@@ -31,7 +31,7 @@ from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.pipeline.build import run_build
-from cpr_ray.pipeline.refresh import refresh, summary_lines
+from cpr_ray.pipeline.refresh import refresh
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.stage import read_manifest, require_manifest
 from cpr_ray.storage import Storage
@@ -171,14 +171,17 @@ def test_refresh_of_an_unbuilt_root_says_what_to_do_and_one_finding_an_owner_doe
         refresh(cfg)
     asked = s2_api.stats().get("api", 0)
     sets = [a for x in settings(root, tmp_path / "oa", s2_api) for a in ("--set", x)]
-    with leases.owner(Storage(cfg.storage), "build"):
-        [line] = summary_lines(refresh(cfg))
+    with leases.owner(Storage(cfg.storage), "build") as held:
+        with pytest.raises(leases.RootOwned) as owned:
+            refresh(cfg)
         result = CliRunner().invoke(app, ["refresh", "--profile", "dry-run", *sets])
-    assert line.startswith(f"refresh: {root} is in use by a build on ")
-    assert "last heartbeat" in line and "this refresh did nothing" in line
-    # the nightly job's exit is 0: an overlapping night is not a failure to retry or alert on
-    assert result.exit_code == 0 and result.output.count("\n") == 1, result.output
-    assert result.output.startswith(f"refresh: {root} is in use by a build on ")
+    retry = held.lease.retry_after().strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert str(owned.value).startswith(f"root owned by {held.lease.host} since ")
+    assert f"; retry after {retry} ({root}: a build, pid " in str(owned.value)
+    # a distinct exit code: the scheduler retries or alerts, never a silent success
+    assert result.exit_code == 75, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("error: root owned by ") and "this refresh did nothing)" in line
     assert s2_api.stats().get("api", 0) == asked  # neither asked S2 anything
 
 
@@ -212,13 +215,13 @@ def test_a_build_and_a_refresh_started_together_one_works_the_other_says_who(
         t.start()
     for t in threads:
         t.join(timeout=300)
-    assert not isinstance(outcome["refresh"], Exception), outcome["refresh"]
     built = not isinstance(outcome["build"], leases.RootBusy)
+    refreshed = not isinstance(outcome["refresh"], leases.RootOwned)
     assert not isinstance(outcome["build"], Exception) or not built, outcome["build"]
-    assert built == ("busy" in outcome["refresh"])  # exactly one of them worked
+    assert not isinstance(outcome["refresh"], Exception) or not refreshed, outcome["refresh"]
+    assert built != refreshed  # exactly one of them worked
     if built:
-        [line] = summary_lines(outcome["refresh"])
-        assert f"{root} is in use by a build on " in line
+        assert str(outcome["refresh"]).startswith("root owned by ")
         assert s2_api.stats().get("api", 0) == 0  # the refresh asked S2 nothing
         assert read_manifest(storage, "venues")["run_id"] != venues
     else:

@@ -18,12 +18,14 @@ from cpr_ray.config import LLMConfig
 from cpr_ray.errors import UserError
 from cpr_ray.llm.client import LLMClient, RateLimiter, Usage
 from cpr_ray.llm.ledger import LEDGER, AnswerSink, first_per_key, result_schema
+from cpr_ray.llm.reserve import RowBudget, SpendCapReached
 from cpr_ray.llm.spend import cost_usd
 from cpr_ray.llm.task import KEY, LLMTask
 from cpr_ray.storage import Storage, join
 
 FLUSH_S = 0.5  # an answer reaches storage at most this long after it arrives
 FLUSH_ROWS = 256  # or as soon as this many are pending
+UNASKED = "unasked"  # the status of a row the spend cap kept from being asked (never stored)
 
 
 class LLMActor:
@@ -50,12 +52,20 @@ class LLMActor:
         self._sem: asyncio.Semaphore | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._refused: UserError | None = None
+        self._capped = False  # the stage's budget refused a request: ask nothing more
+        # who asked, in each ledger row: it settles this asker's reservations of that row
+        self.asker = f"{sink.tag}-{self.uid}"
 
     async def _one(self, sem: asyncio.Semaphore, row: dict[str, Any]) -> dict[str, Any]:
         async with sem:
             if self._refused is not None:  # another batch of this actor was refused: send no more
                 raise self._refused
+            if self._capped:  # the stage reached its spend cap: the row is not asked
+                return self._unasked(row)
             usage = Usage()
+            gate = self.sink.gate
+            if gate is not None:
+                usage.budget = RowBudget(gate, self.asker, row[KEY], self.model)
             started = time.perf_counter()
             try:
                 with metrics.in_flight(self.task.stage, self.model):
@@ -63,6 +73,12 @@ class LLMActor:
             except UserError as exc:
                 self._refused = exc  # the endpoint refuses us as configured: stop the stage
                 raise
+            except SpendCapReached as exc:
+                self._capped = True  # this actor's other rows wait for no reservation
+                if not usage.calls:
+                    return self._unasked(row)
+                # asked before the cap, not finished: what its requests cost is in the ledger
+                out, status, error = self.task.empty_output(), "failed", str(exc)
             except Exception as exc:  # a bug or surprise in one row must not fail the batch
                 out, status = self.task.empty_output(), "failed"
                 error = f"{type(exc).__name__}: {exc}"[:500]
@@ -80,11 +96,22 @@ class LLMActor:
                 "completion_tokens": usage.completion_tokens,
                 "latency_s": time.perf_counter() - started,
                 "cached_prompt_tokens": usage.cached_prompt_tokens,
+                "asker": self.asker,
             }
             self.pending.append(result)
             if len(self.pending) >= FLUSH_ROWS:
                 self.flush()
             return result
+
+    def _unasked(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row the spend cap kept from being asked: returned as `unasked`, in no ledger."""
+        return {
+            **self.task.empty_output(),
+            **{name: None for name in LEDGER.names},
+            KEY: row[KEY],
+            "status": UNASKED,
+            "model": self.model,
+        }
 
     def flush(self) -> None:
         """Append what arrived since the last flush: valid answers to the cache, all to the

@@ -35,6 +35,8 @@ from cpr_ray.llm.http import (
     EndpointUnreachable,
     NotChatCompletion,
 )
+from cpr_ray.llm.reserve import RowBudget
+from cpr_ray.llm.spend import call_usd, worst_usd
 
 M = TypeVar("M", bound=BaseModel)
 Status = Literal["ok", "invalid", "failed"]
@@ -61,6 +63,8 @@ class Usage:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0  # of prompt_tokens, as the endpoint reports its prompt cache
     backoffs: list[float] = field(default_factory=list)
+    # where the row reserves each request's worst case before sending it (a capped stage's)
+    budget: RowBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,20 @@ class Outcome(Generic[M]):
     status: Status
     error: str | None
     raw: str | None
+
+
+# tokens a chat template may add per message (role markers, separators) beyond its text
+TEMPLATE_TOKENS = 16
+
+
+def prompt_token_bound(messages: list[dict[str, str]], form: dict[str, Any]) -> int:
+    """More prompt tokens than the request can be billed for, counted without a tokenizer: a
+    byte-level BPE token (every tokenizer OpenAI-compatible servers use) spans at least one
+    byte, so the UTF-8 bytes of the messages and of the answer schema, plus each message's
+    template tokens, bound it."""
+    text = sum(len(m["content"].encode()) for m in messages)
+    schema = len(json.dumps(form, ensure_ascii=False).encode())
+    return text + schema + TEMPLATE_TOKENS * (len(messages) + 1)
 
 
 def parse_answer(text: str, answer: type[M]) -> tuple[M | None, str | None]:
@@ -228,17 +246,32 @@ class LLMClient:
                 await self._limiter.acquire(
                     max_tokens + sum(len(m["content"]) for m in messages) // 4
                 )
+            form = response_format(answer, self.cfg.response_format, pin)
+            worst = 0.0
+            if usage.budget is not None:  # not sent unless its worst case fits under the cap
+                bound = prompt_token_bound(messages, form)
+                worst = worst_usd(self.cfg, model, bound, max_tokens)
+                await usage.budget.reserve(worst)
             usage.calls += 1
+            paid = 0.0
             try:
-                return await self._endpoint.complete(
+                reply = await self._endpoint.complete(
                     {
                         "model": model,
                         "messages": messages,
                         "temperature": temperature,
                         "max_tokens": max_tokens,
-                        "response_format": response_format(answer, self.cfg.response_format, pin),
+                        "response_format": form,
                     }
                 )
+                paid = call_usd(
+                    self.cfg,
+                    model,
+                    reply.prompt_tokens,
+                    reply.completion_tokens,
+                    reply.cached_prompt_tokens,
+                )
+                return reply
             except NotChatCompletion as exc:  # HTML or prose with HTTP 200
                 raise _not_openai(self.base_url, exc.body) from None
             except EndpointUnreachable as exc:
@@ -254,6 +287,9 @@ class LLMClient:
                 if exc.status not in RETRYABLE_STATUS:
                     raise LLMRequestError(f"{exc} (not retried)") from None
                 last, wait = exc, _retry_after(exc.retry_after)
+            finally:
+                if usage.budget is not None:
+                    await usage.budget.settle(worst, paid)
             if retry == self.cfg.max_retries:
                 break
             delay = min(wait, MAX_RETRY_AFTER_S) if wait is not None else self.backoff(retry)

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from cpr_ray.compaction import read_parts
 from cpr_ray.config import LLMConfig
+from cpr_ray.llm.reserve import Gate
 from cpr_ray.llm.spend import cost_usd
 from cpr_ray.llm.task import KEY, LLMTask
 from cpr_ray.storage import Storage, StorageConfig, join
@@ -35,6 +36,9 @@ LEDGER = pa.schema(
         # of prompt_tokens, what the endpoint served from its prompt cache (parts written before
         # this column read it as null: none cached)
         ("cached_prompt_tokens", pa.int64()),
+        # the asker (run, call and actor) that asked: its row settles its reservations
+        # (`spend.in_doubt`); null in parts written before reservations
+        ("asker", pa.string()),
     ]
 )
 
@@ -51,6 +55,8 @@ class AnswerSink:
     cache: str
     ledger: str
     tag: str  # unique per call of run_llm_task
+    # the stage's budget, when a cap applies: each request reserves its worst case from it
+    gate: Gate | None = None
 
 
 def read_cache(storage: Storage, uri: str, keys: pa.Array, schema: pa.Schema) -> pa.Table:

@@ -1,4 +1,5 @@
-"""Running one LLM step over a table on Ray: many requests in flight, nothing paid twice.
+"""Running one LLM step over a table on Ray: many requests in flight, none paid twice unless a
+kill cut it off.
 
 A step (`LLMTask`) turns one input row into one or more structured questions and returns its
 output columns. `run_llm_task`:
@@ -10,14 +11,18 @@ output columns. `run_llm_task`:
    through a pool of `LLMActor`s (async, a semaphore of requests in flight each).
    Each actor appends its answers to the cache and every row's cost to the ledger as they
    arrive (small atomic Parquet parts, flushed at least every `FLUSH_S`), so a killed run loses
-   at most a second of paid answers and its rerun asks only for what is missing. An actor lost
+   at most a second of paid answers and its rerun asks only for what is missing. Before a build
+   stage's request leaves, it reserves its worst case from the stage's `Reserver` (`reserve`),
+   which journals it: a request in flight when its process was killed may be paid and is asked
+   again by the rerun, so after a kill at most the requests then in flight are paid twice, and
+   each is in the journal as a reservation no ledger row settled (`spend.in_doubt`). An actor lost
    with its node is restarted by Ray on a surviving node and given its batches again; it serves
    what the lost actor had flushed and asks only for the rest (`LLMActor._answered_in_this_run`);
 4. stops the stage with one clear line when the endpoint refuses us (key, model, URL), when
    more calls fail or come back invalid than the configured rates allow, or when a build
-   stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`,
-   checked as answers arrive), and otherwise returns every input row with its answer, status
-   and reason.
+   stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`;
+   a request that does not fit under it is not sent), and otherwise returns every input row
+   with its answer, status and reason.
 
 Only `ok` answers are served from the cache. Invalid answers (the model kept breaking the
 contract after re-asks) and transport failures are in the ledger, and are asked again next run.
@@ -25,7 +30,10 @@ contract after re-asks) and transport failures are in the ledger, and are asked 
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +43,7 @@ import pyarrow.compute as pc
 from cpr_ray import duck, metrics
 from cpr_ray.config import LLMConfig, stage_name
 from cpr_ray.errors import ConfigError, InputError, LLMStageError
+from cpr_ray.llm.actor import UNASKED
 from cpr_ray.llm.answers import check_pins
 from cpr_ray.llm.asking import ask_inline, ask_pool
 from cpr_ray.llm.client import probe_endpoint
@@ -48,7 +57,8 @@ from cpr_ray.llm.ledger import (
     result_schema,
 )
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
-from cpr_ray.llm.spend import Budget, cost_usd
+from cpr_ray.llm.reserve import Reserver, SharedReserver, reserver
+from cpr_ray.llm.spend import Budget, cost_usd, reserved_uri
 from cpr_ray.llm.task import ANSWER_COLUMNS, KEY, LLMTask
 from cpr_ray.stage import StageRun, console
 from cpr_ray.storage import Storage
@@ -122,9 +132,15 @@ def run_llm_task(
         limiter = ClusterRateLimiter(cfg.requests_per_second, cfg.tokens_per_minute).start()
     report_every = max(cfg.actors * cfg.max_in_flight * 8, 64)
     call_id = uuid.uuid4().hex[:8]  # one run may call several times (tournament rounds)
-    sink = AnswerSink(
-        storage.cfg, cache, ledger_uri(storage, task.stage), f"{run.run_id}-{call_id}"
-    )
+    tag = f"{run.run_id}-{call_id}"
+    gate = None
+    if isinstance(run, StageRun) and todo.num_rows:  # a build stage's every request journaled
+        journal = reserved_uri(storage, task.stage)
+        room = budget.room() if budget is not None else math.inf
+        # a reservation is held for one HTTP request at most: one held longer is a dead asker's
+        gate = reserver(room, storage.cfg, journal, tag, cfg.timeout_s + 30.0, shared=not inline)
+        run.part_folders.add(journal)
+    sink = AnswerSink(storage.cfg, cache, ledger_uri(storage, task.stage), tag, gate)
     if isinstance(run, StageRun):  # compacted by the stage before it publishes
         run.part_folders.update((sink.cache, sink.ledger))
     answered: list[pa.Table] = [cached]
@@ -134,9 +150,16 @@ def run_llm_task(
     ledgers: list[pa.Table] = []
     recent: list[pa.Table] = []  # answers since the last report: the sample a stop quotes
     reported = 0
+    capped = False  # the budget refused a request: the rest come back unasked
     asking = ask_inline if inline else ask_pool
-    with asking(task, cfg, todo, base_url=base_url, limiter=limiter, sink=sink) as answers:
+    with (
+        _closing(gate),
+        asking(task, cfg, todo, base_url=base_url, limiter=limiter, sink=sink) as answers,
+    ):
         for out in answers:
+            asked = pc.not_equal(out["status"], UNASKED)
+            if not pc.all(asked).as_py():
+                capped, out = True, out.filter(asked)
             ledgers.append(out.select(LEDGER.names))
             answered.append(out)
             recent.append(out)
@@ -151,8 +174,6 @@ def run_llm_task(
             last = done >= todo.num_rows
             if isinstance(run, StageRun) and run.progress is not None:
                 run.progress.step(task.stage, done, todo.num_rows, spent)
-            if budget is not None and not last:  # the last answers are paid: keep them
-                budget.check(spent)
             if done - reported < report_every and not last:
                 continue
             reported = done
@@ -163,12 +184,17 @@ def run_llm_task(
                 f"{tokens['completion']:,} out; "
                 + (budget.progress(spent) if budget else f"${spent:,.2f}")
             )
+            if capped:  # rows unasked are no failures: the stop at the cap says why
+                continue
             if last or done >= cfg.min_calls_for_failure_rate:  # early when many calls say so
                 sample = pa.concat_tables(recent)
                 _check_rates(
                     task.stage, cfg, counts, sample, base_url, ledger_uri(storage, task.stage)
                 )
             recent = []
+
+        if budget is not None and gate is not None and (capped or gate.state()["stopped"]):
+            budget.stop(spent)  # every answer that arrived is stored; nothing is published
 
     results = pa.concat_tables(answered).select([*task.output_schema.names, *ANSWER_COLUMNS])
     results = first_per_key(results)
@@ -188,6 +214,16 @@ def run_llm_task(
         "prompt_version": task.prompt_version,
     }
     return TaskRun(table, stats)
+
+
+@contextmanager
+def _closing(gate: Reserver | SharedReserver | None) -> Iterator[None]:
+    """The stage's Reserver for the block, ended with it."""
+    try:
+        yield
+    finally:
+        if gate is not None:
+            gate.close()
 
 
 def cached_note(stats: dict[str, Any], key: str = "cached_prompt_tokens") -> str:

@@ -9,12 +9,14 @@ next export retracts them. The dataset card lists the releases it covers.
 
 **One owner at a time.** A refresh owns the root while it runs (`leases.owner`, taken with a
 conditional write, so a build and a refresh started together cannot both get it). A refresh that
-finds a build or another refresh owning the root returns at once with one line saying who, and
-does no work: the nightly schedule fires whether or not the first full build has finished, and
-such a night is not a failure (exit 0, no retry, no alert), since the next refresh applies every
-release since the one the corpus holds. Old table versions are removed after a refresh once
-older than ``refresh.retain_versions_days``, never while a reader (an index of the root) is
-reading the corpus.
+finds a build or another refresh owning the root, alive or not provably dead, does no work and
+stops with exit code 75 and one line, "root owned by HOST since T; retry after T'" (T' is when
+that lease goes stale unless renewed): a scheduler's retry or alert sees it, where an exit 0
+would hide a refresh killed and retried into its own fresh lease night after night. A lease
+held by this job's earlier attempt (the same `$CPR_JOB_ID`: a RayJob's name) is taken over at
+once: that attempt was killed, or its scheduler would not have retried it. Old table versions
+are removed after a refresh once older than ``refresh.retain_versions_days``, never while a
+reader (an index of the root) is reading the corpus.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         try:
             owner = stack.enter_context(leases.owner(storage, "refresh"))
         except leases.RootBusy as busy:
-            return {"root": storage.root, "busy": str(busy)}
+            raise leases.RootOwned(storage.root, busy.holder) from None
         ledger_before = _ledger_rows(storage)
         secrets = failures.secret_names(cfg)
         with failures.recorded(storage, "refresh", secrets), user_errors_from_ray():
@@ -91,10 +93,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """What the CLI and the job print last: where things went, what it cost (or, where
-    another build or refresh owned the root, the one line saying who)."""
-    if "busy" in summary:
-        return [f"refresh: {summary['busy']}"]
+    """What the CLI and the job print last: where things went, what it cost."""
     s2_steps = [s for s in summary["steps"] if s["source"] == "s2"]
     lines = [
         f"corpus: S2 {summary['from_release']} → {summary['to_release']}, "
