@@ -76,8 +76,7 @@ def test_curve_ratios_totals_share_and_verdicts(monkeypatch):
         "(≤ 2.2×: missed)"
     )
     assert scale.verdict(rows["refresh-fixed"]) == (
-        "7.7 / 4.3 / 2.4% of the build's CPU (≤ 10%: met); CPU ≤ 1.15× per doubling "
-        "(≤ 1.2×: met)"
+        "7.7 / 4.3 / 2.4% of the build's CPU (≤ 10%: met); CPU ≤ 1.15× per doubling (≤ 1.2×: met)"
     )
     table = scale.markdown(list(rows.values()), [2500, 5000, 10000])
     assert "| stage | wall s (2.5k / 5k / 10k) |" in table
