@@ -1,27 +1,36 @@
-"""The scale curve: every build stage and a ~1% refresh on synthetic corpora of doubling size.
+"""The scale curve: every build stage and two nightly refreshes on synthetic corpora of doubling
+size.
 
 For each size (papers, `--citations-per-paper` citations each; `cpr_ray.sample.synthetic`) a
 fresh process builds the stages one by one through the build's own entry point
-(`cpr_ray.pipeline.build.run_build`, one stage a call) on a local Ray, then applies one S2
-release step that touches `--share` of the mined pairs and runs `cpr refresh`
-(`cpr_ray.pipeline.refresh.refresh`). The LLM is the scripted endpoint at a fixed latency, the
-S2 Datasets API its stand-in (both the tests' stand-ins, as `benchmarks/refresh.py` uses them);
-pooling runs BM25 and a dense pooler, a tiny random BERT built from a config (it measures the
-plumbing, not the model). What grows with the corpus grows with the size: base papers per field
-(`--papers-per-base`) and key buckets (`--papers-per-bucket`, as a deployment sizes
-`ingest.num_buckets` to its corpus); everything else is the config's.
+(`cpr_ray.pipeline.build.run_build`, one stage a call) on a local Ray, then, twice from a copy of
+that build, applies one S2 release step and runs `cpr refresh`
+(`cpr_ray.pipeline.refresh.refresh`): `refresh`, a step that touches `--share` of the mined
+pairs (its papers and their citations, as many changed papers outside any pair), and
+`refresh-fixed`, the same kind of step touching `--diff-pairs` pairs at every size. The LLM is
+the scripted endpoint at a fixed latency, the S2 Datasets API its stand-in (both the tests'
+stand-ins, as `benchmarks/refresh.py` uses them); pooling runs BM25 and a dense pooler, a tiny
+random BERT built from a config (it measures the plumbing, not the model). What grows with the
+corpus grows with the size: base papers per field (`--papers-per-base`) and key buckets
+(`--papers-per-bucket`, as a deployment sizes `ingest.num_buckets` to its corpus); everything
+else is the config's.
 
 Per stage and size: wall seconds; CPU seconds of the driver and every process under it but
 the stand-ins (the cost, and a figure that other work on the same cores hardly moves); peak
 resident memory (RSS, sampled every 0.2 s with psutil)
 of the driver and of the largest Ray worker process during the stage; object-store bytes
 spilled (the raylet's store stats); objects written under the build root (files created or
-replaced); the phases the stage's manifest reports. Goals, per doubling: wall and CPU ≤ 2.2×,
-largest worker ≤ 1.25×, driver flat (≤ 1.1×); the refresh's share of the rebuild does not grow.
-Prints the table with ratios, writes `--out` (JSON) and `--plot` (log–log). Usage:
+replaced); the phases the stage's manifest reports. A refresh also reports its parts, wall and
+CPU seconds each: the corpus half (`apply-diffs`, and within it the OpenAlex relink, the
+staging, the papers and citations edits and the commits) and every downstream stage it reruns.
+Goals, per doubling: wall and CPU ≤ 2.2×, largest worker ≤ 1.25×, driver flat (≤ 1.1×); a
+refresh's CPU ≤ 10% of the build's at every size, growing ≤ 2.2× per doubling at a share of
+the pairs and ≤ 1.2× at a fixed number. Prints the table with ratios and verdicts, writes
+`--out` (JSON) and `--plot` (log–log, the refreshes in red). Usage:
 
     python benchmarks/scale.py [--sizes 250000,500000,1000000] [--out scale.json] \
-        [--plot benchmarks/scale.png] [--work DIR] [--llm-latency-ms 100] [--in-flight 32]
+        [--plot benchmarks/scale.png] [--work DIR] [--llm-latency-ms 100] [--in-flight 32] \
+        [--share 0.01] [--diff-pairs 80]
 """
 
 from __future__ import annotations
@@ -154,6 +163,32 @@ def markdown(rows: Sequence[dict[str, Any]], papers: Sequence[int]) -> str:
         f"| {_cells([v / MB for v in r['spilled']], '.0f')} "
         f"| {_cells(r['objects'], 'd')} | {verdict(r)} |"
         for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+def parts_table(sizes: Sequence[dict[str, Any]]) -> str:
+    """Where each refresh's CPU went, per size: one row a part (the corpus half's steps, then
+    each downstream stage), CPU seconds over the sizes, and the build's same stage beside."""
+    papers = " / ".join(f"{s['papers'] / 1000:g}k" for s in sizes)
+    names = [n for n in REFRESH_GOALS if n in sizes[0]["stages"]]
+    parts = list(dict.fromkeys(p for s in sizes for n in names for p in s["stages"][n]["parts"]))
+    head = (
+        f"| part | {' | '.join(f'{n} CPU s ({papers})' for n in names)} | build CPU s |\n"
+        + "|---" * (len(names) + 2)
+        + "|\n"
+    )
+
+    def cpu(stage: dict[str, Any] | None) -> float | None:
+        return None if stage is None else stage["cpu_seconds"]
+
+    lines = [
+        f"| {part} | "
+        + " | ".join(
+            _cells([cpu(s["stages"][n]["parts"].get(part)) for s in sizes], ".1f") for n in names
+        )
+        + f" | {_cells([cpu(s['stages'].get(part)) for s in sizes], '.1f')} |"
+        for part in parts
     ]
     return head + "\n".join(lines) + "\n"
 
@@ -518,6 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = curve(results)
     table = markdown(rows, papers)
     print(table)
+    print(parts_table(results))
     if args.out:
         args.out.write_text(json.dumps({"sizes": results, "curve": rows}, indent=1))
     plot(rows, papers, args.plot)

@@ -82,3 +82,26 @@ def test_curve_ratios_totals_share_and_verdicts(monkeypatch):
     assert "| stage | wall s (2.5k / 5k / 10k) |" in table
     assert "| mine | 1.0 / 2.8 / 8.0 | 2.83 / 2.83 | 1.0 / 2.8 / 8.0 | 2.83 / 2.83 | 300 " in table
     assert "| judge | 3.0 / 9.0 / 27.0 | 3.00 / 3.00 | 2.0 / 4.0 / 8.0 | 2.00 / 2.00 |" in table
+
+
+def test_parts_table_puts_each_refresh_part_beside_the_build_stage(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    scale = importlib.import_module("scale")
+
+    def size(papers: int, k: float) -> dict:
+        parts = {"apply-diffs": {"seconds": 9, "cpu_seconds": 2 * k}, "mine": {"cpu_seconds": k}}
+        return {
+            "papers": papers,
+            "stages": {
+                "mine": measured(1, 300, 500, cpu=3 * k),
+                "refresh": {**measured(5, 300, 500), "parts": parts},
+                "refresh-fixed": {**measured(5, 300, 500), "parts": {"mine": {"cpu_seconds": 1}}},
+            },
+        }
+
+    table = scale.parts_table([size(80_000, 1), size(160_000, 2)])
+    assert table.splitlines()[0] == (
+        "| part | refresh CPU s (80k / 160k) | refresh-fixed CPU s (80k / 160k) | build CPU s |"
+    )
+    assert "| apply-diffs | 2.0 / 4.0 | – / – | – / – |" in table
+    assert "| mine | 1.0 / 2.0 | 1.0 / 1.0 | 3.0 / 6.0 |" in table
