@@ -196,7 +196,8 @@ def parts_table(sizes: Sequence[dict[str, Any]]) -> str:
 def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> None:
     """Wall seconds, CPU seconds and largest-worker memory against papers, log–log, one line a
     stage (the build black, the refreshes red: solid at a share of the pairs, dashed at a fixed
-    number), with a line of slope 1 (cost proportional to the corpus) for reference."""
+    number, dotted the refresh's goal of 10% of the build's CPU), with a line of slope 1 (cost
+    proportional to the corpus) for reference."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,6 +219,14 @@ def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> N
     for ax, key in ((wall, "seconds"), (cpu, "cpu_seconds")):
         top = max(max(r[key]) for r in rows)
         ax.plot(papers, [top * p / papers[-1] for p in papers], "k:", label="∝ papers")
+    build = next((r for r in rows if r["stage"] == "build"), None)
+    if build is not None and any(r["stage"] in REFRESH_GOALS for r in rows):  # the refresh goal
+        cpu.plot(
+            papers,
+            [REFRESH_SHARE * c for c in build["cpu_seconds"]],
+            "r:",
+            label=f"{REFRESH_SHARE:.0%} of the build",
+        )
     for ax, title in (
         (wall, "wall seconds"),
         (cpu, "CPU seconds (driver and workers)"),
@@ -228,7 +237,9 @@ def plot(rows: Sequence[dict[str, Any]], papers: Sequence[int], path: Path) -> N
         ax.set_xlabel("papers")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-    fig.legend(*wall.get_legend_handles_labels(), fontsize=7, loc="center right")
+    labelled = dict(zip(*reversed(wall.get_legend_handles_labels())))
+    labelled.update(zip(*reversed(cpu.get_legend_handles_labels())))
+    fig.legend(list(labelled.values()), list(labelled), fontsize=7, loc="center right")
     fig.tight_layout(rect=(0, 0, 0.89, 1))
     fig.savefig(path, dpi=60)
     plt.close(fig)
