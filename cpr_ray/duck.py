@@ -1,10 +1,16 @@
 """DuckDB over Arrow batches: the engine that does per-block work inside Ray tasks.
 
-Ray moves blocks; inside a block we want a vectorised engine, not a Python loop over rows. One
-in-process connection per call is cheap (milliseconds) and keeps tasks independent.
+Ray moves blocks; inside a block we want a vectorised engine, not a Python loop over rows. Each
+call gets a connection of its own (a cursor: the tables it registers are its own, so calls on
+several threads stay independent) on one in-memory database per process and thread count,
+which holds the macros. A fresh database per call cost ~23 ms of CPU, ten times the query of a
+small bucket: a refresh's papers bucket task runs 11 queries, so a 1% diff over 128 buckets
+paid ~30 s of CPU for connections alone.
 """
 
 from __future__ import annotations
+
+import threading
 
 import duckdb
 import pyarrow as pa
@@ -18,13 +24,31 @@ CREATE OR REPLACE MACRO trailing_int(x) AS
 """
 
 
+_databases: dict[int, duckdb.DuckDBPyConnection] = {}
+_lock = threading.Lock()
+
+
+def _database(threads: int) -> duckdb.DuckDBPyConnection:
+    """This process's in-memory database for `threads` threads, the macros created once."""
+    with _lock:
+        db = _databases.get(threads)
+        if db is None:
+            db = duckdb.connect(config={"threads": threads})
+            db.execute(MACROS)
+            _databases[threads] = db
+        return db
+
+
 def query(sql: str, threads: int = 1, **tables: pa.Table) -> pa.Table:
     """Run `sql` over the given Arrow tables (referenced by keyword name) and return Arrow."""
-    con = duckdb.connect(config={"threads": max(1, threads)})
+    db = _database(max(1, threads))
+    with _lock:  # a cursor is made from the database's own connection: one thread at a time
+        con = db.cursor()
     try:
-        con.execute(MACROS)
         for name, table in tables.items():
             con.register(name, table)
         return con.sql(sql).to_arrow_table()
     finally:
+        for name in tables:
+            con.unregister(name)
         con.close()

@@ -128,7 +128,10 @@ class PoolingConfig(_Section):
         "(with the pooler's CPUs and GPUs) and one shard of its index at a time.",
     )
     encode_batch_rows: int = Field(
-        1024, ge=1, description="Documents per map_batches call of an encoder actor."
+        1024,
+        ge=1,
+        description="Documents per map_batches call of an encoder actor; this many texts to "
+        "encode or fewer (a refresh's new papers) are encoded in one Ray task, not an actor pool.",
     )
     token_budget: int | None = Field(
         None,

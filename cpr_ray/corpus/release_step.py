@@ -296,6 +296,8 @@ def _papers_bucket(
     )
     ids = ids.unique()
     wanted = pa.concat_arrays([ids, gone]).unique()
+    if not len(wanted):  # a bucket the relink visits and finds nothing in: no read, no write
+        return bucket_edits.BucketEdit(k, counts={"inserted": 0, "updated": 0, "deleted": 0})
     names = storage.open_lance(p.uri, p.version).schema.names
     found = bucket_edits.current_rows(p, storage, k, pc.field("corpus_id").isin(wanted), names)
     current = found.filter(pc.is_in(found["corpus_id"], ids)).select(names)

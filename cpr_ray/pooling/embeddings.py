@@ -3,7 +3,8 @@
 **The store** is the one vector store (`retrieval.vector_store`), its documents' side: per
 pooler encoder, rows of ``corpus_id``, ``key`` (of the paper and the exact text encoded) and the
 vector (dense, normalised float32; or SPLADE's nonzero vocabulary weights). A run encodes, on a
-Ray Data actor pool, only the universe papers whose key the store lacks, and appends them: a
+Ray Data actor pool (in one task, when they are one actor call's worth), only the universe
+papers whose key the store lacks, and appends them: a
 rerun, or a nightly refresh whose universe grew, pays GPU time for the new or changed texts
 only.
 
@@ -26,6 +27,7 @@ from math import ceil
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pds
 
 from cpr_ray.errors import StorageError
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
@@ -86,12 +88,38 @@ def missing_texts(
 def encode_missing(
     storage: Storage, plan: PoolerPlan, todo_uri: str, todo: int, batch_rows: int
 ) -> None:
-    """Encode the `todo` texts under `todo_uri` (`missing_texts`' parts) on an actor pool and
-    append their vectors to the pooler's store."""
+    """Encode the `todo` texts under `todo_uri` (`missing_texts`' parts) and append their
+    vectors to the pooler's store: on an actor pool, or, when they fit one call of an actor
+    (`batch_rows`), in one Ray task with the actor's resources. A nightly refresh's universe
+    gains a few dozen texts at a small corpus (117 at 40k papers): the pool's start, Ray Data's
+    executor and a second actor's model load cost ~17 s of a 64 CPU-s refresh there, for a
+    forward pass of milliseconds; the task loads the model once."""
     # here, not at the top: the stage's tasks (docs snapshot, index assembly) import this module
     # in every Ray worker they run in, and only the encoder actors need torch
-    from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_dataset
+    from cpr_ray.retrieval.ray_encode import (
+        RayEncodeOptions,
+        actor_memory,
+        encode_dataset,
+        locate,
+        model_shape,
+    )
 
+    store = vector_store(storage, plan)
+    if todo <= batch_rows:
+        import ray
+
+        locate(store.spec)  # a model that cannot load: one line here, not a task's traceback
+        memory = actor_memory(
+            model_shape(store.spec), store.spec, store.kind, todo, on_gpu=plan.num_gpus > 0
+        )
+        task = ray.remote(_encode_in_task).options(
+            num_cpus=plan.num_cpus,
+            num_gpus=plan.num_gpus,
+            memory=memory,
+            **({"resources": dict(plan.resources)} if plan.resources else {}),
+        )
+        ray.get(task.remote(storage.cfg, plan, todo_uri))
+        return
     # blocks small enough that every actor gets work, at most batch_rows rows per call
     rows = max(1, min(batch_rows, ceil(todo / (2 * plan.actors))))
     loc = storage.resolve(todo_uri)
@@ -103,10 +131,21 @@ def encode_missing(
         num_gpus=plan.num_gpus,
         resources=plan.resources,
     )
-    store = vector_store(storage, plan)
     encoded = encode_dataset(missing, store.spec, store.kind, options)
     sloc = storage.resolve(store.uri)
     encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)
+
+
+def _encode_in_task(storage_cfg: StorageConfig, plan: PoolerPlan, todo_uri: str) -> None:
+    """One task's share of `encode_missing`: every todo text encoded as an actor's call would
+    (`EncodeDocs`) and appended to the store as one part."""
+    from cpr_ray.retrieval.ray_encode import EncodeDocs
+
+    storage = Storage(storage_cfg)
+    store = vector_store(storage, plan)
+    loc = storage.resolve(todo_uri)
+    todo = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table()
+    store.append(EncodeDocs(store.spec, store.kind)(todo))
 
 
 def store_parts(storage: Storage, plan: PoolerPlan) -> list[tuple[str, int]]:
