@@ -112,7 +112,9 @@ class Standin:
         return [
             k
             for k in req.delete_keys
-            if self._decide(key_id, req, [Need("s3:DeleteObject", f"arn:aws:s3:::{req.bucket}/{k}")])
+            if self._decide(
+                key_id, req, [Need("s3:DeleteObject", f"arn:aws:s3:::{req.bucket}/{k}")]
+            )
             != ALLOW
         ]
 

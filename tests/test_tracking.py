@@ -1,8 +1,8 @@
 """Side services never stop a run: where MLflow tracking logs (`cpr_ray.tracking.store_uri`), the
 one line a user who asked for tracking without the extra gets, and the one line each failing
-store, the progress file or the live metrics cost (`cpr_ray.side_services`). (A training and its evaluations read back from a real
-store: tests/test_model_card.py; a restarted two-worker run, and a server that does not answer:
-tests/test_train_ray.py.)"""
+store, the progress file or the live metrics cost (`cpr_ray.side_services`). (A training and
+its evaluations read back from a real store: tests/test_model_card.py; a restarted two-worker
+run, and a server that does not answer: tests/test_train_ray.py.)"""
 
 from __future__ import annotations
 
@@ -97,7 +97,9 @@ def test_a_tracking_server_answering_500_is_one_line_and_the_run_goes_on(tmp_pat
         assert _start(tmp_path, url) is None
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"tracking: starting a run failed at {url}: ")
-    assert line.endswith("(check the tracking server, or set tracking.enabled=false); going on untracked")
+    assert line.endswith(
+        "(check the tracking server, or set tracking.enabled=false); going on untracked"
+    )
 
 
 def test_a_locked_sqlite_store_is_one_line_naming_the_way_out(tmp_path, capsys):
@@ -126,9 +128,7 @@ def test_a_progress_file_that_cannot_be_written_is_one_line_and_the_stage_goes_o
     assert line.endswith("`cpr stats --watch` will not follow this run; it goes on")
 
 
-def test_a_metric_the_metrics_library_refuses_is_one_line_and_the_run_goes_on(
-    capsys, monkeypatch
-):
+def test_a_metric_the_metrics_library_refuses_is_one_line_and_the_run_goes_on(capsys, monkeypatch):
     """Ray's metrics refuse a tag that is not a string (a stage asked with no model name):
     the asker goes on, and says so once."""
     monkeypatch.setattr(side_services, "_said", set())
