@@ -305,8 +305,14 @@ class Owner:
         return its generation: what a publish records, right before it writes. Raises
         `LeaseLost` when the lease is not ours or the renewal is late."""
         self.check()
+        generation = self.lease.generation
         self.beat()
         self.check()
+        if self.lease.generation == generation:  # the store did not take the renewal
+            raise LeaseLost(
+                f"{self.storage.root}: the lease of this {self.lease.purpose} could not be "
+                "renewed right before publishing; it publishes nothing: run it again"
+            )
         return self.lease.generation
 
 
