@@ -25,7 +25,7 @@ from cpr_ray import leases
 from cpr_ray.cli import app
 from cpr_ray.config import load_config
 from cpr_ray.dataset.format import CORPUS
-from cpr_ray.stage import StageOutput, StageRun, read_manifest, run_stage
+from cpr_ray.stage import StageOutput, StageRun, manifest_uri, read_manifest, run_stage
 from cpr_ray.storage import Storage, StorageConfig, join
 
 from .test_cli import error_line
@@ -161,6 +161,24 @@ def test_a_holder_whose_heartbeat_thread_died_publishes_nothing(storage):
         with leases.owner(storage, "refresh") as taker:  # stale: taken over at once
             assert taker.lease.id != held.lease.id
     assert read_manifest(storage, "export") == before
+
+
+def test_a_manifest_landing_after_its_lease_was_taken_over_is_ignored_by_readers(storage):
+    """The window the fence leaves: a holder renewed its lease for a publish, then paused past
+    staleness before its manifest write landed. The taker recorded when it took the root over
+    (by the store's clock); readers ignore that lease's manifest written at or after then, and
+    keep what it published before."""
+    uri = manifest_uri(storage, "export")
+    with leases.owner(storage, "build", **BEAT) as held:
+        before = _stage(storage, lambda: None)
+        _kill(f"lease-{held.lease.id}")
+        poll(lambda: _stale_by_age(storage))
+        with leases.owner(storage, "refresh") as taker:
+            assert taker.lease.id != held.lease.id
+            assert read_manifest(storage, "export") == before  # published before the takeover
+            storage.write_json(uri, {**before, "run": "late"})  # the paused write lands now
+            assert storage.read_json(uri)["lease"]["id"] == held.lease.id
+            assert read_manifest(storage, "export") is None  # the stage runs again
 
 
 @pytest.fixture()
