@@ -33,10 +33,10 @@ from cpr_ray import duck  # noqa: E402
 from cpr_ray.config import load_config  # noqa: E402
 from cpr_ray.evaluate.loaders.beir import load_beir  # noqa: E402
 from cpr_ray.evaluate.loaders.cpr import GROUPS, load_cpr  # noqa: E402
-from cpr_ray.evaluate.ranking import rank_pools  # noqa: E402
 from cpr_ray.evaluate.runner import rank, run_eval  # noqa: E402
 from cpr_ray.evaluate.summary import SummaryOptions, summarize  # noqa: E402
 from cpr_ray.retrieval import PAD, top_k_rows  # noqa: E402
+from cpr_ray.retrieval.ranking import rank_pools  # noqa: E402
 from cpr_ray.storage import (
     Storage,  # noqa: E402
     StorageConfig,  # noqa: E402

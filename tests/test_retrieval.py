@@ -20,7 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray.errors import UserError  # noqa: E402
 from cpr_ray.evaluate.benchmark import pad_pools  # noqa: E402
-from cpr_ray.evaluate.ranking import rank_pools  # noqa: E402
 from cpr_ray.retrieval import (  # noqa: E402
     PAD,
     EncoderSpec,
@@ -35,6 +34,7 @@ from cpr_ray.retrieval.encoder import (  # noqa: E402
     SpladeEncoder,
     read_sentence_transformers_config,
 )
+from cpr_ray.retrieval.ranking import rank_pools  # noqa: E402
 from cpr_ray.retrieval.token_pooling import (  # noqa: E402
     last_token_pool,
     mean_pool,

@@ -520,6 +520,11 @@ def test_query_files_and_merge_helpers():
         read_queries('{"query_id": "a"}\n', "f")
     with pytest.raises(InputError, match="not unique"):
         read_queries('{"query_id": "a", "query": "x"}\n{"query_id": "a", "query": "y"}', "f")
+    own = read_queries('{"query": "x", "excluded_ids": [12, "doc-3"]}', "f")
+    assert own[0].excluded_ids == (12, "doc-3")
+    for bad in ('"12"', "[[12]]", "[{}]", "[true]"):
+        with pytest.raises(InputError, match='line 1: "excluded_ids" must be a list of ids'):
+            read_queries(f'{{"query": "x", "excluded_ids": {bad}}}', "f")
     rows, scores = merge_top_k(
         [np.array([[1, 2, -1]]), np.array([[7, 8, 9]])],
         [np.array([[0.9, 0.5, 0.0]]), np.array([[0.7, 0.6, 0.1]])],

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from cpr_ray.config import TrainConfig
-from cpr_ray.evaluate.results import retriever_label
+from cpr_ray.retrieval.fusion import retriever_label
 
 TAG = "cpr-ray"
 LOSS = "InfoNCE"

@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.evaluate.results import retriever_label
+from cpr_ray.retrieval.fusion import retriever_label
 from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, join
 from cpr_ray.table_files import find_table

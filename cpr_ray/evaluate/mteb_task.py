@@ -236,7 +236,7 @@ class WithoutExcluded:
     """An MTEB search model that never returns a query's excluded documents.
 
     It asks `inner` for as many more hits as a query has excluded documents at most, drops the
-    excluded ones and keeps the best `top_k` of the rest, as `cpr_ray.evaluate.ranking.
+    excluded ones and keeps the best `top_k` of the rest, as `cpr_ray.retrieval.ranking.
     drop_excluded` does for `cpr eval`.
     """
 

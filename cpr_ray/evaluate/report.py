@@ -16,8 +16,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from cpr_ray.evaluate.results import check_results, retriever_label
+from cpr_ray.evaluate.results import check_results
 from cpr_ray.evaluate.robustness import order_agreement
+from cpr_ray.retrieval.fusion import retriever_label
 from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, StorageError, join
 

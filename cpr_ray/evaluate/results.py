@@ -20,6 +20,7 @@ from cpr_ray.config import Config
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.evaluate.metrics import METRICS
+from cpr_ray.retrieval.fusion import retriever_label
 from cpr_ray.retrieval.model_source import model_label
 from cpr_ray.storage import Storage, join
 
@@ -92,16 +93,6 @@ def build_results(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "code_version": code_version(),
     }
-
-
-def retriever_label(results: dict[str, Any]) -> str:
-    """The retriever as a run names it: ``hybrid`` with its fusion (``hybrid-rrf-k60-d100``,
-    ``hybrid-convex-w0.3-d100``), so runs of two fusions never share a name, a file or a row."""
-    fusion = results.get("fusion")
-    if not fusion:
-        return str(results["retriever"])
-    knob = f"k{fusion['k']}" if fusion["method"] == "rrf" else f"w{fusion['weight']:g}"
-    return f"{results['retriever']}-{fusion['method']}-{knob}-d{fusion['depth']}"
 
 
 def _default_subset(parts: Sequence[Benchmark]) -> str | None:

@@ -22,13 +22,13 @@ from cpr_ray.evaluate.benchmark import Benchmark, positions
 from cpr_ray.evaluate.loaders import load_benchmark
 from cpr_ray.evaluate.metrics import METRICS
 from cpr_ray.evaluate.protocols import QueryRewriter, llm_query_rewriter
-from cpr_ray.evaluate.ranking import drop_excluded, rank_pools
 from cpr_ray.evaluate.robustness import SAME_TOPIC, without_groups
 from cpr_ray.evaluate.summary import SummaryOptions, metric_blocks, query_scores, summarize
 from cpr_ray.retrieval import Retriever, make_retriever
 from cpr_ray.retrieval.base import PAD
 from cpr_ray.retrieval.fusion import reciprocal_rank_fusion
 from cpr_ray.retrieval.hybrid import HybridRetriever
+from cpr_ray.retrieval.ranking import drop_excluded, rank_pools
 from cpr_ray.retrieval.rerank import Reranker, llm_reranker
 from cpr_ray.retrieval.spec import RetrieverOptions
 from cpr_ray.storage import Storage

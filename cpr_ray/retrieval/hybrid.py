@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cpr_ray.evaluate.ranking import rank_pools
 from cpr_ray.retrieval.base import PAD
 from cpr_ray.retrieval.bm25 import BM25Retriever
 from cpr_ray.retrieval.fusion import Fusion
 from cpr_ray.retrieval.neural import DenseRetriever
+from cpr_ray.retrieval.ranking import rank_pools
 
 
 class HybridRetriever:

@@ -27,7 +27,9 @@ def read_queries(text: str, source: str) -> list[Query]:
             if not isinstance(row.get("query"), str) or not row["query"].strip():
                 raise InputError(f'{source}: line {n} has no "query" text')
             excluded = row.get("excluded_ids") or []
-            if not isinstance(excluded, list):
+            if not isinstance(excluded, list) or not all(
+                isinstance(d, (int, str)) and not isinstance(d, bool) for d in excluded
+            ):
                 raise InputError(f'{source}: line {n}: "excluded_ids" must be a list of ids')
             query_id = str(row.get("query_id", f"q{n}"))
             out.append(Query(query_id, row["query"].strip(), tuple(excluded)))
