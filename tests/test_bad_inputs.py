@@ -63,8 +63,8 @@ def files(tmp_path: Path, tiny_bert: str, monkeypatch: pytest.MonkeyPatch) -> Pa
         {
             "vid": pa.array([1, 2], pa.int64()),
             "corpus_id": pa.array([1, 2], pa.int64()),
-            "title": ["a", "b"],
-            "text": ["a", "b"],
+            "title": ["Protein folding", "Bridges"],
+            "text": ["Protein folding. We fold proteins.", "Bridges carry loads."],
             "field": pa.array([None, None], pa.string()),
         }
     )
