@@ -200,7 +200,11 @@ def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm, inline_max_row
         "--set", f"llm.inline_max_rows={inline_max_rows}",
     ]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ""}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # its output to a file, not a pipe nobody reads until it exits: past the pipe's 64 KiB (Ray's
+    # warnings on a loaded machine) the command would block writing and never exit
+    log = build.parent / "build.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     storage = Storage(load_config(env={}, overrides=[f"storage.root={build}"]).storage)
     ledger = ledger_uri(storage, "judge-analogy")
     try:
@@ -208,13 +212,16 @@ def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm, inline_max_row
         while time.monotonic() < deadline:
             if Path(ledger).is_dir() and pds.dataset(ledger).count_rows() >= 6:
                 break
-            assert proc.poll() is None, proc.stdout.read().decode()
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.2)
         else:
             pytest.fail("the six answers never reached the ledger")
         assert llm.stats()["total"] == ROWS  # all eight asked, two still hanging
         proc.send_signal(signal.SIGINT)  # Ctrl-C
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("no exit 60 s after Ctrl-C; its output ends:\n" + log.read_text()[-3000:])
     finally:
         if proc.poll() is None:
             proc.kill()
