@@ -204,7 +204,15 @@ def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm, inline_max_row
     # warnings on a loaded machine) the command would block writing and never exit
     log = build.parent / "build.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # Ctrl-C as a terminal sends it: a runner that started the tests in the background
+            # hands its children SIGINT ignored, and Python then keeps it ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     storage = Storage(load_config(env={}, overrides=[f"storage.root={build}"]).storage)
     ledger = ledger_uri(storage, "judge-analogy")
     try:
