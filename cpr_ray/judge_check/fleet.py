@@ -15,7 +15,8 @@ Two questions come before an operator provisions `infra/judges/` (or buys a prov
   parameters. `cpr judge-check` measures the real endpoint's seconds per answer once it runs.
 - **Money.** The nodes a stage holds (its model at most replicas, every other model at its
   fewest) for its wall hours are node-hours, at the instance type's on-demand price dollars:
-  `node_hours`. What the spend cap charges for them is `llm.fleet.node_hour_usd`.
+  `node_hours`. The spend cap does not count them yet (it prices tokens only): the sizing is
+  where they are priced.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ INSTANCES: dict[str, tuple[str, int]] = {
 }
 
 # On-demand USD per node-hour of those instance types (AWS's EC2 On-Demand pricing page, Linux,
-# us-east-1 and us-west-2); set your region's as llm.fleet.node_hour_usd
+# us-east-1 and us-west-2); another region's price differs
 NODE_HOUR_USD: dict[str, float] = {"g6e.12xlarge": 10.49264}
 
 # vLLM's working memory per GPU beside weights and KV cache (activations of a chunked-prefill
