@@ -28,7 +28,7 @@ install: $(VENV)/.installed
 dry-run: install
 	$(VENV)/bin/cpr dry-run --out $(DRY_RUN_OUT)
 
-# tests/test_search_page.py drives the search page in Debian's headless chromium through its
+# tests/search/test_search_page.py drives the search page in Debian's headless chromium through its
 # chromedriver (Selenium is told both paths, so it never downloads a browser); installed once
 CHROMEDRIVER := /usr/bin/chromedriver
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -97,9 +97,9 @@ def beir_index(
     ours) against sentence-transformers encoding the same texts (the loader's own document
     texts, float32) at the same max length."""
     from cpr_ray.config import load_config
+    from cpr_ray.evaluate.eval_run import run_eval
     from cpr_ray.evaluate.loaders.beir import load_beir
-    from cpr_ray.evaluate.runner import run_eval
-    from cpr_ray.storage import Storage
+    from cpr_ray.storage.store import Storage
 
     folder = Path(tempfile.mkdtemp(prefix="cpr-bench-beir-"))
     (folder / "qrels").mkdir()

@@ -29,18 +29,18 @@ import pyarrow.parquet as pq
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from cpr_ray import duck  # noqa: E402
 from cpr_ray.config import load_config  # noqa: E402
+from cpr_ray.evaluate.eval_run import rank, run_eval  # noqa: E402
 from cpr_ray.evaluate.loaders.beir import load_beir  # noqa: E402
-from cpr_ray.evaluate.loaders.cpr import GROUPS, load_cpr  # noqa: E402
-from cpr_ray.evaluate.runner import rank, run_eval  # noqa: E402
+from cpr_ray.evaluate.loaders.cpr_eval import GROUPS, load_cpr  # noqa: E402
 from cpr_ray.evaluate.summary import SummaryOptions, summarize  # noqa: E402
 from cpr_ray.retrieval import PAD, top_k_rows  # noqa: E402
 from cpr_ray.retrieval.ranking import rank_pools  # noqa: E402
-from cpr_ray.storage import (
+from cpr_ray.storage.store import (
     Storage,  # noqa: E402
     StorageConfig,  # noqa: E402
 )
+from cpr_ray.tables import duckdb_sql as duck  # noqa: E402
 
 
 def _vocab() -> np.ndarray:
@@ -213,7 +213,7 @@ def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
     import ray
 
     from cpr_ray.retrieval import EncoderSpec, RetrieverOptions, make_retriever
-    from cpr_ray.retrieval.index import VectorIndex
+    from cpr_ray.retrieval.faiss_index import VectorIndex
 
     root = work / f"beir-{n_docs}"
     make_beir(root, n_docs, n_queries)

@@ -44,13 +44,13 @@ from sample_texts import abstracts  # noqa: E402
 from cpr_ray.config import load_config, minilm_dir  # noqa: E402
 from cpr_ray.evaluate.benchmark import Benchmark  # noqa: E402
 from cpr_ray.evaluate.bootstrap import bootstrap_ci  # noqa: E402
+from cpr_ray.evaluate.eval_run import rank  # noqa: E402
 from cpr_ray.evaluate.loaders import load_benchmark  # noqa: E402
-from cpr_ray.evaluate.runner import rank  # noqa: E402
 from cpr_ray.evaluate.summary import query_scores  # noqa: E402
 from cpr_ray.retrieval import make_retriever  # noqa: E402
 from cpr_ray.retrieval.fusion import Fusion  # noqa: E402
 from cpr_ray.retrieval.hybrid import HybridRetriever  # noqa: E402
-from cpr_ray.storage import Storage  # noqa: E402
+from cpr_ray.storage.store import Storage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = Fusion()  # rrf k=60, depth 100

@@ -23,10 +23,11 @@ from the work it does: not yet run on one):
   CPU search the pool's dense pooler runs today (`VectorIndex`, a faiss flat index): queries/s,
   the ratio, and whether the results are the same.
 
-On a machine without CUDA every size shrinks (`--tiny`, which tests/test_gpu_check.py runs in
+On a machine without CUDA every size shrinks (`--tiny`, which tests/retrieval/test_gpu_check.py
+runs in
 seconds): the models become 2-layer Qwen3s, the step a few short texts, the universe 2,000
 vectors, and each figure is the CPU's: the peak is then the CPU allocator's, read from the
-profiler's record of every allocation (what `tests/test_train_plan.py` checks the plan
+profiler's record of every allocation (what `tests/train/test_train_plan.py` checks the plan
 against), and the plan is the CPU plan (float32 activations). Usage:
 
     python benchmarks/gpu_check.py [--tiny] [--json results.json] [--weights float32]
@@ -56,7 +57,7 @@ from sample_texts import abstracts  # noqa: E402
 
 from cpr_ray.config import LoRAConfig, TrainConfig, minilm_dir  # noqa: E402
 from cpr_ray.retrieval.encoder import DenseEncoder, Encoder  # noqa: E402
-from cpr_ray.retrieval.index import VectorIndex  # noqa: E402
+from cpr_ray.retrieval.faiss_index import VectorIndex  # noqa: E402
 from cpr_ray.retrieval.spec import EncoderSpec  # noqa: E402
 from cpr_ray.train.lora import add_adapters  # noqa: E402
 from cpr_ray.train.memory_plan import architecture, plan_memory  # noqa: E402

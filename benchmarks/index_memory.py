@@ -71,7 +71,7 @@ def main() -> None:
 
     import ray
 
-    from cpr_ray.search.index import build_index
+    from cpr_ray.search.sharded_index import build_index
 
     tmp = Path(tempfile.mkdtemp(prefix="index-memory-"))
     corpus = export(tmp / "export", args.docs)

@@ -23,14 +23,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from cpr_ray.buckets import BUCKET
 from cpr_ray.config import load_config
 from cpr_ray.corpus import linking, records
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.corpus.s2orc import recover_contexts
-from cpr_ray.ray_runtime import ensure_ray
+from cpr_ray.runs.ray_runtime import ensure_ray
 from cpr_ray.sample.synthetic import generate
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables.buckets import BUCKET
 
 S2 = ("papers", "abstracts", "citations", "publication-venues")
 OPENALEX = ("works", "sources")

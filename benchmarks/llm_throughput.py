@@ -1,8 +1,8 @@
 """LLM actor throughput against an endpoint with fixed latency, as a share of the in-flight bound.
 
-Candidate: `cpr_ray.llm.runner.ask_pool`, the stage's own path for its rows (blocks cut per
+Candidate: `cpr_ray.llm.step_runner.ask_pool`, the stage's own path for its rows (blocks cut per
 batch, one pool of async `LLMActor`s, answers made durable as they arrive). Endpoint: the
-scripted OpenAI-compatible server (tests/scripted_llm.py) on loopback with a fixed
+scripted OpenAI-compatible server (tests/standins/scripted_llm.py) on loopback with a fixed
 injected latency and no token cost. The named baseline is the ideal: requests in flight ÷
 latency. Two scenarios, each in the same run:
 
@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from cpr_ray.config import LLMConfig  # noqa: E402
 from cpr_ray.llm.asking import ask_pool  # noqa: E402
-from cpr_ray.llm.ledger import AnswerSink  # noqa: E402
+from cpr_ray.llm.spend_ledger import AnswerSink  # noqa: E402
 from cpr_ray.llm.task import KEY  # noqa: E402
 from cpr_ray.queries.usefulness import UsefulnessGrader  # noqa: E402
-from cpr_ray.storage import StorageConfig  # noqa: E402
-from tests.conftest import ScriptedLLM, start_scripted_llm  # noqa: E402  (the scripted endpoint)
+from cpr_ray.storage.store import StorageConfig  # noqa: E402
+from tests.standins.clients import ScriptedLLM, start_scripted_llm  # noqa: E402  (the scripted endpoint)
 
 
 def rows(n: int) -> pa.Table:

@@ -1,6 +1,6 @@
 """Mining (venues → base papers → topic-disjoint pairs + universe): the Ray stages vs DuckDB.
 
-Baseline: `cpr_ray.mining.reference`, the same rules (`cpr_ray.mining.rules`) as one DuckDB
+Baseline: `cpr_ray.mining.reference`, the same rules (`cpr_ray.mining.mining_rules`) as one DuckDB
 process over the whole ingested tables (read from the same Lance datasets), all local threads.
 Candidate: the `venues` + `mine` stages on a local Ray with 1 CPU and with 2 CPUs (each in a
 fresh process pinned to that many cores, `ray.init` excluded), timed on the second of two runs:
@@ -26,8 +26,8 @@ import lance
 
 from cpr_ray.config import Config, load_config
 from cpr_ray.mining import reference
-from cpr_ray.mining.stages import PAPER_COLUMNS
-from cpr_ray.storage import Storage
+from cpr_ray.mining.mining_stages import PAPER_COLUMNS
+from cpr_ray.storage.store import Storage
 
 
 def config(work: Path, raw: Path, cpus: int) -> Config:
@@ -54,7 +54,7 @@ def config(work: Path, raw: Path, cpus: int) -> Config:
 
 def prepare(work: Path, raw: Path, papers: int, citations: int) -> None:
     from cpr_ray.corpus.ingest import ingest
-    from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.runs.ray_runtime import ensure_ray
     from cpr_ray.sample.synthetic import generate
 
     if not (raw / "s2").is_dir():
@@ -69,8 +69,8 @@ def run_ray(work: Path, raw: Path, cpus: int) -> dict:
     """Child-process mode: venues + mine with `cpus` CPUs; prints a JSON line of timings."""
     import ray
 
-    from cpr_ray.mining.stages import mine, venues
-    from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.mining.mining_stages import mine, venues
+    from cpr_ray.runs.ray_runtime import ensure_ray
 
     # N CPUs means N cores: Lance and Arrow inside a task would otherwise decode on every core
     # of the machine, and the 1-CPU run would not be one core's work. Ray's processes inherit it.

@@ -37,16 +37,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from random_bert import random_bert  # noqa: E402  (this folder)
 
-from cpr_ray.buckets import BucketLayout  # noqa: E402
 from cpr_ray.config import Config, load_config, minilm_dir  # noqa: E402
 from cpr_ray.pooling.embeddings import vector_store  # noqa: E402
+from cpr_ray.pooling.pool_rules import doc_text  # noqa: E402
+from cpr_ray.pooling.pool_stage import pool  # noqa: E402
 from cpr_ray.pooling.poolers import plans  # noqa: E402
-from cpr_ray.pooling.rules import doc_text  # noqa: E402
-from cpr_ray.pooling.stage import pool  # noqa: E402
 from cpr_ray.retrieval.vector_store import text_keys  # noqa: E402
-from cpr_ray.schemas import PAPERS  # noqa: E402
-from cpr_ray.stage import manifest_uri  # noqa: E402
-from cpr_ray.storage import Storage, join  # noqa: E402
+from cpr_ray.runs.stage_runner import manifest_uri  # noqa: E402
+from cpr_ray.storage.store import Storage, join  # noqa: E402
+from cpr_ray.tables.buckets import BucketLayout  # noqa: E402
+from cpr_ray.tables.schemas import PAPERS  # noqa: E402
 
 TOPICS = 300
 WORDS_PER_TOPIC = 40

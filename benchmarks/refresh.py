@@ -6,7 +6,7 @@ that touches `--share` of the mined pairs: new cited papers (with their OpenAlex
 snapshot partition), changed ones, deleted papers and citations (`cpr_ray.sample.diffs`), plus
 as many changed papers outside any pair. The LLM is the scripted endpoint on loopback with a
 fixed latency per answer (`--llm-latency-ms`), the S2 Datasets API its stand-in; both are the
-tests' (tests/scripted_llm.py, tests/s2_standin.py).
+tests' (tests/standins/scripted_llm.py, tests/standins/s2_api.py).
 
 Prints, for each: wall seconds and LLM answers asked (ledger rows), and the refresh's share of
 the rebuild. The goal: LLM calls ≤ 2× the diff's share, wall time ≤ 10× it. Usage:
@@ -32,14 +32,14 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 from cpr_ray.config import Config, load_config  # noqa: E402
-from cpr_ray.llm.ledger import ledger_summary  # noqa: E402
+from cpr_ray.llm.spend_ledger import ledger_summary  # noqa: E402
 from cpr_ray.pipeline.build import run_build  # noqa: E402
 from cpr_ray.pipeline.refresh import refresh  # noqa: E402
+from cpr_ray.runs.stage_runner import require_manifest  # noqa: E402
 from cpr_ray.sample.diffs import DiffPlan, make_diff  # noqa: E402
 from cpr_ray.sample.synthetic import generate  # noqa: E402
-from cpr_ray.stage import require_manifest  # noqa: E402
-from cpr_ray.storage import Storage  # noqa: E402
-from tests.conftest import start_s2_standin, start_scripted_llm  # noqa: E402  (the stand-ins)
+from cpr_ray.storage.store import Storage  # noqa: E402
+from tests.standins.clients import start_s2_standin, start_scripted_llm  # noqa: E402  (the stand-ins)
 
 OLD, NEW = "2026-11-25", "2026-12-02"
 

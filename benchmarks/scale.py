@@ -414,7 +414,7 @@ def _parts_measured(probe: Probe, parts: dict[str, Any]) -> Iterator[None]:
 
         return run
 
-    from cpr_ray.corpus import refresh as corpus_refresh
+    from cpr_ray.corpus import apply_diffs as corpus_refresh
 
     steps = ("_openalex", "_stage", "_apply_papers", "_commit", "_rebucket")
     saved = {s: getattr(corpus_refresh, s) for s in steps}
@@ -447,10 +447,10 @@ def measure(args: argparse.Namespace, papers: int) -> dict[str, Any]:
 
     from cpr_ray.pipeline.build import STAGES, run_build
     from cpr_ray.pipeline.refresh import refresh
-    from cpr_ray.ray_runtime import ensure_ray
-    from cpr_ray.stage import require_manifest
-    from cpr_ray.storage import Storage
-    from tests.conftest import start_s2_standin, start_scripted_llm
+    from cpr_ray.runs.ray_runtime import ensure_ray
+    from cpr_ray.runs.stage_runner import require_manifest
+    from cpr_ray.storage.store import Storage
+    from tests.standins.clients import start_s2_standin, start_scripted_llm
 
     citations = papers * args.citations_per_paper
     raw = corpus(args, papers)

@@ -37,8 +37,8 @@ from sample_texts import abstracts  # noqa: E402
 from cpr_ray.config import SearchConfig  # noqa: E402
 from cpr_ray.retrieval.spec import EncoderSpec, query_identity  # noqa: E402
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions  # noqa: E402
-from cpr_ray.search.index import publish  # noqa: E402
-from cpr_ray.storage import (
+from cpr_ray.search.sharded_index import publish  # noqa: E402
+from cpr_ray.storage.store import (
     Storage,  # noqa: E402
     StorageConfig,  # noqa: E402
 )

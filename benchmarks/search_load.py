@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search import synthetic_index  # noqa: E402
 
-from cpr_ray.storage import join  # noqa: E402
+from cpr_ray.storage.store import join  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [
@@ -133,7 +133,7 @@ import json, sys, tracemalloc, psutil, bm25s, faiss
 from cpr_ray.config import load_config
 from cpr_ray.retrieval.bm25 import BM25Retriever
 from cpr_ray.search.engine import SearchIndex
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
 storage = Storage(load_config().storage)
 me = psutil.Process()
 before = me.memory_info().rss
@@ -195,7 +195,7 @@ def main() -> None:
             [
                 sys.executable,
                 "-m",
-                "cpr_ray.cli",
+                "cpr_ray.cpr_command",
                 "serve",
                 root,
                 "--port",

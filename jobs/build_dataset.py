@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_parser, run_job
 from cpr_ray.config import load_config
 from cpr_ray.pipeline.build import STAGES, run_build
-from cpr_ray.stage import manifest_uri
-from cpr_ray.storage import Storage
+from cpr_ray.runs.command_options import job_parser, run_job
+from cpr_ray.runs.stage_runner import manifest_uri
+from cpr_ray.storage.store import Storage
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_given, job_parser, run_job
 from cpr_ray.errors import ConfigError
-from cpr_ray.evaluate.commands import EVAL_FLAGS
+from cpr_ray.evaluate.eval_commands import EVAL_FLAGS
+from cpr_ray.evaluate.eval_run import run_eval
 from cpr_ray.evaluate.publish import publish, show
-from cpr_ray.evaluate.runner import run_eval
 from cpr_ray.evaluate.settings import check
+from cpr_ray.runs.command_options import job_given, job_parser, run_job
 
 
 def main(argv: list[str] | None = None) -> int:

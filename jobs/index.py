@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_given, job_parser, run_job
-from cpr_ray.search.commands import INDEX_FLAGS
-from cpr_ray.search.index import build_index, summary_lines
+from cpr_ray.runs.command_options import job_given, job_parser, run_job
+from cpr_ray.search.search_commands import INDEX_FLAGS
+from cpr_ray.search.sharded_index import build_index, summary_lines
 
 
 def main(argv: list[str] | None = None) -> int:

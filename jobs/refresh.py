@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import Flag, flag_values, job_parser, run_job
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError
 from cpr_ray.pipeline.refresh import refresh, summary_lines
+from cpr_ray.runs.command_options import Flag, flag_values, job_parser, run_job
 
 FLAGS = (Flag("refresh.base_release"), Flag("refresh.api_url"))
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from cpr_ray.command_line import job_given, job_parser, run_job
-from cpr_ray.train.commands import REQUIRED, TRAIN_FLAGS, summary_lines
+from cpr_ray.runs.command_options import job_given, job_parser, run_job
+from cpr_ray.train.train_command import REQUIRED, TRAIN_FLAGS, summary_lines
 from cpr_ray.train.trainer import run_train
 
 

@@ -2,7 +2,7 @@
 writers'; tests measure the machinery on cases whose labels they choose).
 
 `gold_case(stage, i, label)` is one valid case: texts unique to (stage, i), so the scripted
-endpoint (tests/gold_llm.py) can tell the cases' prompts apart; `write_gold(folder, {stage:
+endpoint (tests/standins/gold_llm.py) can tell the cases' prompts apart; `write_gold(folder, {stage:
 [labels]})` writes a folder `cpr judge-check --gold` reads.
 """
 

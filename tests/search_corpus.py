@@ -80,7 +80,7 @@ def build_search_index(tmp: Path, rows: list[dict], model: str) -> Path:
     """`rows` exported under `tmp` and indexed with `model` at `tmp/idx`: what `cpr serve` and
     `cpr search` open."""
     from cpr_ray.config import load_config
-    from cpr_ray.search.index import build_index
+    from cpr_ray.search.sharded_index import build_index
 
     export = write_export(tmp / "export", rows)
     flags = {"search.corpus": str(export), "search.out": str(tmp / "idx"), "encoder.model": model}

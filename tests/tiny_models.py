@@ -8,6 +8,7 @@ test that asks for the same shape gets the same weights.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -90,4 +91,43 @@ def tiny_qwen3(
     )
     Qwen3Model(config).save_pretrained(folder)
     tok.save_pretrained(folder)
+    return str(folder)
+
+
+# an architecture transformers does not know, shipped as the model folder's own code
+REMOTE_CODE_FILES = {
+    "configuration_cprx.py": """from transformers import BertConfig
+
+
+class CprXConfig(BertConfig):
+    model_type = "cpr-test-bert"
+""",
+    "modeling_cprx.py": """from transformers import BertModel
+
+from .configuration_cprx import CprXConfig
+
+
+class CprXModel(BertModel):
+    config_class = CprXConfig
+""",
+}
+
+
+def remote_code_bert(tokenizer_from: str, folder: Path) -> str:
+    """A tiny random BERT whose architecture is the folder's own code (`auto_map`, a model type
+    transformers does not know), as nvidia/llama-embed-nemotron-8b's is: transformers loads it
+    only with trust_remote_code."""
+    tiny_bert(tokenizer_from, folder)
+    for name, code in REMOTE_CODE_FILES.items():
+        (folder / name).write_text(code)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="cpr-test-bert",
+        architectures=["CprXModel"],
+        auto_map={
+            "AutoConfig": "configuration_cprx.CprXConfig",
+            "AutoModel": "modeling_cprx.CprXModel",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return str(folder)

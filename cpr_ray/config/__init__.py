@@ -43,7 +43,7 @@ from cpr_ray.config.tree import Config
 
 # the error load_config raises and the storage section the tree holds, named where the tree is
 from cpr_ray.errors import ConfigError
-from cpr_ray.storage_config import StorageConfig
+from cpr_ray.storage.settings import StorageConfig
 
 __all__ = [
     "BUILD_LLM_STAGES",

@@ -16,7 +16,7 @@ from cpr_ray.config.bundled import minilm_dir, profile_names, sample_dir
 from cpr_ray.config.tree import Config
 from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.sections import Section as _Section
-from cpr_ray.storage import Storage, StorageConfig
+from cpr_ray.storage.store import Storage, StorageConfig
 
 ENV_PREFIX = "CPR_"
 ENV_NESTING = "__"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -100,3 +100,13 @@ class SearchConfig(_Section):
     rerank_depth: int = Field(30, ge=2, description="Candidates the --rerank llm tournament ranks.")
     query_batch: int = Field(256, ge=1, description="Queries encoded and searched together.")
     serve: ServeConfig = ServeConfig()
+
+
+def retriever_label(results: dict[str, Any]) -> str:
+    """The retriever as a run names it: ``hybrid`` with its fusion (``hybrid-rrf-k60-d100``,
+    ``hybrid-convex-w0.3-d100``), so runs of two fusions never share a name, a file or a row."""
+    fusion = results.get("fusion")
+    if not fusion:
+        return str(results["retriever"])
+    knob = f"k{fusion['k']}" if fusion["method"] == "rrf" else f"w{fusion['weight']:g}"
+    return f"{results['retriever']}-{fusion['method']}-{knob}-d{fusion['depth']}"

@@ -10,7 +10,7 @@ from cpr_ray.sections import Section as _Section
 
 
 class TrackingConfig(_Section):
-    """MLflow tracking (`cpr_ray.tracking`): it records a run, it never changes what one
+    """MLflow tracking (`cpr_ray.runs.tracking`): it records a run, it never changes what one
     computes, so every field is operational."""
 
     operational: ClassVar[frozenset[str]] = frozenset({"enabled", "uri", "experiment"})

@@ -25,7 +25,7 @@ from cpr_ray.config.tracking import TrackingConfig
 from cpr_ray.config.training import TrainConfig
 from cpr_ray.errors import ConfigError
 from cpr_ray.sections import Section as _Section
-from cpr_ray.storage_config import StorageConfig
+from cpr_ray.storage.settings import StorageConfig
 
 
 class Config(_Section):

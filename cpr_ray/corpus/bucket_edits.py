@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.fragment import RowIdSequence, write_fragments
 
-from cpr_ray import duck
-from cpr_ray.buckets import BucketLayout, BucketPlan
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables.buckets import BucketLayout, BucketPlan
 
 ROW_ID, ROW_ADDR = "_rowid", "_rowaddr"
 

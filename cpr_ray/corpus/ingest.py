@@ -23,17 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from cpr_ray import buckets, duck, schemas
-from cpr_ray.buckets import (
-    BucketPlan,
-    bucket_uri,
-    read_lance_bucket,
-    read_parquet_bucket,
-    run_buckets,
-    write_bucketed_table,
-    write_partitions,
-)
-from cpr_ray.buckets import plan as plan_buckets
 from cpr_ray.config import Config
 from cpr_ray.corpus import linking, records
 from cpr_ray.corpus.inputs import InputSet, discover_inputs, snapshot_label
@@ -47,8 +36,27 @@ from cpr_ray.corpus.parsing import (
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import LINES
 from cpr_ray.errors import InputError
-from cpr_ray.stage import Phases, StageOutput, StageRun, console, read_manifest, run_stage
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.stage_runner import (
+    Phases,
+    StageOutput,
+    StageRun,
+    console,
+    read_manifest,
+    run_stage,
+)
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables import buckets, schemas
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables.buckets import (
+    BucketPlan,
+    bucket_uri,
+    read_lance_bucket,
+    read_parquet_bucket,
+    run_buckets,
+    write_bucketed_table,
+    write_partitions,
+)
+from cpr_ray.tables.buckets import plan as plan_buckets
 
 STAGE = "ingest"
 # parsed inputs kept beside the corpus tables (not in the staging folder a run removes): the

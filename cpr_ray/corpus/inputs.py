@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from cpr_ray.config import Config
 from cpr_ray.errors import InputError
-from cpr_ray.stage import console
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.stage_runner import console
+from cpr_ray.storage.store import Storage, join
 
 TEXT_SUFFIXES = (".gz", ".jsonl", ".json")
 # the OpenAlex snapshot's list of an entity's parts (data/jsonl/ENTITY/manifest.json), written

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from cpr_ray import duck, schemas
-from cpr_ray.buckets import BUCKET, REJECTED, SKIPPED
 from cpr_ray.corpus.taxonomy import DOMAINS, FIELDS
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables import schemas
+from cpr_ray.tables.buckets import BUCKET, REJECTED, SKIPPED
 
 KEY_PRIORITY = {"doi": 0, "mag": 1, "pmid": 2}
 

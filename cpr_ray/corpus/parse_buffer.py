@@ -18,7 +18,8 @@ A parse task used to hold its rows until `rows_per_file × (num_buckets + 2)` of
 
 `parse_task_memory` is what the task asks Ray for: the process, plus `working_memory` (a fixed
 part and twice the budget), measured. A Ray worker with the parser imported holds 262 MB; a
-parse of 40 MB of 16 kB abstracts at an 8 MiB budget (`tests/test_ingest_memory.py`, in a process
+parse of 40 MB of 16 kB abstracts at an 8 MiB budget (`tests/corpus/test_ingest_memory.py`, in a
+process
 of its own) peaked 150-180 MB above its idle process, where the old rule's peaked 566 MB above.
 So a node runs only as many parse tasks as its memory holds, and each holds what it declared.
 """
@@ -30,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.buckets import BUCKET, bucket_uri
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables.buckets import BUCKET, bucket_uri
 
 MIB = 1 << 20
 # DuckDB works 2,048 rows at a time, at up to ~20× their text (measured with 16 kB lines), and a
@@ -67,7 +68,7 @@ def line_batch_bytes(buffer_bytes: int, line_bytes: float) -> int:
 
 def working_memory(buffer_bytes: int) -> int:
     """Bytes a parse task's peak RSS may grow above its idle process, for a buffer of
-    `buffer_bytes`: what `tests/test_ingest_memory.py` holds a parse to."""
+    `buffer_bytes`: what `tests/corpus/test_ingest_memory.py` holds a parse to."""
     return FIXED_BYTES + int(WORKING_FACTOR * buffer_bytes)
 
 

@@ -11,15 +11,15 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 
-from cpr_ray import buckets
-from cpr_ray.buckets import bucket_uri, run_buckets
 from cpr_ray.corpus import linking
 from cpr_ray.corpus.inputs import InputSet
 from cpr_ray.corpus.parse_buffer import MIB, BucketBuffer, line_batch_bytes, parse_task_memory
 from cpr_ray.corpus.records import RecordSpec, parse_lines
 from cpr_ray.corpus.shards import CORRUPT_SHARD, ReadShards
-from cpr_ray.stage import StageRun
-from cpr_ray.storage import Storage
+from cpr_ray.runs.stage_runner import StageRun
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables import buckets
+from cpr_ray.tables.buckets import bucket_uri, run_buckets
 
 
 @dataclass(frozen=True)

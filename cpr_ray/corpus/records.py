@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from cpr_ray import duck
-from cpr_ray.buckets import BUCKET, REJECTED, SKIPPED
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables.buckets import BUCKET, REJECTED, SKIPPED
 
 
 def _int_id(path: str) -> str:

@@ -35,8 +35,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import buckets, duck
-from cpr_ray.buckets import (
+from cpr_ray.config import Config
+from cpr_ray.corpus import bucket_edits, linking, updates
+from cpr_ray.corpus.parsing import ParseRecords, parsed_batches
+from cpr_ray.corpus.s2_api import FileFetcher
+from cpr_ray.corpus.s2orc import recover_contexts
+from cpr_ray.corpus.shards import ReadShards
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables import buckets
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables.buckets import (
     BUCKET,
     BucketPlan,
     bucketed_dataset,
@@ -44,13 +52,6 @@ from cpr_ray.buckets import (
     run_buckets,
     write_partitions,
 )
-from cpr_ray.config import Config
-from cpr_ray.corpus import bucket_edits, linking, updates
-from cpr_ray.corpus.parsing import ParseRecords, parsed_batches
-from cpr_ray.corpus.s2_api import FileFetcher
-from cpr_ray.corpus.s2orc import recover_contexts
-from cpr_ray.corpus.shards import ReadShards
-from cpr_ray.storage import Storage
 
 T = TypeVar("T")
 CITATION_KEY = ["citing_id", "cited_id"]

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.errors import InputError, StorageError
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
 
 CHUNK_BYTES = 256 << 10  # compressed bytes read at a time: the resolution of a reported break
 READ_BUFFER = 8 << 20  # bytes fetched per request underneath (one S3 GET, not one per chunk)

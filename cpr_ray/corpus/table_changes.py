@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cpr_ray import buckets
 from cpr_ray.corpus.ingest import KEPT_INPUTS
 from cpr_ray.errors import StorageError
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables import buckets
 
 if TYPE_CHECKING:
     import lance

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import buckets
 from cpr_ray.errors import StorageError
-from cpr_ray.stage import require_manifest
-from cpr_ray.storage import Storage
+from cpr_ray.runs.stage_runner import require_manifest
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables import buckets
 
 if TYPE_CHECKING:
     import lance

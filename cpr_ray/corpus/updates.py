@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from cpr_ray import duck
 from cpr_ray.corpus import linking
+from cpr_ray.tables import duckdb_sql as duck
 
 # the parsed-record shapes `linking.assemble_papers` reads (see `records.S2_PAPERS`/`S2_ABSTRACTS`)
 PAPER_RECORD_COLUMNS = (

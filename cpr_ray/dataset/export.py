@@ -19,8 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import duck
-from cpr_ray.cards.dataset import PAPER_SHARES, dataset_card, percent
+from cpr_ray.cards.dataset_card import PAPER_SHARES, dataset_card, percent
 from cpr_ray.config import Config, license_code
 from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.dataset.format import (
@@ -48,14 +47,15 @@ from cpr_ray.dataset.split import (
     eval_papers,
 )
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.stage import (
+from cpr_ray.runs.stage_runner import (
     StageOutput,
     StageRun,
     console,
     require_manifest,
     run_stage,
 )
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables import duckdb_sql as duck
 
 STAGE = "export"
 # the method's shares of positives from another field / domain (§3.4), for the card

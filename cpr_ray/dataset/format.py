@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from cpr_ray.cards.dataset import ExportFiles
+from cpr_ray.cards.dataset_card import ExportFiles
 
 EVAL_TABLE, TRAIN_TABLE, CORPUS_TABLE = "cpr-eval", "cpr-train", "corpus"
 CARD, STATS = "README.md", "stats.json"

@@ -13,14 +13,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import duck
-from cpr_ray.buckets import BUCKET
 from cpr_ray.corpus.inputs import TEXT_SUFFIXES
 from cpr_ray.corpus.records import S2_ABSTRACTS, parse_lines
 from cpr_ray.corpus.shards import read_shard
 from cpr_ray.dataset.format import CORPUS, CORPUS_TABLE, file_name
 from cpr_ray.errors import InputError
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.storage.store import Storage, StorageError, join
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables.buckets import BUCKET
 
 
 def abstracts_folder(storage: Storage, s2: str) -> str:

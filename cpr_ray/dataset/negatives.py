@@ -23,17 +23,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import duck
 from cpr_ray.config import Config, DatasetConfig
 from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
 from cpr_ray.errors import InputError
-from cpr_ray.llm.ledger import write_failures
-from cpr_ray.llm.runner import TaskRun, endpoint_url, run_llm_task
+from cpr_ray.llm.spend_ledger import write_failures
+from cpr_ray.llm.step_runner import TaskRun, endpoint_url, run_llm_task
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader
-from cpr_ray.schemas import passages
-from cpr_ray.stage import StageOutput, StageRun, chained_stage, console
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.stage_runner import StageOutput, StageRun, chained_stage, console
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables import duckdb_sql as duck
+from cpr_ray.tables.schemas import passages
 
 STAGE = "judge-negatives"
 GROUPS = ("shares_query_topic", "shares_positive_topic", "other")  # pool order across groups

@@ -8,9 +8,9 @@ from typing import Any
 
 from cpr_ray.config import Config
 from cpr_ray.dataset.negatives import STAGE as NEGATIVES_STAGE
-from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
-from cpr_ray.stage import code_version, read_manifest
-from cpr_ray.storage import Storage
+from cpr_ray.queries.positive_stages import STAGES as POSITIVE_STAGES
+from cpr_ray.runs.stage_runner import code_version, read_manifest
+from cpr_ray.storage.store import Storage
 
 BUILD_SECTIONS = ("input", "ingest", "mining", "llm", "pooling", "dataset")
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import duck
+from cpr_ray.tables import duckdb_sql as duck
 
 EVAL, TRAIN, HELD_OUT = "eval", "train", "held_out"
 SPLIT = pa.schema(

@@ -8,6 +8,6 @@ and fusion are `cpr_ray.retrieval`'s (search shares them); the query rewriters a
 """
 
 from cpr_ray.evaluate.benchmark import Benchmark
-from cpr_ray.evaluate.metrics import METRICS
+from cpr_ray.evaluate.ir_metrics import METRICS
 
 __all__ = ["METRICS", "Benchmark"]

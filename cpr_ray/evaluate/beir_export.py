@@ -26,11 +26,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.columns import ID, INT, TEXT, Column, check_columns
 from cpr_ray.dataset.format import CORPUS_TABLE, TRAIN_TABLE
-from cpr_ray.evaluate.loaders.cpr import load_cpr
-from cpr_ray.storage import Storage, join
-from cpr_ray.table_files import find_table
+from cpr_ray.evaluate.loaders.cpr_eval import load_cpr
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables.columns import ID, INT, TEXT, Column, check_columns
+from cpr_ray.tables.table_files import find_table
 
 CORPUS_FILE, QUERIES_FILE = "corpus.jsonl", "queries.jsonl"
 QRELS_HEADER = "query-id\tcorpus-id\tscore\n"

@@ -31,11 +31,11 @@ import posixpath
 import re
 from typing import Any
 
-from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.retrieval.fusion import retriever_label
+from cpr_ray.config.search import retriever_label
+from cpr_ray.evaluate.ir_metrics import METRICS
 from cpr_ray.retrieval.model_source import model_label
-from cpr_ray.storage import Storage, join
-from cpr_ray.table_files import find_table
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables.table_files import find_table
 
 # benchmark -> MTEB task name (`mteb_task.CPREval` / `CPREvalFull` carry the same names)
 TASK_NAMES = {"cpr": "CPREval", "cpr-full": "CPREvalFull"}

@@ -16,7 +16,7 @@ Two tasks, the two protocols of `cpr eval`:
   scores them (and before ``prediction_folder`` saves them), exactly as the runner's
   ``drop_excluded`` does. MTEB's data, search and metric code run unchanged.
 
-Data: the export (a local path or ``s3://…`` through our :class:`~cpr_ray.storage.Storage`) is
+Data: the export (a local path or ``s3://…`` through our :class:`~cpr_ray.storage.store.Storage`) is
 read by `load_cpr`, the loader `cpr eval` uses, so both see the same queries (records it rejects
 are left out of both; see ``task.benchmark.rejects``), documents and document texts
 (`document_texts`: title and abstract, given to MTEB as the document's ``text`` with no separate
@@ -72,7 +72,7 @@ except ImportError:
     ) from None
 
 from cpr_ray.evaluate.benchmark import Benchmark
-from cpr_ray.evaluate.loaders.cpr import load_cpr
+from cpr_ray.evaluate.loaders.cpr_eval import load_cpr
 from cpr_ray.evaluate.mteb_results import (
     DATASET_REVISION,
     DEFAULT_TABLE,
@@ -84,7 +84,7 @@ from cpr_ray.evaluate.mteb_results import (
     export_revision,
 )
 from cpr_ray.retrieval.base import PAD
-from cpr_ray.storage import Storage, StorageConfig
+from cpr_ray.storage.store import Storage, StorageConfig
 
 __all__ = ["CPREval", "CPREvalFull", "WithoutExcluded"]
 logger = logging.getLogger(__name__)

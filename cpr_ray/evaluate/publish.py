@@ -4,10 +4,10 @@
 What a run publishes, in this order: its results JSON at ``eval.out`` (`results.write_results`),
 the run in MTEB's result format beside it (`mteb_results`; the CPR benchmarks only), and, when
 the model evaluated is a folder whose card cpr-ray wrote, an entry in the model's evaluation
-ledger and its row in the card (`cpr_ray.cards.ledger`). `Published` names what was written.
+ledger and its row in the card (`cpr_ray.cards.evaluations`). `Published` names what was written.
 
 The experiment tracker attaches in `publish`, after the files are out, from the `Published` it
-returns: `cpr_ray.tracking.log_evaluation` logs the metrics and files into MLflow, into the
+returns: `cpr_ray.runs.tracking.log_evaluation` logs the metrics and files into MLflow, into the
 model's training run when its card names one.
 """
 
@@ -18,17 +18,17 @@ from typing import Any
 
 from rich.table import Table
 
-from cpr_ray import tracking
-from cpr_ray.cards import ledger
-from cpr_ray.cards.model import Evaluation
-from cpr_ray.command_line import console
+from cpr_ray.cards import evaluations as ledger
+from cpr_ray.cards.model_card import Evaluation
 from cpr_ray.config import Config
 from cpr_ray.errors import StorageError
-from cpr_ray.evaluate.metrics import METRICS
+from cpr_ray.evaluate.ir_metrics import METRICS
 from cpr_ray.evaluate.mteb_results import write_mteb_results
 from cpr_ray.evaluate.results import write_results
-from cpr_ray.stage import console as warnings
-from cpr_ray.storage import Storage
+from cpr_ray.runs import tracking
+from cpr_ray.runs.command_options import console
+from cpr_ray.runs.stage_runner import console as warnings
+from cpr_ray.storage.store import Storage
 
 
 @dataclass(frozen=True)

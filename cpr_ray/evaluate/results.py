@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpr_ray.config import Config
+from cpr_ray.config.search import retriever_label
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark
-from cpr_ray.evaluate.metrics import METRICS
-from cpr_ray.retrieval.fusion import retriever_label
+from cpr_ray.evaluate.ir_metrics import METRICS
 from cpr_ray.retrieval.model_source import model_label
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
 
 SCHEMA_VERSION = 1
 BLOCK_KEYS = ("value", "ci_low", "ci_high", "random", "vs_random")
@@ -58,7 +58,7 @@ def build_results(
     rerank_stats: dict[str, int],
 ) -> dict[str, Any]:
     from cpr_ray.evaluate.mteb_results import DEFAULT_TABLE, TASK_NAMES, export_revision
-    from cpr_ray.stage import code_version
+    from cpr_ray.runs.stage_runner import code_version
 
     ev = cfg.eval
     rejects = [{"part": p.name, **r} for p in parts for r in p.rejects]

@@ -22,10 +22,10 @@ from cpr_ray.errors import ConfigError
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import endpoint_url, run_llm_task
+from cpr_ray.llm.step_runner import endpoint_url, run_llm_task
 from cpr_ray.llm.task import LLMTask
-from cpr_ray.ray_runtime import ensure_ray
 from cpr_ray.retrieval.llm_judge import EVAL_STEPS, eval_context
+from cpr_ray.runs.ray_runtime import ensure_ray
 
 FEW_SHOT = 4
 PASSAGE_CHARS = 2000

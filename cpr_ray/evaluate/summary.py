@@ -15,7 +15,7 @@ import numpy as np
 
 from cpr_ray.evaluate.benchmark import Benchmark
 from cpr_ray.evaluate.bootstrap import CONFIDENCE, RESAMPLES, bootstrap_ci, sub_seed
-from cpr_ray.evaluate.metrics import METRICS, Gain, Judged, judge, per_query, random_expectation
+from cpr_ray.evaluate.ir_metrics import METRICS, Gain, Judged, judge, per_query, random_expectation
 from cpr_ray.retrieval.base import PAD
 
 

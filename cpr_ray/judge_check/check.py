@@ -24,6 +24,14 @@ import pyarrow as pa
 
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.errors import UserError
+from cpr_ray.judge_check.agreement import (
+    BaseRate,
+    agreement,
+    binary_report,
+    bootstrap,
+    cohen_kappa,
+    confusion,
+)
 from cpr_ray.judge_check.gold import (
     EXCLUSIONS,
     JUDGE_STAGES,
@@ -37,14 +45,6 @@ from cpr_ray.judge_check.gold import (
     select,
 )
 from cpr_ray.judge_check.gold_report import gold_summary
-from cpr_ray.judge_check.metrics import (
-    BaseRate,
-    agreement,
-    binary_report,
-    bootstrap,
-    cohen_kappa,
-    confusion,
-)
 from cpr_ray.judge_check.projection import (
     PASS_RATES,
     Measured,
@@ -56,8 +56,8 @@ from cpr_ray.judge_check.projection import (
 from cpr_ray.judge_check.tasks import judged_label, make_task
 from cpr_ray.llm.client import LLMClient, Usage, probe_endpoint
 from cpr_ray.llm.task import LLMTask
-from cpr_ray.stage import console
-from cpr_ray.storage import Storage
+from cpr_ray.runs.stage_runner import console
+from cpr_ray.storage.store import Storage
 
 
 @dataclass(frozen=True)
@@ -306,8 +306,8 @@ def degenerate_gates(cases: dict[str, Sequence[GoldCase]], limit: int | None) ->
 
 def ledger_models(storage: Storage, stage: str) -> set[str]:
     """The models a build's ledger names for a stage's answers."""
-    from cpr_ray.compaction import read_parts
-    from cpr_ray.llm.ledger import LEDGER, ledger_uri
+    from cpr_ray.llm.spend_ledger import LEDGER, ledger_uri
+    from cpr_ray.tables.compaction import read_parts
 
     table = read_parts(storage, ledger_uri(storage, stage), LEDGER)
     return {m for m in table["model"].to_pylist() if m}

@@ -9,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from cpr_ray.command_line import (
+from cpr_ray.config import Config, load_config, stage_name
+from cpr_ray.errors import ConfigError, UserError
+from cpr_ray.judge_check.check import below, below_precision, check_judges
+from cpr_ray.judge_check.gate_report import report_lines
+from cpr_ray.judge_check.gold import JUDGE_STAGES, gold_path, load_gold
+from cpr_ray.judge_check.gold_report import gold_lines, gold_summary
+from cpr_ray.judge_check.projection import store_report
+from cpr_ray.runs.command_options import (
     ConfigOpt,
     LLMModelOpt,
     LLMUrlOpt,
@@ -18,13 +25,6 @@ from cpr_ray.command_line import (
     console,
     fail,
 )
-from cpr_ray.config import Config, load_config, stage_name
-from cpr_ray.errors import ConfigError, UserError
-from cpr_ray.judge_check.check import below, below_precision, check_judges
-from cpr_ray.judge_check.gold import JUDGE_STAGES, gold_path, load_gold
-from cpr_ray.judge_check.gold_report import gold_lines, gold_summary
-from cpr_ray.judge_check.projection import store_report
-from cpr_ray.judge_check.report import report_lines
 
 
 def judge_config(

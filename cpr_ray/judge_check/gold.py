@@ -46,7 +46,7 @@ from cpr_ray.queries.analogy import (
 )
 from cpr_ray.queries.analogy import EXCLUSIONS as ANALOGY_EXCLUSIONS
 from cpr_ray.queries.dedup import CANDIDATE, MAX_CANDIDATES
-from cpr_ray.schemas import PASSAGE_CHARS
+from cpr_ray.tables.schemas import PASSAGE_CHARS
 
 MAX_TITLE_CHARS = 400  # a passage is its title, read whole, then the cut abstract
 

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from cpr_ray.judge_check.agreement import agreement, bootstrap, cohen_kappa, one_miss_step
 from cpr_ray.judge_check.gold import CITING_SENTENCES, CONTEXT_STAGES, GoldCase, kept
-from cpr_ray.judge_check.metrics import agreement, bootstrap, cohen_kappa, one_miss_step
 
 ONE_MISS_BAR = 0.05  # the bar: one miss moves the binarised κ by at most this
 

@@ -36,8 +36,8 @@ from typing import Any
 from cpr_ray.config import Config, DatasetConfig, LLMConfig
 from cpr_ray.errors import StorageError
 from cpr_ray.judge_check.gold import JUDGE_STAGES, build_stage
-from cpr_ray.stage import read_manifest
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.stage_runner import read_manifest
+from cpr_ray.storage.store import Storage, join
 
 # the stages a build asks an LLM, in build order (strongest: the dedup stage's second call):
 # every judged stage, then synthesis, which judge-check does not measure

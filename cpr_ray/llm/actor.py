@@ -13,15 +13,15 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import ray
 
-from cpr_ray import metrics
 from cpr_ray.config import LLMConfig
 from cpr_ray.errors import UserError
 from cpr_ray.llm.client import LLMClient, RateLimiter, Usage
-from cpr_ray.llm.ledger import LEDGER, AnswerSink, first_per_key, result_schema
 from cpr_ray.llm.reserve import RowBudget, SpendCapReached
 from cpr_ray.llm.spend import cost_usd
+from cpr_ray.llm.spend_ledger import LEDGER, AnswerSink, first_per_key, result_schema
 from cpr_ray.llm.task import KEY, LLMTask
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs import prometheus as metrics
+from cpr_ray.storage.store import Storage, join
 
 FLUSH_S = 0.5  # an answer reaches storage at most this long after it arrives
 FLUSH_ROWS = 256  # or as soon as this many are pending

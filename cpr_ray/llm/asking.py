@@ -15,9 +15,9 @@ import ray
 from cpr_ray.config import LLMConfig
 from cpr_ray.llm.actor import LLMActor
 from cpr_ray.llm.client import RateLimiter
-from cpr_ray.llm.ledger import AnswerSink, result_schema
+from cpr_ray.llm.spend_ledger import AnswerSink, result_schema
 from cpr_ray.llm.task import LLMTask
-from cpr_ray.ray_runtime import user_errors_from_ray
+from cpr_ray.runs.ray_runtime import user_errors_from_ray
 
 ACTOR_CPUS = 0.25  # the actors wait on the network; a quarter CPU each leaves room for the rest
 CALLS_PER_ACTOR = 4  # batches (each 2 × max_in_flight rows) an actor works on at once

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cpr_ray.errors import LocalServerError
-from cpr_ray.stage import console
+from cpr_ray.runs.stage_runner import console
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 CACHE = Path(os.environ.get("CPR_CACHE", Path.home() / ".cache" / "cpr-ray"))

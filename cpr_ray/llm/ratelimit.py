@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import ray
 
-from cpr_ray.ray_runtime import on_this_node
+from cpr_ray.runs.ray_runtime import on_this_node
 
 LIMITER_NAME = "cpr-llm-rate-limiter"
 

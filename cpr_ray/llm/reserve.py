@@ -28,8 +28,8 @@ import pyarrow as pa
 import ray
 
 from cpr_ray.llm.spend import RESERVED
-from cpr_ray.ray_runtime import on_this_node
-from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.runs.ray_runtime import on_this_node
+from cpr_ray.storage.store import Storage, StorageConfig, join
 
 GATHER_S = 0.02  # a journal write waits this long for other grants to share its part
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.compaction import read_parts
 from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, stage_name
 from cpr_ray.errors import SpendCapError
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables.compaction import read_parts
 
 # the ledger columns a cost needs (a part holds more; reading these is enough)
 COST_COLUMNS = pa.schema(

@@ -13,9 +13,9 @@ import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cpr_ray import duck
 from cpr_ray.config import MiningConfig
-from cpr_ray.mining import rules
+from cpr_ray.mining import mining_rules as rules
+from cpr_ray.tables import duckdb_sql as duck
 
 CITATION_COLUMNS = [
     "citing_id",

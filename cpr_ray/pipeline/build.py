@@ -9,7 +9,6 @@ from typing import Any
 
 from rich.table import Table
 
-from cpr_ray import failures, leases
 from cpr_ray.config import Config
 from cpr_ray.corpus.ingest import ingest
 from cpr_ray.corpus.inputs import discover_inputs
@@ -17,12 +16,14 @@ from cpr_ray.dataset.export import export
 from cpr_ray.dataset.negatives import judge_negatives
 from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.llm.answers import check_pins
-from cpr_ray.mining.stages import mine, venues
-from cpr_ray.pooling.stage import pool
-from cpr_ray.queries.stages import STAGES as POSITIVE_STAGES
+from cpr_ray.mining.mining_stages import mine, venues
+from cpr_ray.pooling.pool_stage import pool
+from cpr_ray.queries.positive_stages import STAGES as POSITIVE_STAGES
 from cpr_ray.queries.synthesis import synthesize_queries
-from cpr_ray.ray_runtime import user_errors_from_ray
-from cpr_ray.storage import Storage
+from cpr_ray.runs import failures
+from cpr_ray.runs.ray_runtime import user_errors_from_ray
+from cpr_ray.storage import leases
+from cpr_ray.storage.store import Storage
 
 StageFn = Callable[..., dict[str, Any]]
 

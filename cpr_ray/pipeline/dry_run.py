@@ -10,12 +10,12 @@ from typing import Any
 
 from rich.table import Table
 
-from cpr_ray.command_line import console
 from cpr_ray.config import Config, load_config, minilm_dir
 from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.llm.local_server import local_server
 from cpr_ray.pipeline.build import manifests_table, run_build
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.command_options import console
+from cpr_ray.storage.store import Storage, join
 
 PLACEHOLDER_NOTICE = (
     "[bold yellow]note:[/] the LLM stages of this dry run are answered by the embedded Gemma 3 "
@@ -30,7 +30,7 @@ PLACEHOLDER_NOTICE = (
 def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None:
     """Every stage on the bundled sample under `out` (the embedded judge unless the overrides
     name an endpoint), then fine-tune, evaluate, index and search what it exported."""
-    from cpr_ray.search.commands import quiet_model_loading
+    from cpr_ray.search.search_commands import quiet_model_loading
 
     cfg = load_config(
         "dry-run", overrides=[f"storage.root={out}", *overrides], unpin_for_endpoint=True
@@ -75,7 +75,7 @@ def _evaluation_key(export: str, retriever: str, encoder: str | None, benchmark:
     """What an evaluation's figures depend on: the export run (its folder names the run), the
     retriever, the model and its content (the fine-tuned folder keeps its name when retrained,
     its train.json does not), the benchmark and the code."""
-    from cpr_ray.stage import code_version
+    from cpr_ray.runs.stage_runner import code_version
 
     trained = Path(encoder or "").parent / "train.json"  # the dry run's own training summary
     payload = {
@@ -100,8 +100,8 @@ def evaluate_export(
     With `keep` (a folder of the build), each evaluation's results are kept there with what
     they depend on, and a rerun over the same export and models reads them instead of encoding
     the corpus again: the dry run's promise that nothing is paid twice covers its evaluation."""
+    from cpr_ray.evaluate.eval_run import run_eval
     from cpr_ray.evaluate.publish import print_results
-    from cpr_ray.evaluate.runner import run_eval
     from cpr_ray.retrieval import make_retriever
     from cpr_ray.retrieval.spec import RetrieverOptions
 
@@ -205,7 +205,7 @@ def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
     `train:`), on the multi-query data synthesized from CPR-train's positives, or on CPR-train
     itself when synthesis gave none; returns the trained model, None when there is too little
     to train on. A rerun finds the finished run and does not train again."""
-    from cpr_ray.train.commands import summary_lines as train_lines
+    from cpr_ray.train.train_command import summary_lines as train_lines
     from cpr_ray.train.trainer import run_train
 
     model = minilm_path()
@@ -242,11 +242,11 @@ def search_export(cfg: Config, export: str, model: str | None) -> None:
     """The dry run's search step: the exported corpus indexed with the model just evaluated (a
     rerun encodes nothing again), and one CPR-eval query searched in other fields only."""
     from cpr_ray.retrieval.spec import EncoderSpec
-    from cpr_ray.search.commands import print_result
     from cpr_ray.search.engine import Query, SearchIndex
-    from cpr_ray.search.index import build_index
-    from cpr_ray.search.index import summary_lines as index_lines
     from cpr_ray.search.run import run_search, search_options
+    from cpr_ray.search.search_commands import print_result
+    from cpr_ray.search.sharded_index import build_index
+    from cpr_ray.search.sharded_index import summary_lines as index_lines
 
     if model is None:
         return

@@ -24,16 +24,17 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
-from cpr_ray import failures, leases
 from cpr_ray.config import Config
-from cpr_ray.corpus.refresh import INGEST, RefreshRun, apply_diffs, remove_old_versions
+from cpr_ray.corpus.apply_diffs import INGEST, RefreshRun, apply_diffs, remove_old_versions
 from cpr_ray.corpus.s2_api import S2DatasetsClient
-from cpr_ray.llm.ledger import ledger_summary
 from cpr_ray.llm.spend import counted_from_here
+from cpr_ray.llm.spend_ledger import ledger_summary
 from cpr_ray.pipeline.build import STAGES, run_build
-from cpr_ray.ray_runtime import user_errors_from_ray
-from cpr_ray.stage import console, read_manifest
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs import failures
+from cpr_ray.runs.ray_runtime import user_errors_from_ray
+from cpr_ray.runs.stage_runner import console, read_manifest
+from cpr_ray.storage import leases
+from cpr_ray.storage.store import Storage, join
 
 
 def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from typing import Any
 
 from rich.table import Table
 
-from cpr_ray import leases
 from cpr_ray.errors import StorageError
 from cpr_ray.judge_check.projection import STORED_REPORT
-from cpr_ray.progress import Progress, read_progress
-from cpr_ray.stage import read_manifest
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.progress import Progress, read_progress
+from cpr_ray.runs.stage_runner import read_manifest
+from cpr_ray.storage import leases
+from cpr_ray.storage.store import Storage, join
 
 
 @dataclass(frozen=True)

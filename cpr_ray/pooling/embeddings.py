@@ -10,7 +10,8 @@ only.
 
 **The index** of a run is one per shard of its universe (`shards`;
 ``RUN/index/{pooler}/shard-SSSSS/``): the shard's vectors in search order (`search.Universe`),
-for dense poolers the saved form of a :class:`~cpr_ray.retrieval.index.VectorIndex` (flat below
+for dense poolers the saved form of a :class:`~cpr_ray.retrieval.faiss_index.VectorIndex` (flat
+below
 ``pooling.ivf_min_docs`` documents, IVF above), for SPLADE ``sparse.parquet``. Every step is a
 task per shard or per part of the store, declaring the memory it needs: finding the texts the
 store lacks (`missing_texts`), copying the store's rows to their shards' folders
@@ -30,14 +31,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
 from cpr_ray.errors import StorageError
+from cpr_ray.pooling.pool_rules import doc_text
+from cpr_ray.pooling.pooler_search import Universe
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
-from cpr_ray.pooling.rules import doc_text
-from cpr_ray.pooling.search import Universe
-from cpr_ray.pooling.shards import shard_of
-from cpr_ray.ray_runtime import read_parquet_dataset
-from cpr_ray.retrieval.index import factory_for, save_vectors
+from cpr_ray.pooling.universe_shards import shard_of
+from cpr_ray.retrieval.faiss_index import factory_for, save_vectors
 from cpr_ray.retrieval.vector_store import VectorStore, text_keys, vector_columns
-from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.runs.ray_runtime import read_parquet_dataset
+from cpr_ray.storage.store import Storage, StorageConfig, join
 
 
 def vector_store(storage: Storage, plan: PoolerPlan) -> VectorStore:

@@ -22,13 +22,13 @@ import pyarrow.compute as pc
 import scipy.sparse as sp
 
 from cpr_ray.config import PoolingConfig
-from cpr_ray.pooling.rules import doc_text
-from cpr_ray.pooling.schemas import SHARD_HITS
-from cpr_ray.pooling.search import Hits, QueryBatch, Universe, exact_hits, index_hits
-from cpr_ray.pooling.shards import shard_hits
+from cpr_ray.pooling.pool_rules import doc_text
+from cpr_ray.pooling.pool_schemas import SHARD_HITS
+from cpr_ray.pooling.pooler_search import Hits, QueryBatch, Universe, exact_hits, index_hits
+from cpr_ray.pooling.universe_shards import shard_hits
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.retrieval.vector_store import store_key
-from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.storage.store import Storage, StorageConfig, join
 
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
 SPARSE = "sparse.parquet"
@@ -112,7 +112,7 @@ class PoolerSearch:
         index_uri: str | None,
     ) -> None:
         if plan.kind == "dense" and plan.num_gpus:
-            from cpr_ray.retrieval.index import faiss_gpus
+            from cpr_ray.retrieval.faiss_index import faiss_gpus
 
             faiss_gpus()  # asked Ray for a GPU to search on: refuse to start without one
         self.plan, self.storage = plan, Storage(storage)
@@ -141,7 +141,7 @@ class PoolerSearch:
         self.index = self._docs_t = self.bm25 = None  # the shard before, freed first
         self.universe = Universe(docs)
         if plan.kind == "dense":
-            from cpr_ray.retrieval.index import VectorIndex
+            from cpr_ray.retrieval.faiss_index import VectorIndex
 
             # an actor that asked Ray for a GPU searches on it, or refuses to start (a CPU
             # faiss build would search on the CPU without a word)

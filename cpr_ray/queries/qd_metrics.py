@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import sacrebleu
 
-from cpr_ray.queries.cw import STOP_WORDS, content_word_counts
+from cpr_ray.queries.content_words import STOP_WORDS, content_word_counts
 
 PairScorer = Callable[[list[tuple[str, str]]], np.ndarray]
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from cpr_ray.queries.qd_metrics import Embed, embed_once
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.retrieval.vector_store import VectorStore, text_keys
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
 
 
 def query_store(storage: Storage, spec: EncoderSpec) -> VectorStore:

@@ -27,13 +27,13 @@ from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer, normalized
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import endpoint_url, run_llm_task
+from cpr_ray.llm.step_runner import endpoint_url, run_llm_task
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
 from cpr_ray.queries.writing import MAX_QUERY_WORDS, QUERY_CHARS, WORD_CHARS
-from cpr_ray.schemas import paper_text
-from cpr_ray.stage import StageOutput, StageRun, chained_stage, console
-from cpr_ray.storage import Storage, join
+from cpr_ray.runs.stage_runner import StageOutput, StageRun, chained_stage, console
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables.schemas import paper_text
 
 STAGE = "synthesize-queries"
 MULTI_QUERY = pa.schema(

@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from cpr_ray.schemas import paper_text
+from cpr_ray.tables.schemas import paper_text
 
 PAD = -1  # fills a padded matrix of document positions past each row's end
 

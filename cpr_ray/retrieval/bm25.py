@@ -27,7 +27,7 @@ from bm25s.scoring import (
 
 from cpr_ray.errors import InputError
 from cpr_ray.retrieval.base import PAD, top_k_rows
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
 
 
 class EmptyVocabulary(InputError):

@@ -195,13 +195,3 @@ def _min_max(scores: Sequence[float]) -> list[float]:
         return []
     lo, hi = min(scores), max(scores)
     return [1.0 if hi == lo else (s - lo) / (hi - lo) for s in scores]
-
-
-def retriever_label(results: dict[str, Any]) -> str:
-    """The retriever as a run names it: ``hybrid`` with its fusion (``hybrid-rrf-k60-d100``,
-    ``hybrid-convex-w0.3-d100``), so runs of two fusions never share a name, a file or a row."""
-    fusion = results.get("fusion")
-    if not fusion:
-        return str(results["retriever"])
-    knob = f"k{fusion['k']}" if fusion["method"] == "rrf" else f"w{fusion['weight']:g}"
-    return f"{results['retriever']}-{fusion['method']}-{knob}-d{fusion['depth']}"

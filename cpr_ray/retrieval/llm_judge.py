@@ -22,11 +22,11 @@ from cpr_ray.config import Config
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
-from cpr_ray.llm.runner import LLMContext, endpoint_url, run_llm_task
+from cpr_ray.llm.step_runner import LLMContext, endpoint_url, run_llm_task
 from cpr_ray.llm.task import LLMTask
-from cpr_ray.ray_runtime import ensure_ray
-from cpr_ray.schemas import passage
-from cpr_ray.storage import Storage
+from cpr_ray.runs.ray_runtime import ensure_ray
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables.schemas import passage
 
 CANDIDATE_CHARS = 600
 

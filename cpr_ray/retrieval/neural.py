@@ -2,7 +2,7 @@
 
 Documents are encoded in-process, or on a Ray Data actor pool when Ray is up and the collection
 has at least ``ray_min_docs`` documents. Queries are encoded in-process. With the faiss backend
-the documents go into a :class:`~cpr_ray.retrieval.index.VectorIndex` whose ids are their
+the documents go into a :class:`~cpr_ray.retrieval.faiss_index.VectorIndex` whose ids are their
 positions.
 """
 
@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from cpr_ray.retrieval.base import PAD, top_k_rows
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
-from cpr_ray.retrieval.index import VectorIndex
+from cpr_ray.retrieval.faiss_index import VectorIndex
 from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions
 

@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.model_source import locate
 from cpr_ray.retrieval.spec import EncoderSpec
-from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.storage.store import Storage, StorageConfig, join
 
 if TYPE_CHECKING:
     import ray

@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
-from cpr_ray import duck
 from cpr_ray.retrieval.spec import EncoderSpec, identity_key, query_identity, vector_identity
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables import duckdb_sql as duck
 
 STORE = "_embeddings"
 Side = Literal["documents", "queries"]

@@ -2,7 +2,7 @@
 built corpus, with the changes to the mined pairs it must cause written down beforehand.
 
 For the refresh's tests and benchmark. Given the bulk shards a build read and the pairs it
-mined, `make_diff` writes, in the layout `tests/s2_standin.py` serves
+mined, `make_diff` writes, in the layout `tests/standins/s2_api.py` serves
 (``ROOT/diffs/{from}/{to}/{dataset}/{update,delete}-00000.jsonl.gz``):
 
 - **new papers**: for chosen pairs (q, d), a copy of d's records under a new corpus id and DOI,

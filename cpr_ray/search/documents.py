@@ -24,14 +24,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray import leases
 from cpr_ray.corpus.tables import INGEST, PinnedTable
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.evaluate.loaders.beir import beir_texts
 from cpr_ray.retrieval.base import document_texts
-from cpr_ray.stage import manifest_uri, require_manifest
-from cpr_ray.storage import Storage, join
-from cpr_ray.table_files import find_table, read_jsonl
+from cpr_ray.runs.stage_runner import manifest_uri, require_manifest
+from cpr_ray.storage import leases
+from cpr_ray.storage.store import Storage, join
+from cpr_ray.tables.table_files import find_table, read_jsonl
 
 BEIR_FILES = ("corpus.jsonl", "corpus.jsonl.gz")
 BEIR_CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])

@@ -36,12 +36,12 @@ import pyarrow.compute as pc
 
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.retrieval.base import top_k_rows
+from cpr_ray.retrieval.faiss_index import VectorIndex
 from cpr_ray.retrieval.fusion import Fusion
-from cpr_ray.retrieval.index import VectorIndex
 from cpr_ray.retrieval.model_source import locate
 from cpr_ray.retrieval.spec import EncoderSpec, with_identity
-from cpr_ray.search.index import require_index
-from cpr_ray.storage import Storage, StorageError, join
+from cpr_ray.search.sharded_index import require_index
+from cpr_ray.storage.store import Storage, StorageError, join
 
 HIT_COLUMNS = ("corpus_id", "title", "year", "field", "domain")
 SCAN_FLOATS = 1 << 25  # scores held at once by a one-scan search (128 MiB)

@@ -66,9 +66,9 @@ def rerank(results: list[dict[str, Any]], index: SearchIndex, cfg: Config, k: in
 def explain(results: Sequence[dict[str, Any]], index: SearchIndex, cfg: Config) -> dict[str, int]:
     """Attach `explanation` to every hit (None where the LLM gave no valid answer); returns how
     many answers were ok, invalid or failed."""
-    from cpr_ray.llm.runner import endpoint_url, run_llm_task
-    from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.llm.step_runner import endpoint_url, run_llm_task
     from cpr_ray.retrieval.llm_judge import EVAL_STEPS, eval_context
+    from cpr_ray.runs.ray_runtime import ensure_ray
 
     base_url = endpoint_url(cfg.llm, EVAL_STEPS)
     rows, where = [], []

@@ -291,7 +291,7 @@ def build_app(cfg: Config):
         def __init__(self, config: str) -> None:
             from cpr_ray.retrieval.spec import EncoderSpec
             from cpr_ray.search.engine import SearchIndex
-            from cpr_ray.storage import Storage
+            from cpr_ray.storage.store import Storage
 
             self.cfg = Config.model_validate_json(config)
             self.index = SearchIndex.load(
@@ -344,7 +344,7 @@ def build_app(cfg: Config):
         async def _call(self, method: str, *args: Any) -> Any:
             """One call to a replica: a lost replica's request once more, then 503; a full
             queue at once 503; a user's mistake found by the replica its 422."""
-            from cpr_ray.ray_runtime import user_error_in
+            from cpr_ray.runs.ray_runtime import user_error_in
 
             for attempt in range(LOST_REPLICA_RETRIES + 1):
                 try:
@@ -424,8 +424,8 @@ def run_locally(cfg: Config) -> None:
     """`cpr serve`: start Serve on a local (or the configured) Ray and serve until stopped."""
     from ray import serve
 
-    from cpr_ray.command_line import console
-    from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.runs.command_options import console
+    from cpr_ray.runs.ray_runtime import ensure_ray
 
     limits = cfg.search.serve
     app = build_app(cfg)

@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
 from cpr_ray.train.lora import save_adapter
 from cpr_ray.train.sharding import METADATA_FILE, save_sharded
 from cpr_ray.train.step import ContrastiveStep

@@ -37,7 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
 from cpr_ray.train.examples import DataOptions
 from cpr_ray.train.filters import prepare
 from cpr_ray.train.formats import read_raw

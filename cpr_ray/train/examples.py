@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from cpr_ray.config import TrainConfig
 from cpr_ray.errors import ConfigError
-from cpr_ray.queries.cw import STOP_WORDS
+from cpr_ray.queries.content_words import STOP_WORDS
 
 EXAMPLES = pa.schema(
     [

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.errors import ConfigError
-from cpr_ray.queries.cw import content_word_counts
+from cpr_ray.queries.content_words import content_word_counts
 from cpr_ray.train.examples import EXAMPLES, DataOptions
 from cpr_ray.train.formats.common import list_array, list_parts, parent_rows
 

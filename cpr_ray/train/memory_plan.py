@@ -27,7 +27,7 @@ peak is weights + optimizer + buffers + gradients + one chunk's activations. One
 per step peaks at the start of its backward, before any gradient exists, and the gradients fill
 as activations are freed: weights + optimizer + buffers + the larger of the two.
 
-On CPU (the measured check in tests/test_train_plan.py) there is no autocast and every
+On CPU (the measured check in tests/train/test_train_plan.py) there is no autocast and every
 activation is float32; attention with dropout runs PyTorch's math kernel there, which keeps the
 attention matrices (GPUs use the fused memory-efficient kernel).
 """

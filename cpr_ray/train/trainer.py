@@ -20,7 +20,7 @@ Layout under OUT (a path or ``s3://…``, endpoint from ``storage.s3_endpoint``)
   its model card ``README.md`` (``model_card.py``), written by the driver just before the summary;
 - ``workers.json``: each worker's peak memory, the last step's metrics and rank 0's device;
 - ``mlflow.json``: the MLflow run this OUT logs into, which a resumed run continues
-  (`cpr_ray.tracking`; ``mlruns.db`` and ``mlartifacts/`` beside it: the default local store);
+  (`cpr_ray.runs.tracking`; ``mlruns.db`` and ``mlartifacts/`` beside it: the default local store);
 - ``train.json``: the summary, written last: a run whose summary exists is not trained again.
 
 Rerunning with the same OUT resumes from the newest whole checkpoint under ``OUT/run``; within
@@ -47,14 +47,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cpr_ray import leases, tracking
 from cpr_ray.config import Config, TrainConfig
 from cpr_ray.errors import ConfigError, InputError, UserError
 from cpr_ray.retrieval.encoder import Encoder, with_instructions
 from cpr_ray.retrieval.model_source import model_config
 from cpr_ray.retrieval.spec import EncoderSpec, run_identity
-from cpr_ray.stage import console
-from cpr_ray.storage import Storage, StorageConfig, join
+from cpr_ray.runs import tracking
+from cpr_ray.runs.stage_runner import console
+from cpr_ray.storage import leases
+from cpr_ray.storage.store import Storage, StorageConfig, join
+from cpr_ray.train.card_facts import device_name, training_facts, write_training_card
 from cpr_ray.train.checkpoints import (
     ADAPTER_DIR,
     METRICS_FILE,
@@ -74,7 +76,6 @@ from cpr_ray.train.lora import (
     merge,
 )
 from cpr_ray.train.memory_plan import check_plan_fits
-from cpr_ray.train.model_card import device_name, training_facts, write_training_card
 from cpr_ray.train.sharding import (
     FetchingReader,
     full_state_dict,
@@ -290,7 +291,7 @@ def worker_resources(tc: TrainConfig) -> dict[str, float]:
 
 
 def _worker_user_error(exc: BaseException) -> UserError | None:
-    from cpr_ray.ray_runtime import user_error_in
+    from cpr_ray.runs.ray_runtime import user_error_in
 
     for failure in getattr(exc, "worker_failures", {}).values():
         found = user_error_in(failure)
@@ -430,7 +431,7 @@ def _printed_progress(total: int, tracked: tracking.TrackedRun | None) -> Iterat
     node would fail the run for want of a progress line."""
     from ray.util.queue import Empty, Queue
 
-    from cpr_ray.ray_runtime import on_this_node
+    from cpr_ray.runs.ray_runtime import on_this_node
 
     queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": on_this_node()})
     done = threading.Event()
@@ -481,7 +482,7 @@ def run_train(cfg: Config, *, on_step: StepHook | None = None) -> dict[str, Any]
 def _train(
     cfg: Config, storage: Storage, summary_uri: str, on_step: StepHook | None
 ) -> dict[str, Any]:
-    from cpr_ray.ray_runtime import ensure_ray
+    from cpr_ray.runs.ray_runtime import ensure_ray
 
     started = time.time()
     plan, stats = prepare_run(cfg, storage)

@@ -13,7 +13,7 @@
 # would keep them. torch comes from the index given (the CPU build's), else from pip's
 # configured sources and PyPI (whose Linux wheel is the CUDA build, which the GPU image takes).
 # --dry-run resolves and prints what would change, installing nothing
-# (tests/test_image_start.py runs it on a copy of an image's starting point).
+# (tests/infra/test_image_start.py runs it on a copy of an image's starting point).
 #
 # uv resolves and installs in seconds what pip takes two minutes for; it does not read pip's
 # config, so the machine's wheel folders and indexes are passed from it (on a dev machine a

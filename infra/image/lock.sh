@@ -13,7 +13,7 @@
 # image (boto3, numpy, urllib3 ...) is moved to the locked version instead of kept because it
 # satisfies a loose requirement, and an image holds what CI tested. Run this after changing a
 # dependency in pyproject.toml or constraints.txt, and commit the locks with it
-# (tests/test_image_start.py checks they still satisfy pyproject.toml).
+# (tests/infra/test_image_start.py checks they still satisfy pyproject.toml).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.benchmark import Benchmark
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
 
 BENCHMARKS = ("cpr", "cpr-full", "beir", "analobench", "bright")
 
@@ -20,11 +20,11 @@ def load_benchmark(
     separated subsets (default: the seven StackExchange ones).
     """
     if kind == "cpr":
-        from cpr_ray.evaluate.loaders.cpr import load_cpr
+        from cpr_ray.evaluate.loaders.cpr_eval import load_cpr
 
         return [load_cpr(storage, uri, split=subset or "cpr-eval")]
     if kind == "cpr-full":
-        from cpr_ray.evaluate.loaders.cpr import load_cpr
+        from cpr_ray.evaluate.loaders.cpr_eval import load_cpr
 
         return [load_cpr(storage, uri, split=subset or "cpr-eval", full=True)]
     if kind == "beir":

@@ -28,7 +28,7 @@ import numpy as np
 
 from cpr_ray.errors import ConfigError, InputError
 from cpr_ray.evaluate.benchmark import Benchmark, pad_pools
-from cpr_ray.storage import Storage, join
+from cpr_ray.storage.store import Storage, join
 
 SUBSETS = ("t2", "t2-stories-10", "t2-stories-30", "t1", "t1-stories-10", "t1-stories-30")
 T1_OPTIONS = 4

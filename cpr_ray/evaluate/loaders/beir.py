@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 
 from cpr_ray.errors import InputError
 from cpr_ray.evaluate.benchmark import Benchmark, positions, qrels_by_position, require_unique
-from cpr_ray.storage import Storage, StorageError, join
-from cpr_ray.table_files import read_jsonl
+from cpr_ray.storage.store import Storage, StorageError, join
+from cpr_ray.tables.table_files import read_jsonl
 
 CORPUS = pa.schema([("_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
 QUERIES = pa.schema([("_id", pa.string()), ("text", pa.string())])

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from cpr_ray.evaluate.benchmark import Benchmark, positions, require_unique
-from cpr_ray.storage import Storage, StorageError, join
-from cpr_ray.table_files import files_under, read_jsonl
+from cpr_ray.storage.store import Storage, StorageError, join
+from cpr_ray.tables.table_files import files_under, read_jsonl
 
 STACKEXCHANGE = (
     "biology",

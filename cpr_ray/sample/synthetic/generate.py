@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from cpr_ray.sample.synthetic.citations import _citations
-from cpr_ray.sample.synthetic.columns import _json_lines
+from cpr_ray.sample.synthetic.column_helpers import _json_lines
 from cpr_ray.sample.synthetic.design import (
     _ABSTRACTS,
     _CITATIONS,
@@ -32,7 +32,7 @@ from cpr_ray.sample.synthetic.design import (
     _Table,
 )
 from cpr_ray.sample.synthetic.papers import _entities
-from cpr_ray.sample.synthetic.records import (
+from cpr_ray.sample.synthetic.table_rows import (
     _abstract_records,
     _citation_records,
     _paper_records,
@@ -40,7 +40,7 @@ from cpr_ray.sample.synthetic.records import (
     _work_lines,
     _World,
 )
-from cpr_ray.sample.synthetic.taxonomy import _taxonomy, _timestamps
+from cpr_ray.sample.synthetic.topics_and_text import _taxonomy, _timestamps
 from cpr_ray.sample.synthetic.venues import _venues
 
 

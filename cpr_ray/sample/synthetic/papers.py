@@ -33,7 +33,7 @@ from cpr_ray.sample.synthetic.design import (
     TOPICS_PER_SUBFIELD,
     WORK_ID_OFFSET,
 )
-from cpr_ray.sample.synthetic.taxonomy import _Taxonomy
+from cpr_ray.sample.synthetic.topics_and_text import _Taxonomy
 from cpr_ray.sample.synthetic.venues import _Venues
 
 

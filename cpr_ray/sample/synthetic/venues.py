@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from cpr_ray.sample.synthetic.columns import _constant
+from cpr_ray.sample.synthetic.column_helpers import _constant
 from cpr_ray.sample.synthetic.design import (
     _CONFERENCE_NAMES,
     _CONFERENCE_SHARE,
@@ -18,7 +18,7 @@ from cpr_ray.sample.synthetic.design import (
     FIELD_IDS,
     SOURCE_ID_BASE,
 )
-from cpr_ray.sample.synthetic.taxonomy import _Taxonomy
+from cpr_ray.sample.synthetic.topics_and_text import _Taxonomy
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from cpr_ray.columns import Column
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.storage import Storage, StorageError
+from cpr_ray.storage.store import Storage, StorageError
+from cpr_ray.tables.columns import Column
 from cpr_ray.train.examples import DataOptions
-from cpr_ray.train.formats import cpr, msmarco, reasonir, specter, triplets
+from cpr_ray.train.formats import cpr_train as cpr
+from cpr_ray.train.formats import msmarco, reasonir, specter, triplets
 from cpr_ray.train.formats.common import read_all
 
 FORMATS = ("cpr", "triplets", "msmarco", "reasonir", "specter")

@@ -11,10 +11,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.columns import Column, data_files, read_checked, where
 from cpr_ray.errors import InputError
-from cpr_ray.schemas import one_chunk
-from cpr_ray.storage import Storage
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables.columns import Column, data_files, read_checked, where
+from cpr_ray.tables.schemas import one_chunk
 from cpr_ray.train.examples import RAW
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.columns import ID, PASSAGES, TEXT, Column, where
 from cpr_ray.errors import InputError
+from cpr_ray.tables.columns import ID, PASSAGES, TEXT, Column, where
 from cpr_ray.train.formats.common import (
     as_strings,
     list_array,

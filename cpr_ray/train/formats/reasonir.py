@@ -8,7 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.columns import (
+from cpr_ray.errors import InputError
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables.columns import (
     ID,
     PAIRS,
     TEXT,
@@ -19,8 +21,6 @@ from cpr_ray.columns import (
     read_checked,
     where,
 )
-from cpr_ray.errors import InputError
-from cpr_ray.storage import Storage
 from cpr_ray.train.formats.common import (
     as_strings,
     has_column,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from cpr_ray.columns import PAPER, Column
-from cpr_ray.schemas import paper_text
+from cpr_ray.tables.columns import PAPER, Column
+from cpr_ray.tables.schemas import paper_text
 from cpr_ray.train.formats.common import as_strings, list_array, one_chunk, text_table
 
 COLUMNS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from cpr_ray.columns import ID, TEXT, TEXTS, Column
+from cpr_ray.tables.columns import ID, TEXT, TEXTS, Column
 from cpr_ray.train.formats.common import as_strings, text_lists, text_table
 
 COLUMNS = [

@@ -1,0 +1,291 @@
+"""Publishing stage outputs so that a build can be resumed and never does work twice.
+
+A stage writes into a fresh run folder ``{root}/{stage}/runs/{run_id}/`` that nothing reads yet,
+then publishes ``{root}/{stage}/_MANIFEST.json`` last. Object stores have no atomic rename, so
+the manifest *is* the commit: readers follow it to the run folder, a crash before it leaves only
+an orphan folder, and a stage whose manifest records the same inputs and config is skipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache, partial
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from cpr_ray import __version__
+from cpr_ray.config import Config, LLMConfig
+from cpr_ray.runs import prometheus as metrics
+from cpr_ray.runs.progress import ProgressWriter
+from cpr_ray.storage import leases
+from cpr_ray.storage.s3_retries import storage_retries
+from cpr_ray.storage.store import Storage, StorageError, join
+from cpr_ray.tables import compaction
+
+MANIFEST = "_MANIFEST.json"
+console = Console(stderr=True)
+
+
+@dataclass
+class StageOutput:
+    """What a stage function returns: its tables (name -> URI, rows, format) and statistics."""
+
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    # False when some rows are missing for a reason a rerun may fix (an LLM call that failed in
+    # transport): published so the build can go on, but never skipped as final by a rerun
+    complete: bool = True
+
+
+class Phases:
+    """Wall seconds per phase of a stage, for its statistics (where the time goes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lap = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (or since the start) is phase `name`: for a stage
+        written as one sequence of steps."""
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._lap, 2)
+        self._lap = now
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - started, 2)
+
+
+@dataclass(frozen=True)
+class StageRun:
+    name: str
+    run_id: str
+    out: str  # the run folder: write here, nowhere else
+    cfg: Config
+    storage: Storage
+    progress: ProgressWriter | None = None  # what `cpr stats --watch` reads as it runs
+    # folders of small parts its LLM asks appended to (cache, ledger): compacted before it
+    # publishes (`compaction`)
+    part_folders: set[str] = field(default_factory=set, compare=False)
+
+    @property
+    def llm(self) -> LLMConfig:
+        return self.cfg.llm
+
+
+@cache
+def code_version() -> str:
+    """Package version plus the git commit when running from a checkout (recorded, not compared)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__
+
+
+def manifest_uri(storage: Storage, stage: str) -> str:
+    return join(storage.root, stage, MANIFEST)
+
+
+def read_manifest(storage: Storage, stage: str) -> dict[str, Any] | None:
+    """The stage's published manifest; None when there is none, or when it was written under a
+    lease already taken over (`leases.superseded`): the stage runs again."""
+    uri = manifest_uri(storage, stage)
+    try:
+        manifest = storage.read_json(uri)
+    except FileNotFoundError:
+        return None
+    return None if leases.superseded(storage, manifest, uri) else manifest
+
+
+def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
+    """A stage's published manifest, for a stage that reads its tables.
+
+    A Lance table the manifest records at a version (the corpus) must still be at it: a newer
+    one is a refresh that stopped before its commit, and reading it would mix two releases.
+    """
+    manifest = read_manifest(storage, stage)
+    if manifest is None:
+        raise StorageError(
+            f"stage {stage!r} has no published output under {storage.root}; run it first "
+            f"(cpr build --stages {stage})"
+        )
+    for name, table in manifest["tables"].items():
+        if table.get("format") == "lance" and table.get("version") is not None:
+            found = storage.open_lance(table["uri"]).version
+            if found != table["version"]:
+                raise StorageError(
+                    f"{stage} table {name} is at version {found}, but version "
+                    f"{table['version']} is published: a refresh stopped before its commit; "
+                    "run cpr refresh again to finish it"
+                )
+    return manifest
+
+
+def chained_stage(
+    name: str,
+    upstream: str,
+    body: Callable[..., StageOutput],
+    *,
+    tables: dict[str, str],
+    config_sections: tuple[str, ...] = ("llm",),
+    papers: Callable[[Storage], tuple[Any, str]] | None = None,
+) -> Callable[..., dict[str, Any]]:
+    """The entry point of a stage that reads tables of one upstream stage (and, with `papers`,
+    the pinned papers table): `tables` maps each keyword `body` takes to the upstream table whose
+    URI it gets. Its inputs — what a rerun compares to skip — are the upstream run and the pinned
+    ingest run, so every such stage is skipped and invalidated the same way."""
+
+    def stage(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
+        manifest = require_manifest(storage, upstream)
+        kwargs: dict[str, Any] = {kw: manifest["tables"][t]["uri"] for kw, t in tables.items()}
+        inputs = {upstream: manifest["run_id"]}
+        if papers is not None:
+            kwargs["papers"], inputs["ingest"] = papers(storage)
+        return run_stage(
+            name,
+            cfg,
+            storage,
+            inputs=inputs,
+            config_sections=config_sections,
+            fn=partial(body, **kwargs),
+            force=force,
+        )
+
+    stage.__name__ = name.replace("-", "_")
+    stage.__doc__ = (
+        f"Run (or skip) the {name} stage over {upstream}'s {', '.join(tables.values())}."
+    )
+    return stage
+
+
+def run_stage(
+    name: str,
+    cfg: Config,
+    storage: Storage,
+    inputs: dict[str, Any],
+    config_sections: tuple[str, ...],
+    fn: Callable[[StageRun], StageOutput],
+    *,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Run `fn` unless a published manifest already matches `inputs` and the config sections.
+
+    Ray starts (or is joined) here, for the first stage that runs: a rerun that finds every
+    stage done skips them all without it (on 2 cores Ray's start and stop cost ~15 s).
+    Returns the manifest (the existing one when skipped).
+    """
+    config_hash = cfg.section_hash(*config_sections)
+    previous = read_manifest(storage, name)
+    if previous is not None and not previous.get("complete", True) and not force:
+        console.print(
+            f"[bold]{name}[/]: run {previous['run_id']} was incomplete; running again (answers "
+            "already paid for are reused)"
+        )
+    elif (
+        previous is not None
+        and not force
+        and previous.get("inputs") == inputs
+        and previous.get("config_hash") == config_hash
+    ):
+        console.print(
+            f"[bold]{name}[/]: skipped, output of run {previous['run_id']} matches its inputs "
+            "and config (use --force to rerun)"
+        )
+        return previous
+
+    run_id = (
+        dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    )
+    out = join(storage.root, name, "runs", run_id)
+    started = time.time()
+    console.print(f"[bold]{name}[/]: running (run {run_id}) → {out}")
+    retries_before = storage_retries()
+    progress = ProgressWriter(storage, name, run_id)
+    progress.start()
+    run = StageRun(name, run_id, out, cfg, storage, progress)
+    try:
+        from cpr_ray.runs.ray_runtime import ensure_ray
+
+        ensure_ray(cfg.ray)
+        result = fn(run)
+        # before the publish: a stage stopped in a compaction is run again (its answers from
+        # the cache), and that run finishes the compaction
+        compaction.compact_folders(storage, run.part_folders)
+    except BaseException:
+        progress.finish("failed")
+        raise
+    seconds = round(time.time() - started, 2)
+    retries = storage_retries() - retries_before
+    manifest = {
+        "stage": name,
+        "run_id": run_id,
+        "output": out,
+        "tables": result.tables,
+        "stats": result.stats,
+        "complete": result.complete,
+        "inputs": inputs,
+        "config_hash": config_hash,
+        "code_version": code_version(),
+        "started": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
+        "seconds": seconds,
+        "storage_retries": retries,
+    }
+    # a build whose lease was taken over, or not renewed within its slack, publishes nothing;
+    # the manifest records the lease's generation renewed right now
+    manifest["lease"] = leases.fence(storage)
+    # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
+    storage.write_json(manifest_uri(storage, name), manifest)
+    metrics.stage_published(name, result.tables)
+    progress.finish("done")
+    _remove_old_runs(storage, name, keep=run_id)
+    # what the driver's storage calls retried (S3 throttling, resets: boto3's, Lance's 5xx and
+    # Storage's own); the workers' and pyarrow's are not counted (cpr_ray/storage/s3_retries.py)
+    console.print(f"[bold]{name}[/]: published in {seconds} s; storage retries: {retries}")
+    return manifest
+
+
+def published_runs(storage: Storage) -> set[str]:
+    """Every folder a stage's manifest on the root points at (its run, its tables' URIs)."""
+    out: set[str] = set()
+    for stage_dir in storage.list_dirs(storage.root):
+        try:
+            manifest = storage.read_json(join(stage_dir, MANIFEST))
+        except FileNotFoundError:
+            continue
+        tables = manifest.get("tables", {}).values()
+        uris = [manifest.get("output"), *(t.get("uri") for t in tables)]
+        out.update(storage.resolve(u).uri for u in uris if u)
+    return out
+
+
+def _remove_old_runs(storage: Storage, stage: str, keep: str) -> None:
+    """Runs superseded by the published one (or orphaned by a crash) are garbage, unless
+    something still points at them: a manifest of any stage, or a live reader's lease (a
+    training run reading the export it replaced). Nothing goes while another process owns the
+    root: any run folder may be one it is writing."""
+    pinned = leases.pins(storage)
+    if pinned is None:
+        return
+    pinned |= published_runs(storage)
+    for run in storage.list_dirs(join(storage.root, stage, "runs")):
+        if not run.rstrip("/").endswith(keep) and not leases.covers(pinned, run):
+            storage.delete_dir(run)

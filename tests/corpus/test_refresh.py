@@ -1,0 +1,688 @@
+"""The nightly refresh: S2 diffs from a loopback stand-in of the Datasets API, applied to a real
+corpus built from the bundled sample, with the later stages rerun against the scripted LLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from cpr_ray.config import load_config, sample_dir
+from cpr_ray.corpus import release_step
+from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
+from cpr_ray.cpr_command import app
+from cpr_ray.errors import InputError, StorageError
+from cpr_ray.llm.spend_ledger import ledger_summary
+from cpr_ray.pipeline.build import run_build
+from cpr_ray.pipeline.refresh import refresh
+from cpr_ray.runs.stage_runner import read_manifest, require_manifest
+from cpr_ray.sample.diffs import make_diff
+from cpr_ray.storage import leases
+from cpr_ray.storage.store import Storage
+from cpr_ray.tables import buckets
+from tests.builds import NEW, OLD, assert_equals_whole_table_mining, copy_build, small_build
+from tests.runs.test_cli import error_line
+from tests.standins.clients import S2_FILES_HOST, S2StandIn, start_s2_standin
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def settings(root: Path, openalex: Path, s2: S2StandIn, llm=None) -> list[str]:
+    """The dry-run profile on `root`, refreshed from the stand-in; BM25 pooling and shallow
+    pools keep the (all-useful, per the scripted grader) negatives walk short."""
+    return [
+        f"storage.root={root}",
+        f"input.openalex={openalex}",
+        f"refresh.base_release={OLD}",
+        f"refresh.api_url={s2.api_url}",
+        "refresh.requests_per_second=50",
+        "refresh.retain_versions_days=0",
+        *small_build(llm.base_url if llm else None, max_rows=None),
+    ]
+
+
+def config(*args, **kwargs):
+    return load_config("dry-run", env={}, overrides=settings(*args, **kwargs))
+
+
+def pairs_of(storage: Storage) -> set[tuple[int, int]]:
+    t = pq.read_table(require_manifest(storage, "mine")["tables"]["pairs"]["uri"])
+    return set(zip(t["base_id"].to_pylist(), t["cited_id"].to_pylist()))
+
+
+def ledger(storage: Storage) -> dict[str, int]:
+    return {r["stage"]: r["rows"] for r in ledger_summary(storage)}
+
+
+def sorted_table(uri: str, keys: list[str]) -> pa.Table:
+    return lance.dataset(uri).to_table().sort_by([(k, "ascending") for k in keys])
+
+
+def copy_openalex(out: Path) -> Path:
+    """A copy of the sample's OpenAlex folder: the diff adds a newer works partition to it."""
+    shutil.copytree(sample_dir() / "openalex", out)
+    return out
+
+
+class VirtualTime:
+    """A clock that moves only when the client sleeps: what it decided, not how long HTTP took."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_client_reads_the_documented_shapes_backs_off_and_never_shows_the_key(s2_api):
+    sleeps: list[float] = []
+    time_ = VirtualTime()
+    client = S2DatasetsClient(
+        s2_api.api_url, S2StandIn.API_KEY, sleep=time_.sleep, clock=lambda: time_.now
+    )
+    assert client.releases() == [OLD] and client.latest() == OLD
+    assert time_.sleeps == [1.0]  # one request a second, per key
+    sleeps.clear()
+    client = S2DatasetsClient(
+        s2_api.api_url, S2StandIn.API_KEY, requests_per_second=1e9, sleep=sleeps.append
+    )  # from here on, only back-off sleeps count
+    (s2_api.root / "releases.json").write_text(json.dumps([OLD, NEW]))
+    step = s2_api.root / "diffs" / OLD / NEW / "papers"
+    step.mkdir(parents=True)
+    (step / "update-00000.jsonl.gz").write_bytes(b"\x1f\x8b fake")
+    s2_api.faults({"kind": "429", "retry_after": 3}, {"kind": "503"})
+    [diff] = client.diffs(OLD, "latest", "papers")
+    assert (diff.from_release, diff.to_release, diff.delete_files) == (OLD, NEW, ())
+    # Retry-After first, then exponential
+    assert [s for s in sleeps if s > 0.01] == [3.0, client.backoff_s * 2]
+    assert "Signature" in diff.update_files[0] and "Signature" not in public_url(
+        diff.update_files[0]
+    )
+    stats = s2_api.stats()
+    assert stats["fault_429"] == stats["fault_503"] == 1 and stats["bad_key"] == 0
+
+    with pytest.raises(InputError, match="HTTP 403") as refused:
+        S2DatasetsClient(s2_api.api_url, "wrong-key", sleep=sleeps.append).latest()
+    assert "wrong-key" not in str(refused.value)
+    s2_api.faults(*[{"kind": "500"}] * 3)
+    with pytest.raises(StorageError, match="HTTP 500 .* after 3 attempts"):
+        S2DatasetsClient(
+            s2_api.api_url, S2StandIn.API_KEY, max_retries=2, sleep=sleeps.append
+        ).releases()
+
+
+def test_the_s2_key_goes_to_the_api_host_only_never_to_download_or_redirect_hosts(s2_api):
+    """The pre-signed file URLs name another host (as S3 is S2's): the downloads and an API
+    redirect to that host go without the key, which every API request carries."""
+    import io
+
+    client = S2DatasetsClient(s2_api.api_url, S2StandIn.API_KEY, requests_per_second=1e9)
+    (s2_api.root / "releases.json").write_text(json.dumps([OLD, NEW]))
+    step = s2_api.root / "diffs" / OLD / NEW / "papers"
+    step.mkdir(parents=True)
+    for i in range(2):
+        (step / f"update-{i:05d}.jsonl.gz").write_bytes(b"\x1f\x8b fake")
+    [diff] = client.diffs(OLD, NEW, "papers")
+    assert all(url.startswith(f"http://{S2_FILES_HOST}:") for url in diff.update_files)
+    for url in diff.update_files:
+        assert client.download(url, io.BytesIO()) == len(b"\x1f\x8b fake")
+    stats = s2_api.stats()
+    assert (stats["api"], stats["bad_key"], stats["file"]) == (1, 0, 2)  # the API had the key
+    assert (stats["elsewhere"], stats.get("key_elsewhere", 0)) == (2, 0)
+
+    s2_api.faults({"kind": "307"})  # the API sends the client on to the other host
+    assert client.latest() == NEW  # followed, answered there
+    stats = s2_api.stats()
+    assert (stats["fault_307"], stats["elsewhere"], stats.get("key_elsewhere", 0)) == (1, 3, 0)
+
+
+def test_refresh_of_an_unbuilt_root_says_what_to_do_and_one_finding_an_owner_does_nothing(
+    tmp_path, s2_api
+):
+    root = tmp_path / "empty"
+    cfg = config(root, copy_openalex(tmp_path / "oa"), s2_api)
+    with pytest.raises(StorageError, match="no corpus under .*cpr build --stages ingest"):
+        refresh(cfg)
+    asked = s2_api.stats().get("api", 0)
+    sets = [a for x in settings(root, tmp_path / "oa", s2_api) for a in ("--set", x)]
+    with leases.owner(Storage(cfg.storage), "build") as held:
+        with pytest.raises(leases.RootOwned) as owned:
+            refresh(cfg)
+        result = CliRunner().invoke(app, ["refresh", "--profile", "dry-run", *sets])
+    retry = held.lease.retry_after().strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert str(owned.value).startswith(f"root owned by {held.lease.host} since ")
+    assert f"; retry after {retry} ({root}: a build, pid " in str(owned.value)
+    # a distinct exit code: the scheduler retries or alerts, never a silent success
+    assert result.exit_code == 75, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith("error: root owned by ") and "this refresh did nothing)" in line
+    assert s2_api.stats().get("api", 0) == asked  # neither asked S2 anything
+
+
+def test_a_build_and_a_refresh_started_together_one_works_the_other_says_who(
+    tmp_path, sample_mined, s2_api, monkeypatch
+):
+    """Both take the root's lease with a conditional write: whichever the store lets in first
+    works, and the other does nothing but say who holds the root."""
+    monkeypatch.setenv("S2_API_KEY", S2StandIn.API_KEY)
+    root = copy_build(sample_mined, tmp_path / "root")
+    cfg = config(root, copy_openalex(tmp_path / "oa"), s2_api)
+    cfg = cfg.model_copy(update={"refresh": cfg.refresh.model_copy(update={"downstream": False})})
+    storage = Storage(cfg.storage)
+    venues = read_manifest(storage, "venues")["run_id"]
+    start = threading.Barrier(2)
+    outcome: dict = {}
+
+    def run(name: str, work) -> None:
+        start.wait()
+        try:
+            outcome[name] = work()
+        except Exception as exc:  # noqa: BLE001 - the test looks at what each ended with
+            outcome[name] = exc
+
+    work = {
+        "build": lambda: run_build(cfg, ["venues"], force=True),
+        "refresh": lambda: refresh(cfg),
+    }
+    threads = [threading.Thread(target=run, args=item) for item in work.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    built = not isinstance(outcome["build"], leases.RootBusy)
+    refreshed = not isinstance(outcome["refresh"], leases.RootOwned)
+    assert not isinstance(outcome["build"], Exception) or not built, outcome["build"]
+    assert not isinstance(outcome["refresh"], Exception) or not refreshed, outcome["refresh"]
+    assert built != refreshed  # exactly one of them worked
+    if built:
+        assert str(outcome["refresh"]).startswith("root owned by ")
+        assert s2_api.stats().get("api", 0) == 0  # the refresh asked S2 nothing
+        assert read_manifest(storage, "venues")["run_id"] != venues
+    else:
+        assert str(outcome["build"]).startswith(f"{root} is in use by a refresh on ")
+        assert read_manifest(storage, "venues")["run_id"] == venues
+        assert outcome["refresh"]["to_release"] == OLD  # it looked at S2: nothing newer
+    assert not storage.exists(leases.owner_uri(storage))  # the one that worked let go
+
+
+def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) -> None:
+    """`cpr refresh --corpus-only` in a child process, killed (SIGKILL, its whole group) while
+    it fetches the step's citation diff: the step's papers are upserted by then, not committed."""
+    s2.stall("citations/update")
+    args = [
+        sys.executable,
+        "-m",
+        "cpr_ray.cpr_command",
+        "refresh",
+        "--profile",
+        "dry-run",
+        "--corpus-only",
+        *[a for x in settings(root, openalex, s2) for a in ("--set", x)],
+    ]
+    log = tmp_path / "killed.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args,
+            env={**os.environ, "RAY_ADDRESS": ""},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.time() + 240
+    while s2.stats().get("stalled", 0) < 1:
+        assert proc.poll() is None, log.read_text()
+        assert time.time() < deadline, "the refresh never reached the citation diff"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    s2.reset()
+
+
+def fragments_by_bucket(storage: Storage) -> dict[str, dict[int, set[int]]]:
+    tables = require_manifest(storage, "ingest")["tables"]
+    return {
+        name: {
+            k: set(ids)
+            for k, ids in buckets.plan(
+                buckets.BucketLayout.from_dict(tables[name]["layout"]),
+                storage,
+                tables[name]["uri"],
+                tables[name]["version"],
+            ).by_bucket.items()
+        }
+        for name in ("papers", "citations")
+    }
+
+
+def spy_openalex_step(patch: pytest.MonkeyPatch, out: dict) -> None:
+    """Record what the driver reads while the refresh applies the new OpenAlex partition (Lance
+    scans, Parquet datasets opened: `driver_reads`), and which papers that step rewrote (Lance's
+    change API between the versions before and after it: `relinked`)."""
+    from cpr_ray.corpus import apply_diffs as corpus_refresh
+
+    out["driver_reads"], active = [], []
+    scanner, dataset, step = lance.LanceDataset.scanner, pds.dataset, corpus_refresh._openalex
+
+    def scan(self, *args, **kwargs):
+        if active:
+            out["driver_reads"].append(self.uri)
+        return scanner(self, *args, **kwargs)
+
+    def open_parquet(source, *args, **kwargs):
+        if active:
+            out["driver_reads"].append(str(source))
+        return dataset(source, *args, **kwargs)
+
+    def openalex(run, manifest, corpus, state):
+        active.append(True)
+        try:
+            done = step(run, manifest, corpus, state)
+        finally:
+            active.clear()
+        uri = manifest["tables"]["papers"]["uri"]
+        before, after = (m["tables"]["papers"]["version"] for m in (manifest, done))
+        delta = lance.dataset(uri).delta(begin_version=before, end_version=after)
+        updated = delta.get_updated_rows().read_all()
+        out["relinked"] = set(updated["corpus_id"].to_pylist())
+        out["key_table"] = manifest["tables"]["openalex_keys"]["uri"]
+        return done
+
+    patch.setattr(lance.LanceDataset, "scanner", scan)
+    patch.setattr(pds, "dataset", open_parquet)
+    patch.setattr(corpus_refresh, "_openalex", openalex)
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory, scripted_llm):
+    """Two builds of the sample and one release step of changes at the stand-in. `full` is
+    built through the export and refreshed in one go; `killed` is ingested, its refresh killed
+    mid-step, looked at, then run again (corpus only)."""
+    tmp = tmp_path_factory.mktemp("refresh")
+    os.environ["S2_API_KEY"] = S2StandIn.API_KEY
+    proc, s2 = start_s2_standin(tmp / "s2-api", tmp / "s2-standin.log")
+    try:
+        scripted_llm.reset()
+        scripted_llm.negatives(1)
+        openalex = copy_openalex(tmp / "openalex")
+        cfg = {n: config(tmp / n, openalex, s2, scripted_llm) for n in ("full", "killed")}
+        # `full` keeps the fragments its upserts append (mining scans them in every bucket);
+        # `killed` has its tables rewritten into buckets after every refresh
+        for name, share in (("full", 1.0), ("killed", 0.0)):
+            shared = cfg[name].refresh.model_copy(update={"rebucket_share": share})
+            cfg[name] = cfg[name].model_copy(update={"refresh": shared})
+        storage = {n: Storage(c.storage) for n, c in cfg.items()}
+        run_build(cfg["full"])
+        run_build(cfg["killed"], ["ingest"])
+        out = {
+            "cfg": cfg,
+            "storage": storage,
+            "s2": s2,
+            "before_pairs": pairs_of(storage["full"]),
+            "before_ledger": ledger(storage["full"]),
+        }
+        out["plan"] = make_diff(
+            sample_dir() / "s2",
+            openalex,
+            s2.root,
+            pq.read_table(require_manifest(storage["full"], "mine")["tables"]["pairs"]["uri"]),
+            releases=(OLD, NEW),
+            new=3,
+            unpaired_changes=3,
+            relinked=("doi", "mag", "pmid"),
+        )
+        killed_refresh(tmp, tmp / "killed", openalex, s2)
+        published = read_manifest(storage["killed"], "ingest")
+        out["half_applied"] = (
+            lance.dataset(published["tables"]["papers"]["uri"]).version,
+            published["tables"]["papers"]["version"],
+        )
+        with pytest.raises(StorageError) as refused:
+            require_manifest(storage["killed"], "ingest")
+        out["refused"] = str(refused.value)
+        out["built_fragments"] = fragments_by_bucket(storage["full"])
+        with pytest.MonkeyPatch.context() as patch:  # what the refresh's tasks hand back
+            out["task_results"] = []
+
+            def spy(*args, **kwargs):
+                found = buckets.run_buckets(*args, **kwargs)
+                out["task_results"].extend(found)
+                return found
+
+            patch.setattr(release_step, "run_buckets", spy)
+            spy_openalex_step(patch, out)
+            out["summary"] = refresh(cfg["full"])
+        out["api_calls"] = s2.stats()["api"]
+        papers = require_manifest(storage["full"], "ingest")["tables"]["papers"]["uri"]
+        with leases.reading(storage["full"], papers):  # an index reading the corpus meanwhile
+            out["again"] = refresh(cfg["full"])
+        out["api_after_again"] = s2.stats()
+        corpus_only = cfg["killed"].refresh.model_copy(update={"downstream": False})
+        out["resumed"] = refresh(cfg["killed"].model_copy(update={"refresh": corpus_only}))
+        yield out
+    finally:
+        os.environ.pop("S2_API_KEY", None)
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_partition(
+    scenario,
+):
+    summary, plan = scenario["summary"], scenario["plan"]
+    assert (summary["from_release"], summary["to_release"]) == (OLD, NEW)
+    ingest = require_manifest(scenario["storage"]["full"], "ingest")
+    assert ingest["corpus"]["release"] == NEW
+    assert ingest["corpus"]["openalex_snapshot"] == "openalex updated_date<=2026-12-01"
+    papers = lance.dataset(ingest["tables"]["papers"]["uri"]).to_table()
+    ids = set(papers["corpus_id"].to_pylist())
+    assert not ids & plan.deleted_papers and len(ids) == papers.num_rows  # gone, no duplicate
+    new_ids = sorted({d for _, d in plan.new_pairs})
+    added = papers.filter(pc.is_in(papers["corpus_id"], pa.array(new_ids)))
+    # linked through the new OpenAlex partition: topics, so they can cross fields at all
+    assert added.num_rows == 3 and added["field_id"].null_count == 0
+    changed = papers.filter(pc.is_in(papers["corpus_id"], pa.array(sorted(plan.changed_papers))))
+    assert all(t.endswith("(revised)") for t in changed["title"].to_pylist())
+    citations = lance.dataset(ingest["tables"]["citations"]["uri"]).to_table()
+    assert not set(citations["cited_id"].to_pylist()) & plan.deleted_papers
+    [step] = [s for s in summary["steps"] if s["source"] == "s2"]
+    assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
+    # the parse and apply tasks hand the driver counts and fragment metadata, never rows
+    results = [r[1] if isinstance(r, tuple) else r for r in scenario["task_results"]]
+    assert {type(r).__name__ for r in results} == {"Staged", "BucketEdit"}
+    assert not [v for r in results for v in vars(r).values() if isinstance(v, pa.Table)]
+    assert max(len(pickle.dumps(r)) for r in results) < 16_000
+    # the new OpenAlex partition relinked exactly the papers it carries an identifier of, each
+    # found by the one it carries (DOI, MAG id, PubMed id) in its own bucket's task: the driver
+    # read neither the new keys nor the papers table
+    assert len(plan.relinked_papers) == 3
+    assert scenario["relinked"] == set(plan.relinked_papers.values())
+    [openalex] = [s for s in summary["steps"] if s["source"] == "openalex"]
+    assert openalex["changes"]["papers"] == {"inserted": 0, "updated": 3, "deleted": 0}
+    read = scenario["driver_reads"]
+    papers_uri, keys_uri = ingest["tables"]["papers"]["uri"], scenario["key_table"]
+    assert not [r for r in read if papers_uri in r or keys_uri in r or "_refresh" in r], read
+    assert scenario["api_after_again"]["bad_key"] == 0  # every request carried the key
+    assert scenario["api_after_again"].get("key_elsewhere", 0) == 0  # ... to the API host only
+    # the bulk inputs differ now (the new OpenAlex partition): a build must not silently go
+    # back to the bulk release
+    with pytest.raises(InputError, match=f"refreshed to S2 release {NEW}.*cpr refresh"):
+        run_build(scenario["cfg"]["full"], ["ingest"])
+
+
+@pytest.mark.slow
+def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_deleted_ones(
+    scenario,
+):
+    storage, plan, summary = scenario["storage"]["full"], scenario["plan"], scenario["summary"]
+    before, after = scenario["before_pairs"], pairs_of(storage)
+    assert plan.new_pairs <= after and not plan.retracted_pairs & after
+    # the analogy judge saw exactly the pairs it had not judged: new ones and changed texts
+    fresh = (after - before) | (plan.changed_pairs & after)
+    asked = ledger(storage)["judge-analogy"] - scenario["before_ledger"]["judge-analogy"]
+    assert asked == len(fresh) == summary["llm_rows"]["judge-analogy"]
+
+    export = read_manifest(storage, "export")
+    corpus_ids = set(pq.read_table(export["tables"]["corpus"]["uri"])["corpus_id"].to_pylist())
+    assert not corpus_ids & plan.deleted_papers
+    card = storage.read_text(export["tables"]["card"]["uri"])
+    assert f"release {NEW} (bulk {OLD}, refreshed {OLD} → {NEW})" in card
+
+    again = scenario["again"]  # nothing new at S2: nothing applied, asked or rerun
+    assert again["steps"] == [] and not any(again["llm_rows"].values())
+    # old versions went after the refresh (retention 0 days here), not while a reader read them
+    assert summary["versions_removed"]["papers"] > 0
+    assert again["versions_removed"].startswith("skipped: 1 reader(s) hold a lease")
+    assert scenario["api_after_again"]["api"] == scenario["api_calls"] + 1  # one look at latest
+
+
+@pytest.mark.slow
+def test_mining_after_a_refresh_reads_its_one_bucket_fragments_and_equals_whole_table_mining(
+    scenario,
+):
+    """The refresh writes each bucket's new rows as fragments of that bucket, recorded in the
+    layout: mining reads them in their bucket only and still gives what one DuckDB query over
+    the refreshed tables gives."""
+
+    def plans(storage):
+        tables = require_manifest(storage, "ingest")["tables"]
+        return {
+            name: buckets.plan(
+                buckets.BucketLayout.from_dict(tables[name]["layout"]),
+                storage,
+                tables[name]["uri"],
+                tables[name]["version"],
+            )
+            for name in ("papers", "citations")
+        }
+
+    storage = scenario["storage"]["full"]
+    built = scenario["built_fragments"]
+    for name, p in plans(storage).items():
+        assert not p.mixed  # nothing for every bucket to scan
+        added = {k: set(ids) - built[name].get(k, set()) for k, ids in p.by_bucket.items()}
+        assert any(added.values()), name  # the refresh's own fragments, one bucket each
+        ds = lance.dataset(p.uri, version=p.version)
+        for k, ids in added.items():
+            for i in ids:
+                keys = ds.get_fragment(i).to_table(columns=[p.layout.key])[p.layout.key]
+                assert all(v % p.layout.num_buckets == k for v in keys.to_pylist())
+    assert_equals_whole_table_mining(
+        storage, scenario["cfg"]["full"], require_manifest(storage, "mine")
+    )
+
+
+@pytest.mark.slow
+def test_a_refresh_killed_mid_step_then_rerun_ends_where_an_uninterrupted_one_does(scenario):
+    found, published = scenario["half_applied"]
+    assert found > published  # the kill left upserts past the published version
+    assert "stopped before its commit; run cpr refresh again" in scenario["refused"]
+    resumed = scenario["resumed"]
+    assert resumed["restored"] and resumed["to_release"] == NEW
+    done = {n: require_manifest(s, "ingest") for n, s in scenario["storage"].items()}
+    assert done["full"]["corpus"]["release"] == done["killed"]["corpus"]["release"] == NEW
+    for name, keys in (("papers", ["corpus_id"]), ("citations", ["citing_id", "cited_id"])):
+        a = sorted_table(done["full"]["tables"][name]["uri"], keys)
+        b = sorted_table(done["killed"]["tables"][name]["uri"], keys)
+        assert a.num_rows == b.num_rows and a.equals(b), name
+    changes = [s["changes"] for s in done["killed"]["corpus"]["applied"]]
+    assert changes == [s["changes"] for s in done["full"]["corpus"]["applied"]]
+
+
+@pytest.mark.slow
+def test_cpr_refresh_against_a_dead_s2_api_is_one_line(scenario):
+    """On the refreshed build (read only: the refresh stops at its first look at S2)."""
+    overrides = [
+        f"storage.root={scenario['cfg']['full'].storage.root}",
+        "refresh.api_url=http://127.0.0.1:9/datasets/v1",  # nothing listens on port 9
+        "refresh.max_retries=0",
+    ]
+    args = ["refresh", "--profile", "dry-run", "--corpus-only"]
+    result = CliRunner().invoke(
+        app, [*args, *[a for o in overrides for a in ("--set", o)]], env={"S2_API_KEY": "k"}
+    )
+    assert "Semantic Scholar API unreachable at http://127.0.0.1:9/" in error_line(result)
+
+
+def test_diff_files_parse_in_tasks_into_key_buckets_and_a_truncated_one_stops_in_one_line(
+    ray_session, tmp_path
+):
+    """A refresh parses each diff file in its own task straight into the key buckets of a
+    staging table: the driver gets counts per bucket, never rows; a malformed line becomes a
+    rejected row with its reason, and a file cut short names itself instead of failing deep in a
+    worker."""
+    import gzip
+
+    from cpr_ray.config import load_config
+    from cpr_ray.corpus import records, release_step
+    from cpr_ray.corpus.parsing import ParseRecords
+    from cpr_ray.storage.store import StorageConfig
+
+    sample = sample_dir() / "s2" / "papers" / "papers-0000.jsonl.gz"
+    lines = gzip.open(sample, "rt").readlines()[:6]
+    good = tmp_path / "update-0.jsonl.gz"
+    good.write_bytes(gzip.compress(("".join(lines) + '{"corpusid": "not a number"\n').encode()))
+    cut = tmp_path / "update-1.jsonl.gz"
+    cut.write_bytes(gzip.compress((lines[0] * 50).encode())[:-40])
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
+    step = ParseRecords(records.SPECS["papers"], 4, 10_000)
+
+    out, rejects = str(tmp_path / "staged"), str(tmp_path / "rejects" / "papers-update")
+    [staged] = release_step.stage(
+        cfg, storage, [release_step.Side((str(good),), step, out, rejects)]
+    )
+    ids = [json.loads(line)["corpusid"] for line in lines]
+    assert staged.rows_by_bucket == {k: sum(i % 4 == k for i in ids) for k in {i % 4 for i in ids}}
+    assert (staged.kept, staged.rejected, staged.skipped) == (6, 1, 0)
+    for k in staged.rows_by_bucket:  # each bucket's rows, where the apply task of bucket k looks
+        rows = buckets.read_parquet_bucket(storage, out, k, release_step_schema())
+        assert sorted(rows["corpus_id"].to_pylist()) == sorted(i for i in ids if i % 4 == k)
+    [reject_file] = (tmp_path / "rejects").iterdir()
+    assert pq.read_table(reject_file)["reject_reason"][0].as_py()
+    assert release_step.touched_buckets(4, [staged]) == sorted(staged.rows_by_bucket)
+    assert release_step.touched_buckets(4, [staged], every=True) == [0, 1, 2, 3]
+    with pytest.raises(InputError, match=r"shard .*update-1\.jsonl\.gz is corrupt"):
+        release_step.stage(
+            cfg, storage, [release_step.Side((str(good), str(cut)), step, out, rejects)]
+        )
+
+
+def release_step_schema() -> pa.Schema:
+    from cpr_ray.corpus.apply_diffs import record_schema
+
+    return record_schema("papers")
+
+
+def test_a_bucket_edit_touches_only_its_bucket_and_lance_sees_updates_as_updates(
+    ray_session, tmp_path
+):
+    """Bucket 1's task finds its rows in its own fragments (and its share of a fragment that
+    mixes buckets), writes a fragment of bucket 1 only, and carries the row ids of the rows it
+    rewrites: Lance's change API counts them as updated, as after a `merge_insert`; the other
+    buckets' fragments are left as they were."""
+    from cpr_ray.corpus import bucket_edits
+    from cpr_ray.storage.store import StorageConfig
+
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    uri = str(tmp_path / "t.lance")
+    schema = pa.schema([("corpus_id", pa.int64()), ("title", pa.string())])
+
+    def rows(ids, title):
+        return pa.table({"corpus_id": pa.array(ids, pa.int64()), "title": [title] * len(ids)})
+
+    layout, _ = buckets.write_bucketed_table(
+        4,
+        lambda k: rows([i for i in range(40) if i % 4 == k], "old"),
+        uri,
+        schema,
+        key="corpus_id",
+        fragment_rows=100,
+        storage=storage,
+        cpus=1,
+    )
+    lance.dataset(uri).insert(rows([40, 41, 45], "appended"))  # mixes buckets 0, 1
+    p = buckets.plan(layout, storage, uri, lance.dataset(uri).version)
+    assert len(p.mixed) == 1
+
+    where = pc.field("corpus_id").isin(pa.array([1, 5, 9, 45, 13], pa.int64()))
+    scanned = [  # Lance's own count of what each scan read: bucket 1's rows and the mixed ones
+        re.search(r"fragments_scanned=(\d+).*rows_scanned=(\d+)", s.analyze_plan()).groups()
+        for s, _ in bucket_edits.bucket_scanners(p, storage, 1, where, ["corpus_id"])
+    ]
+    assert scanned == [("1", "10"), ("1", "3")]
+    found = bucket_edits.current_rows(p, storage, 1, where, ["corpus_id", "title"])
+    assert sorted(found["corpus_id"].to_pylist()) == [1, 5, 9, 13, 45]
+    edit = bucket_edits.edit_bucket(
+        p,
+        storage,
+        1,
+        found,
+        rows([1, 45, 101], "new"),  # 1 and 45 rewritten, 101 new
+        pa.table({"corpus_id": pa.array([9], pa.int64())}),
+        on=["corpus_id"],
+        fragment_rows=100,
+    )
+    assert edit.counts == {"inserted": 1, "updated": 2, "deleted": 1}
+    new_layout = bucket_edits.commit(p, storage, [edit])
+
+    ds = lance.dataset(uri)
+    delta = ds.delta(begin_version=p.version, end_version=ds.version)
+    assert delta.get_updated_rows().read_all().num_rows == 2
+    assert delta.get_inserted_rows().read_all().num_rows == 1
+    assert sum(len(b) for b in delta.get_deleted_row_ids()) == 1
+    after = buckets.plan(new_layout, storage, uri, ds.version)
+    for k in (0, 2, 3):  # untouched buckets: same fragments, no deletion marks
+        assert after.by_bucket[k] == p.by_bucket[k]
+        assert all(ds.get_fragment(i).metadata.deletion_file is None for i in after.by_bucket[k])
+    [written] = set(after.by_bucket[1]) - set(p.by_bucket[1])
+    assert sorted(ds.get_fragment(written).to_table()["corpus_id"].to_pylist()) == [1, 45, 101]
+    table = ds.to_table().sort_by("corpus_id")
+    titles = dict(zip(table["corpus_id"].to_pylist(), table["title"].to_pylist()))
+    assert 9 not in titles and titles[1] == titles[45] == titles[101] == "new"
+    assert titles[13] == "old" and titles[41] == "appended" and len(titles) == 43
+
+
+def test_a_papers_bucket_finds_its_papers_among_new_openalex_keys_by_each_identifier(
+    ray_session, tmp_path
+):
+    """The relink search of one papers bucket: its own papers whose DOI, MAG id or PubMed id is
+    a key the new partition added (the parse's batches made one file of distinct keys per key
+    bucket first), looked up one key bucket at a time — a MAG id that equals a new PubMed key
+    (or the reverse) is no match, and the other bucket's papers are not read."""
+    import duckdb
+
+    from cpr_ray.storage.store import StorageConfig
+
+    storage = Storage(StorageConfig(root=str(tmp_path)))
+    cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
+    uri = str(tmp_path / "papers.lance")
+    lance.write_dataset(
+        pa.table(
+            {
+                "corpus_id": pa.array([2, 4, 6, 8, 10, 12, 3], pa.int64()),
+                "doi": ["10.1/a", None, None, "10.1/other", None, None, "10.1/a"],
+                "mag_id": pa.array([None, 22, None, None, 55, None, None], pa.int64()),
+                "pmid": pa.array([None, None, 33, None, None, 22, None], pa.int64()),
+            }
+        ),
+        uri,
+    )
+    p = buckets.plan(buckets.BucketLayout("corpus_id", 2, {}), storage, uri, 1)
+    parsed, counts = str(tmp_path / "parsed"), {}
+    for batch, new in enumerate(
+        (["doi:10.1/a", "mag:22", "pmid:33"], ["pmid:55", "doi:10.1/new", "doi:10.1/a"])
+    ):
+        keys = duckdb.sql(
+            "SELECT key, CAST(hash(key) % 3 AS INTEGER) AS _bucket FROM unnest($keys) t(key)",
+            params={"keys": new},
+        ).to_arrow_table()
+        buckets.write_partitions(keys, parsed, storage, f"openalex-{batch}")
+        for c in pc.value_counts(keys["_bucket"]).to_pylist():
+            counts[c["values"]] = counts.get(c["values"], 0) + c["counts"]
+    staged = release_step.Staged(parsed, counts)
+    new_keys = release_step.stage_new_keys(cfg, storage, staged, str(tmp_path / "keys"), 3)
+    assert new_keys.staged.kept == 5  # doi:10.1/a once
+    for k in new_keys.staged.rows_by_bucket:
+        assert len(list((tmp_path / "keys" / f"_bucket={k}").iterdir())) == 1
+    assert sorted(release_step.relinked(p, storage, 0, new_keys).to_pylist()) == [2, 4, 6]
+    assert release_step.relinked(p, storage, 1, new_keys).to_pylist() == [3]
+    assert not release_step.relinked(p, storage, 0, None)
