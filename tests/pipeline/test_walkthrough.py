@@ -23,7 +23,7 @@ from cpr_ray.cpr_command import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "infra" / "README.md", ROOT / "README.md"]
-TEST_REF = re.compile(r"`(tests/test_\w+\.py)::(test_\w+)`")
+TEST_REF = re.compile(r"`(tests/(?:\w+/)?test_\w+\.py)::(test_\w+)`")
 
 
 def _day_one() -> str:

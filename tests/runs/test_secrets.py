@@ -385,7 +385,7 @@ def s2(sample_mined, tmp_path_factory) -> Iterator[S2StandIn]:
         pq.read_table(mine["tables"]["pairs"]["uri"]),
         releases=(OLD, NEW),
     )
-    args = [*standin("s2_standin"), "--root", str(root), "--port", "{port}"]
+    args = [*standin("s2_api"), "--root", str(root), "--port", "{port}"]
     proc, url = start_local_server(
         [*args, "--api-key", S2_KEY, "--signature", SIGNATURE, "--files-host", S2_FILES_HOST],
         "/_stats",

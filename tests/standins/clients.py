@@ -230,7 +230,7 @@ def start_s2_standin(root: Path, log: Path) -> tuple[subprocess.Popen, S2StandIn
     (root / "releases.json").write_text(json.dumps([OLD]))
     proc, url = start_local_server(
         [
-            *standin("s2_standin"),
+            *standin("s2_api"),
             "--root",
             str(root),
             "--port",

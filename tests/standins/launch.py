@@ -22,8 +22,7 @@ def free_port() -> int:
 
 def standin(name: str) -> list[str]:
     """The command line of a stand-in in this package (`scripted_llm`, `s2_api`, `gold_llm`), run
-    as a
-    module of the `tests` package from the repository root (`cwd=REPO`), so that it shares
+    as a module of the `tests` package from the repository root (`cwd=REPO`), so that it shares
     `tests/standins/controls.py` with the other stand-ins."""
     return [sys.executable, "-m", f"tests.standins.{name}"]
 
