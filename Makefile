@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install browser dry-run test lint bench-ingest bench-mine bench-llm bench-encode bench-pool bench-refresh bench-search bench-search-load clean
+.PHONY: install browser dry-run test lint clean
 
 # infra/image/install.sh installs the package, dev extras and the pinned torch into the venv: the
 # same script, at the versions of the same lock (infra/image/cpu.lock; `bash infra/image/lock.sh`
@@ -44,29 +44,12 @@ test: install browser
 lint: install
 	$(VENV)/bin/ruff check cpr_ray tests benchmarks jobs
 
-bench-ingest: install
-	$(PY) benchmarks/ingest.py
-
-bench-mine: install
-	$(PY) benchmarks/mine.py
-
-bench-llm: install
-	$(PY) benchmarks/llm_throughput.py
-
-bench-encode: install
-	$(PY) benchmarks/encode.py
-
-bench-pool: install
-	$(PY) benchmarks/pool.py
-
-bench-refresh: install
-	$(PY) benchmarks/refresh.py
-
-bench-search: install
-	$(PY) benchmarks/search.py
-
-bench-search-load: install
-	$(PY) benchmarks/search_load.py
+# `make bench-NAME` runs benchmarks/NAME.py (dashes read as underscores): bench-ingest, bench-mine,
+# bench-llm, bench-encode, bench-pool, bench-refresh, bench-search, bench-search-load. Not .PHONY:
+# make searches no pattern rule for a phony target.
+bench-llm: BENCHMARK := llm_throughput
+bench-%: install
+	$(PY) benchmarks/$(or $(BENCHMARK),$(subst -,_,$*)).py
 
 clean:
 	rm -rf $(DRY_RUN_OUT) .pytest_cache

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 BertHead = Literal["encoder", "masked_lm", "classifier"]
 
@@ -74,24 +74,42 @@ def tiny_qwen3(
     """A random Qwen3 decoder (GQA: `heads` query heads over `kv_heads` key/value heads, q/k
     norms) saved with `tokenizer_from`'s tokenizer; returns the folder."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
+    from transformers import AutoTokenizer, Qwen3Model
 
     tok = AutoTokenizer.from_pretrained(tokenizer_from)
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=len(tok),
+    config = qwen3_config(len(tok), hidden, intermediate, layers, heads, kv_heads, head_dim)
+    config.max_position_embeddings = max_positions
+    config.pad_token_id = tok.pad_token_id
+    Qwen3Model(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def qwen3_config(
+    vocab: int,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    **extra: object,
+) -> Any:
+    """A Qwen3Config by the seven numbers that give a Qwen3 its shape (the rest: `extra`), so a
+    test names a shape in one line instead of transformers' long keyword names."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=max_positions,
-        pad_token_id=tok.pad_token_id,
+        **extra,
     )
-    Qwen3Model(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return str(folder)
 
 
 # an architecture transformers does not know, shipped as the model folder's own code

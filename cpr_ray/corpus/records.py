@@ -113,6 +113,11 @@ class RecordSpec:
     string_key: bool = False
 
 
+def _id_fields(col: str, source: str) -> dict[str, str]:
+    """An integer id column and its raw text (kept for `_id_checks`' reasons)."""
+    return {f"{col}_raw": f"j->>'$.{source}'", col: _int_id(f"$.{source}")}
+
+
 def _id_checks(col: str, source: str) -> tuple[tuple[str, str], ...]:
     return (
         (f"{col}_raw IS NULL", f"missing_{source}"),
@@ -123,8 +128,7 @@ def _id_checks(col: str, source: str) -> tuple[tuple[str, str], ...]:
 S2_PAPERS = RecordSpec(
     name="papers",
     fields={
-        "corpus_id_raw": "j->>'$.corpusid'",
-        "corpus_id": _int_id("$.corpusid"),
+        **_id_fields("corpus_id", "corpusid"),
         "title": "j->>'$.title'",
         "venue": "nullif(trim(j->>'$.venue'), '')",
         "venue_id": "j->>'$.publicationvenueid'",
@@ -148,8 +152,7 @@ S2_PAPERS = RecordSpec(
 S2_ABSTRACTS = RecordSpec(
     name="abstracts",
     fields={
-        "corpus_id_raw": "j->>'$.corpusid'",
-        "corpus_id": _int_id("$.corpusid"),
+        **_id_fields("corpus_id", "corpusid"),
         "abstract": "nullif(trim(j->>'$.abstract'), '')",
         "license": "j->>'$.openaccessinfo.license'",
         "updated": _timestamp("$.updated"),
@@ -165,10 +168,8 @@ S2_ABSTRACTS = RecordSpec(
 S2_CITATIONS = RecordSpec(
     name="citations",
     fields={
-        "citing_id_raw": "j->>'$.citingcorpusid'",
-        "citing_id": _int_id("$.citingcorpusid"),
-        "cited_id_raw": "j->>'$.citedcorpusid'",
-        "cited_id": _int_id("$.citedcorpusid"),
+        **_id_fields("citing_id", "citingcorpusid"),
+        **_id_fields("cited_id", "citedcorpusid"),
         "contexts_raw": _structure("$.contexts"),
         "contexts": _str_list("contexts", "$.contexts"),
         "intents_raw": _structure("$.intents"),
@@ -208,8 +209,7 @@ S2_VENUES = RecordSpec(
 S2ORC = RecordSpec(
     name="s2orc",
     fields={
-        "corpus_id_raw": "j->>'$.corpusid'",
-        "corpus_id": _int_id("$.corpusid"),
+        **_id_fields("corpus_id", "corpusid"),
         "text": "j->>'$.content.text'",
         "bibref": "j->>'$.content.annotations.bibref'",
         "bibentry": "j->>'$.content.annotations.bibentry'",

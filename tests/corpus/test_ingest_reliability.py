@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from cpr_ray.cpr_command import app
 from cpr_ray.errors import InputError
 from cpr_ray.runs.ray_runtime import user_errors_from_ray
 from cpr_ray.storage.store import Storage, StorageConfig
+from tests.standins.launch import CPR
 
 
 def _shard(path: Path, rows: list[Any]) -> Path:
@@ -322,7 +322,7 @@ def test_required_input_with_no_lines_is_named(tmp_path):
 def _cpr_subprocess(tmp_path: Path, *overrides: str) -> tuple[int, str, float, Path]:
     """`cpr build --stages ingest` as a user runs it; Ray's files would go to the returned dir."""
     ray_dir = tmp_path / "ray"
-    args = [sys.executable, "-m", "cpr_ray.cpr_command", "build", "--profile", "dry-run"]
+    args = [*CPR, "build", "--profile", "dry-run"]
     args += ["--stages", "ingest", "--set", f"ray.temp_dir={ray_dir}"]
     for item in overrides:
         args += ["--set", item]

@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from cpr_ray.tables import buckets
 from tests.builds import NEW, OLD, assert_equals_whole_table_mining, copy_build, small_build
 from tests.runs.test_cli import error_line
 from tests.standins.clients import S2_FILES_HOST, S2StandIn, start_s2_standin
+from tests.standins.launch import CPR
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -228,9 +228,7 @@ def killed_refresh(tmp_path: Path, root: Path, openalex: Path, s2: S2StandIn) ->
     it fetches the step's citation diff: the step's papers are upserted by then, not committed."""
     s2.stall("citations/update")
     args = [
-        sys.executable,
-        "-m",
-        "cpr_ray.cpr_command",
+        *CPR,
         "refresh",
         "--profile",
         "dry-run",

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from cpr_ray.llm.ratelimit import ClusterRateLimiter
 from cpr_ray.llm.spend_ledger import ledger_uri
 from cpr_ray.storage.store import Storage
 from tests.builds import copy_build
+from tests.standins.launch import CPR
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -191,7 +191,7 @@ def test_ctrl_c_mid_stage_keeps_every_answer_received(build, llm, inline_max_row
     the driver asked them itself (a small ask) or an actor pool did."""
     llm.faults(*[{"kind": "pass"}] * 6, {"kind": "hang"}, {"kind": "hang"})
     cmd = [
-        sys.executable, "-m", "cpr_ray.cpr_command", "build", "--profile", "dry-run",
+        *CPR, "build", "--profile", "dry-run",
         "--stages", "judge-analogy", "--llm-base-url", llm.base_url, "--llm-model", "scripted",
         "--set", "llm.stages={}", "--set", f"storage.root={build}",
         "--set", f"llm.max_rows_per_stage={ROWS}",

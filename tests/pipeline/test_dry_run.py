@@ -16,7 +16,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -26,6 +25,7 @@ from datasets import load_dataset
 from cpr_ray.config import load_config, minilm_dir
 from cpr_ray.evaluate.eval_run import run_eval
 from cpr_ray.pipeline.build import STAGES
+from tests.standins.launch import CPR
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def dry_run(out: Path, *settings: str) -> str:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("RAY_ADDRESS", None)  # its own local Ray, as on a user's laptop
     done = subprocess.run(
-        [sys.executable, "-m", "cpr_ray.cpr_command", "dry-run", "--out", str(out)]
+        [*CPR, "dry-run", "--out", str(out)]
         + ["--set", f"llm.max_rows_per_stage={ROWS}"]
         + [arg for setting in settings for arg in ("--set", setting)],
         capture_output=True,

@@ -42,6 +42,9 @@ from cpr_ray.retrieval.token_pooling import (  # noqa: E402
     splade_pool,
 )
 
+# a Qwen3 a quarter of tiny_qwen3's default width, one layer: enough for GQA and last-token pooling
+QWEN3 = {"hidden": 32, "intermediate": 64, "layers": 1, "heads": 2, "kv_heads": 1, "head_dim": 16}
+
 DOCS = [
     "The cats are sitting on the mat.",
     "Dogs running through the park chase cats.",
@@ -64,17 +67,7 @@ def tiny_models(tmp_path_factory, minilm) -> dict[str, str]:
             intermediate=37,
             max_positions=128,
         ),
-        "qwen": tiny.tiny_qwen3(
-            minilm,
-            root / "Qwen3-Embedding-tiny",
-            hidden=32,
-            intermediate=64,
-            layers=1,
-            heads=2,
-            kv_heads=1,
-            head_dim=16,
-            max_positions=128,
-        ),
+        "qwen": tiny.tiny_qwen3(minilm, root / "Qwen3-Embedding-tiny", max_positions=128, **QWEN3),
     }
 
 

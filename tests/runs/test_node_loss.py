@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ import pytest
 
 from tests.builds import copy_build
 from tests.standins.clients import ScriptedLLM
-from tests.standins.launch import free_port
+from tests.standins.launch import CPR, free_port
 
 pytestmark = pytest.mark.node_loss
 
@@ -118,7 +117,7 @@ def driver(cluster: LosableCluster, *args: str) -> subprocess.Popen:
     """`cpr ARGS` as its own driver process on the cluster (stdout and stderr together)."""
     env = {**os.environ, "RAY_ADDRESS": cluster.address, "COLUMNS": "200"}
     return subprocess.Popen(
-        [sys.executable, "-m", "cpr_ray.cpr_command", *args],
+        [*CPR, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import urllib.error
@@ -46,7 +45,7 @@ from cpr_ray.sample.diffs import make_diff
 from tests.builds import NEW, OLD, copy_build
 from tests.llm.test_llm_reliability import cpr_build, published
 from tests.standins.clients import S2_FILES_HOST, S2StandIn
-from tests.standins.launch import standin, start_local_server
+from tests.standins.launch import CPR, standin, start_local_server
 
 OPENAI_KEY = "sk-SENTINEL-openai-4c1d9e7a2b"
 WRONG_OPENAI_KEY = "sk-SENTINEL-revoked-8e2f61d0"
@@ -247,7 +246,7 @@ def test_a_build_carries_the_llm_key_and_writes_it_nowhere(sample_mined, endpoin
     llm.faults({"kind": "500"}, {"kind": "500"})
     endpoint.seen.clear()
     cmd = [
-        sys.executable, "-m", "cpr_ray.cpr_command", "build", "--profile", "dry-run",
+        *CPR, "build", "--profile", "dry-run",
         "--stages", "judge-analogy", "--llm-base-url", endpoint.base_url, "--llm-model", "scripted",
         "--set", "llm.stages={}", "--set", f"storage.root={root}",
         "--set", "llm.max_rows_per_stage=8", "--set", "llm.actors=1",
@@ -302,7 +301,7 @@ def _cpr(args: list[str], ray_tmp: str, env: dict[str, str]) -> subprocess.Compl
     Train's workers and the evaluation's actors have them, as a cluster node's processes do)."""
     sets = ["--set", "ray.num_cpus=2", "--set", f"ray.temp_dir={ray_tmp}"]
     return subprocess.run(
-        [sys.executable, "-m", "cpr_ray.cpr_command", *args, *sets],
+        [*CPR, *args, *sets],
         env={**os.environ, **env, "RAY_ADDRESS": "", "COLUMNS": "200"},
         capture_output=True,
         text=True,
@@ -330,7 +329,7 @@ def test_a_training_run_and_its_evaluation_write_no_key(
         train += ["--set", "ray.num_cpus=2", "--set", f"ray.temp_dir={ray_tmp}"]
         train += ["--set", "tracking.enabled=true"]  # MLflow's store and artifacts under out
         run = subprocess.run(
-            [sys.executable, "-m", "cpr_ray.cpr_command", *train],
+            [*CPR, *train],
             env={**os.environ, **KEYS_ENV, "RAY_ADDRESS": "", "COLUMNS": "200"},
             capture_output=True,
             text=True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 
@@ -17,6 +16,7 @@ from cpr_ray.storage.leases import owner_uri
 from cpr_ray.storage.store import Storage, StorageConfig
 from tests.builds import copy_build
 from tests.llm.test_llm_reliability import cpr_build
+from tests.standins.launch import CPR
 
 ROWS = 12
 
@@ -37,7 +37,7 @@ def test_the_watch_follows_a_running_llm_stage_to_its_end(sample_mined, llm, tmp
             time.sleep(0.05)
         watch = ["stats", str(root), "--watch", "--interval", "0.2"]
         watcher = subprocess.run(
-            [sys.executable, "-m", "cpr_ray.cpr_command", *watch],
+            [*CPR, *watch],
             env={**os.environ, "COLUMNS": "200"},
             capture_output=True,
             text=True,

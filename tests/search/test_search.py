@@ -7,7 +7,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from cpr_ray.search.sharded_index import build_index
 from cpr_ray.storage.store import Storage
 from tests.runs.test_cli import error_line
 from tests.search_corpus import FIELDS, papers, write_export
+from tests.standins.launch import CPR
 
 N = 300
 QUERIES = [
@@ -556,9 +556,7 @@ def test_cli_json_lines_on_stdout_progress_on_stderr(built, tmp_path):
     )
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "cpr_ray.cpr_command",
+            *CPR,
             "search",
             str(cfg.search.index),
             "--queries",

@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 import pytest
 
 from tests.search_corpus import build_search_index, papers
-from tests.standins.launch import start_local_server
+from tests.standins.launch import CPR, start_local_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -51,9 +50,7 @@ def page_service(minilm, ray_session, scripted_llm, tmp_path_factory):
         "ray.temp_dir": ray_tmp,
     }
     args = [
-        sys.executable,
-        "-m",
-        "cpr_ray.cpr_command",
+        *CPR,
         "serve",
         str(tmp / "idx"),
         "--port",

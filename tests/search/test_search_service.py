@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from tests.search_corpus import build_search_index, papers
-from tests.standins.launch import free_port
+from tests.standins.launch import CPR, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "svc-SENTINEL-key-2d8c4f11"  # tests/runs/test_secrets.py's SERVICE_KEY: no file may hold it
@@ -63,9 +62,7 @@ def service(minilm, ray_session, tmp_path_factory):
     log = open(tmp / "serve.log", "w")
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "cpr_ray.cpr_command",
+            *CPR,
             "serve",
             str(tmp / "idx"),
             "--port",

@@ -13,6 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+# `cpr` as a user runs it, by this interpreter (the venv's, whatever PATH says)
+CPR = [sys.executable, "-m", "cpr_ray.cpr_command"]
+
 
 def free_port() -> int:
     with socket.socket() as s:

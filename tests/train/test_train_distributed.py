@@ -28,6 +28,7 @@ from cpr_ray.train.step import (
     freeze_unused,
     optimizer_for,
 )
+from tests import tiny_models
 from tests.train.test_train_step import examples
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -190,18 +191,11 @@ def test_two_workers_train_as_one_process_on_the_whole_batch(tmp_path: Path, tin
 def test_the_units_sharded_are_the_transformer_blocks(tiny_bert: str):
     """Each block becomes one FSDP unit, found by structure: BERT's encoder.layer, Qwen3's
     layers (a decoder, as Qwen3-Embedding is), under the encoder and Towers alike."""
-    from transformers import Qwen3Config, Qwen3Model
+    from transformers import Qwen3Model
 
     bert = Encoder.build(tiny_bert)
     assert transformer_blocks(Towers(bert)) == list(bert.backbone.encoder.layer)
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
+    qwen = Qwen3Model(
+        tiny_models.qwen3_config(64, 16, 32, layers=3, heads=2, kv_heads=1, head_dim=8)
     )
-    qwen = Qwen3Model(config)
     assert transformer_blocks(qwen) == list(qwen.layers)

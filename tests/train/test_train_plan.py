@@ -146,17 +146,8 @@ def test_check_names_the_setting_to_change(minilm):
 
 
 def test_check_suggests_fsdp_for_a_4b_model(tmp_path):
-    from transformers import Qwen3Config
-
-    Qwen3Config(  # Qwen3-Embedding-4B's shape
-        vocab_size=151665,
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-    ).save_pretrained(tmp_path / "Qwen3-Embedding-4B")
+    qwen3_4b = tiny_models.qwen3_config(151665, 2560, 9728, 36, heads=32, kv_heads=8, head_dim=128)
+    qwen3_4b.save_pretrained(tmp_path / "Qwen3-Embedding-4B")
     cfg = _config(
         str(tmp_path / "Qwen3-Embedding-4B"),
         "train.workers=8",
