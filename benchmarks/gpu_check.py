@@ -23,9 +23,8 @@ from the work it does: not yet run on one):
   CPU search the pool's dense pooler runs today (`VectorIndex`, a faiss flat index): queries/s,
   the ratio, and whether the results are the same.
 
-On a machine without CUDA every size shrinks (`--tiny`, which tests/retrieval/test_gpu_check.py
-runs in
-seconds): the models become 2-layer Qwen3s, the step a few short texts, the universe 2,000
+On a machine without CUDA every size shrinks (`--tiny`, which tests/retrieval/test_gpu_check.py runs
+in seconds): the models become 2-layer Qwen3s, the step a few short texts, the universe 2,000
 vectors, and each figure is the CPU's: the peak is then the CPU allocator's, read from the
 profiler's record of every allocation (what `tests/train/test_train_plan.py` checks the plan
 against), and the plan is the CPU plan (float32 activations). Usage:

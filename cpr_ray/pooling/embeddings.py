@@ -9,14 +9,12 @@ rerun, or a nightly refresh whose universe grew, pays GPU time for the new or ch
 only.
 
 **The index** of a run is one per shard of its universe (`shards`;
-``RUN/index/{pooler}/shard-SSSSS/``): the shard's vectors in search order (`search.Universe`),
-for dense poolers the saved form of a :class:`~cpr_ray.retrieval.faiss_index.VectorIndex` (flat
-below
-``pooling.ivf_min_docs`` documents, IVF above), for SPLADE ``sparse.parquet``. Every step is a
-task per shard or per part of the store, declaring the memory it needs: finding the texts the
-store lacks (`missing_texts`), copying the store's rows to their shards' folders
-(`route_part`, so a shard reads its own rows, not the whole store), and assembling a shard's
-index (`assemble_index`).
+``RUN/index/{pooler}/shard-SSSSS/``): the shard's vectors in search order (`search.Universe`), for
+dense poolers the saved form of a :class:`~cpr_ray.retrieval.faiss_index.VectorIndex` (flat below
+``pooling.ivf_min_docs`` documents, IVF above), for SPLADE ``sparse.parquet``. Every step is a task
+per shard or per part of the store, declaring the memory it needs: finding the texts the store lacks
+(`missing_texts`), copying the store's rows to their shards' folders (`route_part`, so a shard reads
+its own rows, not the whole store), and assembling a shard's index (`assemble_index`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The images start from Ray's, which already holds older versions of packages this one uses
-(boto3 1.29, botocore 1.32, numpy 1.26, urllib3 1.26 ...: tests/data/ray-image/, Ray's own lock
-of its base images). This reproduces that starting point without Docker: a venv seeded with the
-base image's versions of the packages the locks share with it, then infra/image/install.sh's
-resolution as the Dockerfile runs it (`--dry-run`), which must end at infra/image/cpu.lock; and
-the conditional-write test (tests/storage/test_leases.py) under the base image's boto3/botocore,
-which
+(boto3 1.29, botocore 1.32, numpy 1.26, urllib3 1.26 ...: tests/data/ray-image/, Ray's own lock of
+its base images). This reproduces that starting point without Docker: a venv seeded with the base
+image's versions of the packages the locks share with it, then infra/image/install.sh's resolution
+as the Dockerfile runs it (`--dry-run`), which must end at infra/image/cpu.lock; and the
+conditional-write test (tests/storage/test_leases.py) under the base image's boto3/botocore, which
 refuse the parameters the root's lease needs.
 
 The locks themselves: each satisfies pyproject.toml, holds exactly one faiss build (faiss-cpu in
@@ -176,11 +175,10 @@ print(first is not None, second is None, third is not None)
 def test_the_base_images_botocore_refuses_the_leases_conditional_write(
     tmp_path, s3_endpoint, s3_bucket
 ):
-    """The root lease's conditional write (Storage.write_if, as tests/storage/test_leases.py runs
-    it with
-    the lock's botocore, which this venv holds) on the S3 stand-in, with the base image's
-    boto3/botocore first on sys.path: what every build and refresh would meet on an image that
-    kept them."""
+    """The root lease's conditional write (Storage.write_if, as tests/storage/test_leases.py runs it
+    with the lock's botocore, which this venv holds) on the S3 stand-in, with the base image's
+    boto3/botocore first on sys.path: what every build and refresh would meet on an image that kept
+    them."""
     base = pins(BASE_DEPS)
     old = {n: base[n] for n in ("boto3", "botocore", "s3transfer", "urllib3", "jmespath")}
     _seed(tmp_path / "old", old, venv=False)

@@ -1,8 +1,7 @@
 """`cpr judge-check`: the gold loader and its refusals, the metrics (binarised κ, bootstrap
 intervals, precision at a base rate), the projection of a whole build, and the command against
 scripted judges whose confusion matrices are known (tests/standins/gold_llm.py), on tiny gold sets
-the
-tests write (tests/gold_fixtures.py); the shipped gold files get one load test."""
+the tests write (tests/gold_fixtures.py); the shipped gold files get one load test."""
 
 from __future__ import annotations
 

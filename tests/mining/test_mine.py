@@ -34,9 +34,8 @@ def _read(storage, uri):
 
 
 def check_mined_sample(storage: Storage, manifest: dict) -> None:
-    """What mining the bundled sample gives, wherever it ran (tests/storage/test_iam_policy.py
-    mines it
-    on the test S3, as a step of its build under the shipped IAM policy)."""
+    """What mining the bundled sample gives, wherever it ran (tests/storage/test_iam_policy.py mines
+    it on the test S3, as a step of its build under the shipped IAM policy)."""
     stats = manifest["stats"]
     drawn = {f: e["drawn"] for f, e in stats["eligible_per_field"].items()}
     assert len(set(drawn.values())) == 1 and len(drawn) >= 5  # same count in every field

@@ -460,6 +460,5 @@ def test_a_refresh_shows_neither_the_s2_key_nor_a_url_signature(
 # -- the search service -------------------------------------------------------------------------
 # `cpr serve` in its own process and Ray with these keys in its environment, its replicas reading
 # the service key from theirs: tests/search/test_search_service.py's service, whose test sends the
-# right
-# key, the wrong one and none, stops it with SIGTERM and then searches its log, its index and its
-# Ray folder for every sentinel here (one service started for both).
+# right key, the wrong one and none, stops it with SIGTERM and then searches its log, its index and
+# its Ray folder for every sentinel here (one service started for both).

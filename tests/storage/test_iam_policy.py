@@ -3,9 +3,8 @@ training run, an evaluation and an index on the documented prefixes need nothing
 grant, a path outside them stops in one line naming the prefix, and the public OpenAlex bucket
 is read unsigned from its own region beside the team's bucket.
 
-The evaluator (tests/standins/iam_policy.py) is ours: see its docstring for why no library or
-moto's own
-enforcement fits; its rules are tested first, here.
+The evaluator (tests/standins/iam_policy.py) is ours: see its docstring for why no library or moto's
+own enforcement fits; its rules are tested first, here.
 """
 
 from __future__ import annotations
@@ -245,11 +244,10 @@ def test_build_train_eval_and_index_need_only_what_the_shipped_policy_grants(
     tmp_path: Path,
 ):
     """…and through S3 as it is at cluster scale: every job request goes through the fault
-    proxy (tests/standins/s3_faults.py), which answers a share `503 SlowDown` or `500
-    InternalError` and
-    resets connections after the store acted; the outputs are those of a fault-free run: the
-    shared local build of the sample (`sample_mined`), taken on to its export, and the same
-    training and index on that export."""
+    proxy (tests/standins/s3_faults.py), which answers a share `503 SlowDown` or `500 InternalError`
+    and resets connections after the store acted; the outputs are those of a fault-free run: the
+    shared local build of the sample (`sample_mined`), taken on to its export, and the same training
+    and index on that export."""
     from tests import tiny_models
 
     endpoint, bucket = faults.url, s3_bucket

@@ -1,7 +1,6 @@
 """S3 as it behaves at cluster scale: `503 SlowDown`, `500 InternalError` and connections reset
 mid-answer, from the fault proxy (tests/standins/s3_faults.py) in front of the S3 stand-in. Every
-read
-and write through `Storage` gets the bytes a fault-free store gives; a conditional write whose
+read and write through `Storage` gets the bytes a fault-free store gives; a conditional write whose
 answer was lost after it landed is still the caller's. The build, training and index through the
 proxy are in tests/storage/test_iam_policy.py (one build, not a second one).
 """
