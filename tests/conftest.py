@@ -265,7 +265,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Every test and fixture is done: what the session loaded (torch, transformers, Ray, many
     models' objects) stays out of the cycle collector's last passes at the worker's exit,
-    seconds on 2 busy cores at the very end of the run (`cpr` does the same, cli.py)."""
+    seconds on 2 busy cores at the very end of the run (`cpr` does the same, cpr_command.py)."""
     gc.freeze()
 
 

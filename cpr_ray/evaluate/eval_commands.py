@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from cpr_ray.errors import UserError
-from cpr_ray.evaluate.settings import check
+from cpr_ray.evaluate.eval_config_check import check
 from cpr_ray.runs.command_options import (
     Flag,
     Given,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from cpr_ray.config import Config
-from cpr_ray.evaluate import settings
+from cpr_ray.evaluate import eval_config_check
 from cpr_ray.evaluate.benchmark import Benchmark, positions
 from cpr_ray.evaluate.ir_metrics import METRICS
 from cpr_ray.evaluate.loaders import load_benchmark
@@ -206,7 +206,7 @@ def run_eval(
     """Evaluate one retriever (+ reranker/rewriter) on one benchmark; returns the results dict."""
     from cpr_ray.evaluate.results import build_results
 
-    settings.check(cfg)  # before loading or encoding anything
+    eval_config_check.check(cfg)  # before loading or encoding anything
     ev = cfg.eval
     timer = Timer()
     started = time.perf_counter()

@@ -336,7 +336,7 @@ def test_job_entry_point(cpr_export, tmp_path, capsys):
 
 
 def test_settings_are_validated_before_any_work(monkeypatch):
-    from cpr_ray.evaluate.settings import check
+    from cpr_ray.evaluate.eval_config_check import check
     from cpr_ray.retrieval.tournament import TournamentSpec
     from cpr_ray.runs.command_options import Given
 

@@ -172,7 +172,7 @@ def gpu_stage_asks() -> dict[str, dict[str, float]]:
     `--profile cluster`, resolved as each command resolves it: the poolers' encoder and search
     actors (build), `cpr index`'s encoder actors (jobs/index.py), `cpr eval`'s for a dense or
     SPLADE retriever (jobs/evaluate.py) and Ray Train's workers (jobs/train.py)."""
-    from cpr_ray.evaluate.settings import check
+    from cpr_ray.evaluate.eval_config_check import check
     from cpr_ray.pooling.poolers import plans
     from cpr_ray.retrieval.factory import make_retriever
     from cpr_ray.retrieval.spec import RetrieverOptions
