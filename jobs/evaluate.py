@@ -13,9 +13,9 @@ import sys
 
 from cpr_ray.errors import ConfigError
 from cpr_ray.evaluate.eval_commands import EVAL_FLAGS
+from cpr_ray.evaluate.eval_config_check import check
 from cpr_ray.evaluate.eval_run import run_eval
 from cpr_ray.evaluate.publish import publish, show
-from cpr_ray.evaluate.eval_config_check import check
 from cpr_ray.runs.command_options import job_given, job_parser, run_job
 
 
