@@ -7,7 +7,7 @@ included, with secrets redacted. Ray's session logs, where a worker's traceback 
 stays, live on the head, and KubeRay deletes the head minutes after the job. A stage that ends
 well (published or skipped) writes ``ROOT/_logs/{stage}.ok.json``, so ``cpr stats ROOT`` shows
 a stage's last failure only while no success came after it. The command's last line is the
-cause and the record's path (`command_line.crash_line` for a bug; a user's mistake keeps its
+cause and the record's path (`command_options.crash_line` for a bug; a user's mistake keeps its
 own one line).
 """
 
