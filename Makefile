@@ -48,7 +48,7 @@ lint: install
 # configuration reference (docs/hooks.py) fail the build; NO_MKDOCS_2_WARNING quiets
 # mkdocs-material's banner about its successor
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench-ingest: install
 	$(PY) benchmarks/ingest.py
