@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install browser dry-run test lint clean
+.PHONY: install browser dry-run test lint docs clean
 
 # infra/image/install.sh installs the package, dev extras and the pinned torch into the venv: the
 # same script, at the versions of the same lock (infra/image/cpu.lock; `bash infra/image/lock.sh`
@@ -44,6 +44,12 @@ test: install browser
 lint: install
 	$(VENV)/bin/ruff check cpr_ray tests benchmarks jobs
 
+# the docs site (mkdocs.yml, docs/) into site/: --strict makes a broken link or a stale
+# configuration reference (docs/hooks.py) fail the build; NO_MKDOCS_2_WARNING quiets
+# mkdocs-material's banner about its successor
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 # `make bench-NAME` runs benchmarks/NAME.py (dashes read as underscores): bench-ingest, bench-mine,
 # bench-llm, bench-encode, bench-pool, bench-refresh, bench-search, bench-search-load. Not .PHONY:
 # make searches no pattern rule for a phony target.
@@ -52,4 +58,4 @@ bench-%: install
 	$(PY) benchmarks/$(or $(BENCHMARK),$(subst -,_,$*)).py
 
 clean:
-	rm -rf $(DRY_RUN_OUT) .pytest_cache
+	rm -rf $(DRY_RUN_OUT) .pytest_cache site

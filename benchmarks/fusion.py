@@ -15,7 +15,7 @@ Every ranking comes from the code `cpr eval --retriever hybrid` runs (`runner.ra
 its ranking reused by every setting. Printed per set: the random baseline, dense and BM25 alone,
 and per setting nDCG@10 and R@10 with the paired bootstrap interval (2,000 resamples of the
 queries, 95%) of its nDCG@10 difference to RRF k=60 depth 100 (the default), to dense alone and
-to BM25 alone. The rule (docs: README, "Choosing the fusion"): keep RRF k=60 unless another
+to BM25 alone. The rule (docs/search.md, "Choosing the fusion"): keep RRF k=60 unless another
 setting's interval against it stays above 0 on at least two sets.
 
 Usage:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -170,15 +171,45 @@ def stats(
     interval: Annotated[
         float, typer.Option("--interval", min=0.1, help="Seconds between looks (--watch).")
     ] = 5.0,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Every stage's whole manifest, the LLM ledger and failures, as JSON."
+        ),
+    ] = False,
+    stage: Annotated[
+        str | None,
+        typer.Option(
+            "--stage", help="One stage's whole manifest (tables, timings, stats) as JSON."
+        ),
+    ] = None,
 ) -> None:
-    """Row counts, timings and statistics of a build's published stages, LLM spend, and each
-    stage's last failure that no success followed; with --watch, a running build's progress."""
+    """A build's published stages on one screen (rows, seconds, one line of figures each), its
+    LLM spend and each stage's last failure that no success followed; --stage NAME or --json
+    for every figure; with --watch, a running build's progress."""
+    import json
+
+    from cpr_ray.pipeline.stats_view import full_stats, stages_table, summary_line
     from cpr_ray.runs import failures
     from cpr_ray.storage.settings import StorageConfig
 
     storage = Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint))
+    if watch and (as_json or stage):
+        fail(ConfigError("--watch follows a running build; --json and --stage read a finished one"))
+    if stage is not None and stage.replace("_", "-") not in STAGES:
+        fail(ConfigError(f"--stage {stage}: no such stage; stages: {', '.join(STAGES)}"))
     if watch:
         _watch(storage, interval)
+        return
+    if stage is not None:
+        name = stage.replace("_", "-")
+        try:
+            manifest = read_manifest(storage, name)
+        except UserError as exc:
+            fail(exc)
+        if manifest is None:
+            fail(StorageError(f"{name} has published nothing under {root}"))
+        print(json.dumps(manifest, indent=2, ensure_ascii=False))
         return
     try:
         llm_cfg = load_config(file=config).llm if config else None
@@ -189,12 +220,15 @@ def stats(
         fail(exc)
     if not manifests and not failed:
         fail(StorageError(f"no published stage under {root}"))
+    if as_json:
+        print(json.dumps(full_stats(manifests, ledger, failed), indent=2, ensure_ascii=False))
+        return
     if manifests:
-        console.print(manifests_table(manifests))
+        console.print(stages_table(manifests))
     for name, m in manifests.items():
-        console.print(f"[bold]{name}[/] stats:", m.get("stats", {}))
+        console.print(summary_line(name, m, console.width), soft_wrap=True, highlight=False)
     if ledger:
-        table = Table(title="LLM ledger (all runs)", title_justify="left")
+        table = Table(title="LLM ledger (all runs)", title_justify="left", box=box.SIMPLE_HEAD)
         cols = (
             "stage",
             "rows",

@@ -1,7 +1,7 @@
 """The gold set the judges are measured on, and its loader.
 
 One JSON-lines file per judged stage under `gold/` (shipped as package data), one case a line
-(`notes` of the issue: GOLD_FORMAT; the README's judge-check section says it for users):
+(`notes` of the issue: GOLD_FORMAT; docs/judges.md's judge-check section says it for users):
 
     {"id": "...", "covers": "exclusion:surface_similarity", "rule": "P2 reject: surface ...",
      "why": "one sentence", "synthetic": false, "sources": [1234567, 7654321],

@@ -1,6 +1,6 @@
 """Ingest under bad input, as a user meets it: through `cpr build`, or in the stage's outputs.
 
-Each test breaks one promise the README makes: a gzip shard cut in half (fail, or quarantine),
+Each test breaks one promise the docs make: a gzip shard cut in half (fail, or quarantine),
 ids that are not integers, list fields of the wrong type, an empty shard or input, duplicate
 records, a build root in a bucket that does not exist, an input path that does not exist. The
 checks that need no Ray run `cpr` as a subprocess and show that Ray never started.

@@ -457,11 +457,12 @@ def test_iam_policy_grants_exactly_the_job_prefixes():
 def test_every_bucket_path_the_deployment_names_is_granted():
     texts = [p.read_text() for p in INFRA.rglob("*") if p.is_file()]
     texts += [(ROOT / name).read_text() for name in ("cluster.yaml", "README.md")]
+    texts += [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]  # the README's rest
     texts += [p.read_text() for p in (ROOT / "cpr_ray" / "profiles").glob("*.yaml")]
     uris = {m for text in texts for m in re.findall(rf"s3://{BUCKET}/([\w.-]+)/", text)}
     assert "configs" in uris
     assert uris <= READ_ONLY_PREFIXES | READ_WRITE_PREFIXES
-    # the README's examples name the one placeholder bucket, whose prefixes the policy knows
+    # the docs' examples name the one placeholder bucket, whose prefixes the policy knows
     others = {m for text in texts for m in re.findall(r"s3://([\w.-]+)/", text)}
     assert others <= {BUCKET, "openalex"}, others
 

@@ -1,6 +1,6 @@
 """An LLM stage under a misbehaving endpoint, as a user meets it through `cpr build`.
 
-Each test breaks one promise the README makes the way a user would: an endpoint that is not
+Each test breaks one promise the docs make the way a user would: an endpoint that is not
 listening, one that answers 500 or 401 to everything, HTML or prose with HTTP 200, a few
 failures among many answers, Ctrl-C in the middle of a stage. The mined sample build is the
 session's (`sample_mined`), copied per test, so every test starts from published `mine` output.

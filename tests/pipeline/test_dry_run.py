@@ -136,7 +136,7 @@ def test_the_dry_run_builds_a_dataset_and_reruns_without_calls(tmp_path):
     # it trains MiniLM for a few steps on 2 workers on the queries synthesized for CPR-train's
     # positives and evaluates it beside the untrained one; which positives the placeholder judge
     # leaves for CPR-train is the judge's, so the test holds the dry run to the branch its own
-    # export dictates (README: skipped, saying so, when there is less than one batch)
+    # export dictates (docs/judges.md: skipped, saying so, when there is less than one batch)
     train_rows = len(split["cpr-train"])
     synthesized = manifest(out, "synthesize-queries")["tables"]["multi-query"]["rows"]
     trained = synthesized >= 4 or train_rows >= 4  # train.batch_size: 4

@@ -2,7 +2,7 @@
 its chromedriver and Selenium, against `cpr serve` in its own process with an API key and the
 scripted LLM. One service and one browser session serve every check (module-scoped), and every
 wait is an explicit one. The result page's screenshot is saved under pytest's temporary folder;
-with CPR_PAGE_SCREENSHOT_TO_DOCS=1 it also replaces docs/search-page.png (the README's)."""
+with CPR_PAGE_SCREENSHOT_TO_DOCS=1 it also replaces docs/search-page.png (docs/search.md's)."""
 
 from __future__ import annotations
 
@@ -329,7 +329,7 @@ def test_search_filter_and_explain_in_the_browser(page_service, browser, llm, tm
     print(f"screenshot: {shot} ({size:,} bytes)")
     if size < SCREENSHOT_LIMIT and os.environ.get("CPR_PAGE_SCREENSHOT_TO_DOCS"):
         (ROOT / "docs").mkdir(exist_ok=True)
-        shutil.copyfile(shot, ROOT / "docs" / "search-page.png")  # the README's picture
+        shutil.copyfile(shot, ROOT / "docs" / "search-page.png")  # docs/search.md's picture
 
     # the button then hides and shows the answer; the same question again is the cache's
     button = browser.find_elements(By.CSS_SELECTOR, "#results li.hit button.explain")[0]

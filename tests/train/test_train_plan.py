@@ -229,7 +229,7 @@ def measured_step(encoder: Encoder, train: TrainConfig) -> tuple[int, int]:
 def test_plan_within_a_tenth_of_a_measured_cpu_step(
     which, train, minilm, minilm_encoder, tiny_qwen3
 ):
-    """The README's claim: the plan lands within 10% of a CPU step's measured peak (measured:
+    """docs/training.md's claim: the plan lands within 10% of a CPU step's measured peak (measured:
     MiniLM +0.8%, the tiny Qwen3 +5.8%). What the step adds on its own (gradients and
     activations, the part the plan models) is the less exact: +1.4% and +9.3%."""
     if which == "minilm":
