@@ -132,7 +132,8 @@ def test_triplets_jsonl_and_parquet(tmp_path: Path):
 
 def test_triplets_whose_every_negatives_list_is_empty_train_in_batch(tmp_path: Path):
     """Arrow reads a column of only empty lists as list<null> (from JSON lines, and as Parquet
-    stores it): a list of texts with no items, as the README says."""
+    stores it): a list of texts with no items, which trains in-batch only, as docs/training.md
+    says."""
     rows = [
         {"query": f"how to do {i}", "positive": f"paper {i}", "negatives": []} for i in range(3)
     ]
