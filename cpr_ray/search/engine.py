@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -124,7 +124,7 @@ def query_encoder_spec(manifest: dict[str, Any], uri: str, reader: EncoderSpec) 
     gone is one line before anything loads (`cpr search`, and `cpr serve` before a replica
     starts)."""
     enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
-    unknown = sorted(set(enc) - {f.name for f in fields(EncoderSpec)})
+    unknown = sorted(set(enc) - set(EncoderSpec.model_fields))
     if unknown or "model" not in enc:
         raise StorageError(
             f"{uri}: its index.json records an encoder this version cannot read (keys "
