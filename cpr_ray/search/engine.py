@@ -71,6 +71,9 @@ class Query:
 
 @dataclass(frozen=True)
 class SearchOptions:
+    """One search's settings: the `search:` section's by its names (`search_options` derives
+    them), the request's filters and the `fusion:` section's fusion."""
+
     k: int = 10
     other_fields_only: bool = False
     field: str | None = None  # the query's own field (else inferred when needed)

@@ -466,7 +466,7 @@ def test_eval_hybrid_equals_search_on_the_whole_corpus(built, tmp_path):
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
     assert bench.doc_texts == texts_of(rows)  # the papers the fixture indexed, in its order
     queries = [Query(f"q{i}", t, (b,)) for i, (t, b) in enumerate(zip(texts, base))]
-    for fusion in (Fusion(), Fusion("convex", weight=0.3, depth=50)):
+    for fusion in (Fusion(), Fusion(method="convex", weight=0.3, depth=50)):
         retriever.fusion = fusion
         ranked = rank(bench, retriever, bench.queries, top_k=fusion.depth)
         evaluated = [[int(bench.doc_ids[p]) for p in r[:10]] for r in ranked]
