@@ -5,9 +5,13 @@ keyed by hashes of the encoder's settings, so a change to how those settings are
 vector stale and every resumed training run refuse to resume. The values are those of the
 release before the config section and the spec became one description."""
 
-from cpr_ray.config import EncoderConfig, load_config
+import pytest
+from pydantic import ValidationError
+
+from cpr_ray.config import EncoderConfig, EncoderSettings, load_config
 from cpr_ray.retrieval.spec import (
     EncoderSpec,
+    RetrieverOptions,
     identity_key,
     query_identity,
     run_identity,
@@ -17,17 +21,20 @@ from cpr_ray.retrieval.spec import (
 from cpr_ray.retrieval.vector_store import store_key
 from cpr_ray.train.trainer import OPERATIONAL
 
-TUNED = EncoderConfig(
-    model="org/encoder",
-    pooling="cls",
-    query_prefix="q: ",
-    doc_prefix="d: ",
-    max_length=256,
-    batch_size=8,
-    dtype="bfloat16",
-    device="cpu",
-    trust_remote_code=True,
-    revision="v1",
+# every setting of the section that a spec holds, away from its default
+TUNED = EncoderConfig.model_validate(
+    {
+        "model": "org/encoder",
+        "pooling": "cls",
+        "query_prefix": "q: ",
+        "doc_prefix": "d: ",
+        "max_length": 256,
+        "batch_size": 8,
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "trust_remote_code": True,
+        "revision": "v1",
+    }
 )
 
 
@@ -93,3 +100,28 @@ def test_stage_fingerprints_of_the_sections_are_pinned():
         "51074b3cd71c4bee",
     ]
     assert dry.section_hash(*sections) == "c04fd1365b19b2e8"
+
+
+def test_the_spec_and_the_actor_pool_take_every_setting_the_section_names():
+    settings = set(EncoderSettings.model_fields)
+    spec = EncoderSpec.from_config(TUNED)
+    assert spec.model_dump(include=settings) == TUNED.model_dump(include=settings)
+    actors = {"actors": 3, "cpus_per_actor": 2.0, "gpus_per_actor": 1.0}
+    encoder = TUNED.model_copy(update={**actors, "resources_per_actor": {"gpu_node": 1.0}})
+    cfg = load_config(env={}).model_copy(update={"encoder": encoder})
+    pool = RetrieverOptions.from_config(cfg).ray
+    assert pool.model_dump(include=set(actors)) == actors
+    assert pool.ray_resources() == {
+        "num_cpus": 2.0,
+        "num_gpus": 1.0,
+        "resources": {"gpu_node": 1.0},
+    }
+
+
+@pytest.mark.parametrize("bad", [{"pooling": "max"}, {"dtype": "int8"}, {"max_length": 4}])
+def test_a_spec_refuses_what_the_section_refuses_in_the_same_words(bad):
+    with pytest.raises(ValidationError) as section:
+        EncoderConfig(**bad)
+    with pytest.raises(ValidationError) as spec:
+        EncoderSpec(model="m", **bad)
+    assert spec.value.errors()[0]["msg"] == section.value.errors()[0]["msg"]
