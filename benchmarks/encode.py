@@ -42,7 +42,7 @@ from sample_texts import abstracts  # noqa: E402  (benchmarks/, beside this file
 
 from cpr_ray.config import minilm_dir, sample_dir  # noqa: E402
 from cpr_ray.retrieval import ray_encode  # noqa: E402
-from cpr_ray.retrieval.spec import EncoderSpec  # noqa: E402
+from cpr_ray.retrieval.spec import EncoderSpec, RayEncodeOptions  # noqa: E402
 
 
 class TimedEncodeDocs(ray_encode.EncodeDocs):
@@ -66,7 +66,7 @@ def ours(texts: list[str], spec: EncoderSpec, actors: int) -> tuple[np.ndarray, 
     ray_encode.EncodeDocs = TimedEncodeDocs  # encode_dataset's own map_batches, with stamps
     started = time.perf_counter()
     out = ray_encode.encode_with_ray(
-        texts, spec, "dense", ray_encode.RayEncodeOptions(max_actors=actors, num_cpus=1)
+        texts, spec, "dense", RayEncodeOptions(actors=actors, cpus_per_actor=1)
     )
     total = time.perf_counter() - started
     spans = [
@@ -174,7 +174,7 @@ def main() -> None:
     runs = {}
     for dtype in args.dtypes.split(","):
         spec = EncoderSpec(
-            model,
+            model=model,
             batch_size=args.batch_size,
             threads=1,
             dtype=dtype,

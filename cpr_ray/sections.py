@@ -1,4 +1,5 @@
-"""The base of every settings section: frozen, unknown keys refused, and a fingerprint.
+"""The base of every settings section (frozen, unknown keys refused, and a fingerprint), and the
+one way a section becomes the options of what it configures (`derive`).
 
 Its own module so `storage` (which owns `StorageConfig`) and `config` (which owns the tree) build
 on it without importing each other.
@@ -6,9 +7,12 @@ on it without importing each other.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+T = TypeVar("T")
 
 
 class Section(BaseModel):
@@ -34,3 +38,17 @@ def _nested(value: Any, dumped: Any) -> Any:
     if isinstance(value, dict) and isinstance(dumped, dict) and len(value) == len(dumped):
         return {k: _nested(v, d) for (k, d), v in zip(dumped.items(), value.values())}
     return dumped
+
+
+def derive(options: type[T], section: BaseModel, **given: Any) -> T:
+    """The `options` (a dataclass or a pydantic model) that a component takes, made from the
+    `section` that configures it: each field the two name alike takes the section's value, and
+    `given` ones win. The one mapping of a config section onto what it configures, so neither
+    renames the other's settings and a setting reaches its component by being named alike."""
+    names = (
+        options.model_fields
+        if issubclass(options, BaseModel)
+        else [f.name for f in dataclasses.fields(options)]  # type: ignore[arg-type]
+    )
+    shared = {name: getattr(section, name) for name in names if name in type(section).model_fields}
+    return options(**{**shared, **given})

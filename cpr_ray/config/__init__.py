@@ -11,7 +11,7 @@ from __future__ import annotations
 from cpr_ray.config.bundled import MINILM_PACKAGE, minilm_dir, profile_names, sample_dir
 from cpr_ray.config.cluster import RayConfig
 from cpr_ray.config.dataset import DatasetConfig, license_code
-from cpr_ray.config.encoder import EncoderConfig, Pooling
+from cpr_ray.config.encoder import EncoderActors, EncoderConfig, EncoderSettings, Pooling
 from cpr_ray.config.evaluation import Benchmark, EvalConfig, RetrieverName, RewriteKind
 from cpr_ray.config.ingest import IngestConfig
 from cpr_ray.config.inputs import InputConfig
@@ -58,7 +58,9 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatasetConfig",
+    "EncoderActors",
     "EncoderConfig",
+    "EncoderSettings",
     "EvalConfig",
     "FusionConfig",
     "IngestConfig",

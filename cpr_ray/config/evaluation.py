@@ -12,6 +12,7 @@ from cpr_ray.sections import Section as _Section
 Benchmark = Literal["cpr", "cpr-full", "beir", "analobench", "bright"]
 RetrieverName = Literal["bm25", "dense", "splade", "hybrid"]
 RewriteKind = Literal["hyde", "query2doc", "rag-fusion"]
+SearchBackend = Literal["numpy", "faiss"]
 
 
 class EvalConfig(_Section):
@@ -31,7 +32,7 @@ class EvalConfig(_Section):
         "`cpr report` can compare retriever orders across variants.",
     )
     retriever: RetrieverName | None = Field(None, description="Retriever (--retriever).")
-    search_backend: Literal["numpy", "faiss"] = Field(
+    search_backend: SearchBackend = Field(
         "numpy", description="Exact search in NumPy, or a faiss index (faiss_index)."
     )
     faiss_index: str = Field("Flat", description="faiss index_factory string (Flat is exact).")

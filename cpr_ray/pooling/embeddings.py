@@ -36,6 +36,7 @@ from cpr_ray.pooling.universe_shards import shard_of
 from cpr_ray.retrieval.faiss_index import factory_for, save_vectors
 from cpr_ray.retrieval.vector_store import VectorStore, text_keys, vector_columns
 from cpr_ray.runs.ray_runtime import read_parquet_dataset
+from cpr_ray.sections import derive
 from cpr_ray.storage.store import Storage, StorageConfig, join
 
 
@@ -95,13 +96,8 @@ def encode_missing(
     forward pass of milliseconds; the task loads the model once."""
     # here, not at the top: the stage's tasks (docs snapshot, index assembly) import this module
     # in every Ray worker they run in, and only the encoder actors need torch
-    from cpr_ray.retrieval.ray_encode import (
-        RayEncodeOptions,
-        actor_memory,
-        encode_dataset,
-        locate,
-        model_shape,
-    )
+    from cpr_ray.retrieval.ray_encode import actor_memory, encode_dataset, locate, model_shape
+    from cpr_ray.retrieval.spec import RayEncodeOptions
 
     store = vector_store(storage, plan)
     if todo <= batch_rows:
@@ -109,27 +105,20 @@ def encode_missing(
 
         locate(store.spec)  # a model that cannot load: one line here, not a task's traceback
         memory = actor_memory(
-            model_shape(store.spec), store.spec, store.kind, todo, on_gpu=plan.num_gpus > 0
+            model_shape(store.spec),
+            store.spec,
+            store.kind,
+            todo,
+            on_gpu=plan.pool.gpus_per_actor > 0,
         )
-        task = ray.remote(_encode_in_task).options(
-            num_cpus=plan.num_cpus,
-            num_gpus=plan.num_gpus,
-            memory=memory,
-            **({"resources": dict(plan.resources)} if plan.resources else {}),
-        )
+        task = ray.remote(_encode_in_task).options(memory=memory, **plan.pool.ray_resources())
         ray.get(task.remote(storage.cfg, plan, todo_uri))
         return
     # blocks small enough that every actor gets work, at most batch_rows rows per call
-    rows = max(1, min(batch_rows, ceil(todo / (2 * plan.actors))))
+    rows = max(1, min(batch_rows, ceil(todo / (2 * plan.pool.actors))))
     loc = storage.resolve(todo_uri)
     missing = read_parquet_dataset(loc.path, filesystem=loc.fs).repartition(ceil(todo / rows))
-    options = RayEncodeOptions(
-        max_actors=plan.actors,
-        batch_size=rows,
-        num_cpus=plan.num_cpus,
-        num_gpus=plan.num_gpus,
-        resources=plan.resources,
-    )
+    options = derive(RayEncodeOptions, plan.pool, batch_rows=rows)
     encoded = encode_dataset(missing, store.spec, store.kind, options)
     sloc = storage.resolve(store.uri)
     encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)

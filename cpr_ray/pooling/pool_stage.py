@@ -233,10 +233,7 @@ def _search(
         started = time.perf_counter()
         n = min(cfg.search_actors, len(parts))
         actor = ray.remote(PoolerSearch).options(
-            num_cpus=plan.num_cpus,
-            num_gpus=plan.num_gpus,
-            memory=max(p.memory for p in parts),
-            **({"resources": dict(plan.resources)} if plan.resources else {}),
+            memory=max(p.memory for p in parts), **plan.pool.ray_resources()
         )
         actors = [
             actor.remote(plan, run.storage.cfg, parts[a].docs, parts[a].index) for a in range(n)

@@ -12,8 +12,8 @@ SEARCH_QUERIES batches with that shard's SHARD_HITS (`shards`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,13 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
-from cpr_ray.config import PoolingConfig
+from cpr_ray.config import EncoderActors, PoolingConfig
 from cpr_ray.pooling.pool_rules import doc_text
 from cpr_ray.pooling.pool_schemas import SHARD_HITS
 from cpr_ray.pooling.pooler_search import Hits, QueryBatch, Universe, exact_hits, index_hits
 from cpr_ray.pooling.universe_shards import shard_hits
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.retrieval.vector_store import store_key
+from cpr_ray.sections import derive
 from cpr_ray.storage.store import Storage, StorageConfig, join
 
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
@@ -42,10 +43,9 @@ class PoolerPlan:
     kind: str  # dense | splade | bm25
     template: str  # document text from {title} and {abstract}
     spec: EncoderSpec | None  # None for bm25
-    actors: int  # encoder actors, at most
-    num_cpus: float  # per encoder or search actor
-    num_gpus: float
-    resources: Mapping[str, float] = field(default_factory=dict)  # custom, per encoder actor
+    # its encoder actors (the pooler's `encoder:` section's); its search actors reserve the
+    # same CPUs and GPUs
+    pool: EncoderActors
 
     @property
     def store_key(self) -> str:
@@ -73,10 +73,7 @@ def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
                 kind=p.kind,
                 template=p.doc_template,
                 spec=spec,
-                actors=enc.actors if enc else 1,
-                num_cpus=enc.cpus_per_actor if enc else 1.0,
-                num_gpus=enc.gpus_per_actor if enc else 0.0,
-                resources=dict(enc.resources_per_actor) if enc else {},
+                pool=derive(EncoderActors, enc) if enc else EncoderActors(actors=1),
             )
         )
     return out
@@ -111,7 +108,7 @@ class PoolerSearch:
         docs_uris: str | Sequence[str],
         index_uri: str | None,
     ) -> None:
-        if plan.kind == "dense" and plan.num_gpus:
+        if plan.kind == "dense" and plan.pool.gpus_per_actor:
             from cpr_ray.retrieval.faiss_index import faiss_gpus
 
             faiss_gpus()  # asked Ray for a GPU to search on: refuse to start without one
@@ -145,7 +142,9 @@ class PoolerSearch:
 
             # an actor that asked Ray for a GPU searches on it, or refuses to start (a CPU
             # faiss build would search on the CPU without a word)
-            self.index = VectorIndex.load(st, index_uri, device="cuda" if plan.num_gpus else "cpu")
+            self.index = VectorIndex.load(
+                st, index_uri, device="cuda" if plan.pool.gpus_per_actor else "cpu"
+            )
             self._check_order(index_uri, self.index.ids)
         elif plan.kind == "splade":
             table = st.read_parquet(join(index_uri, SPARSE))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -293,10 +293,11 @@ def _spec_of(
 ) -> tuple[EncoderSpec, bool]:
     """The spec `Encoder.build` and `Encoder.load` load, and whether as SPLADE."""
     splade = pooling == "splade"
-    spec = (
-        replace(model, **fields) if isinstance(model, EncoderSpec) else EncoderSpec(model, **fields)
-    )
-    return (replace(spec, pooling=pooling) if pooling and not splade else spec), splade
+    if isinstance(model, EncoderSpec):
+        spec = model.with_updates(**fields)
+    else:
+        spec = EncoderSpec(model=model, **fields)
+    return (spec.with_updates(pooling=pooling) if pooling and not splade else spec), splade
 
 
 def with_model_prompts(spec: EncoderSpec, prompts: tuple[str | None, str | None]) -> EncoderSpec:
@@ -309,8 +310,7 @@ def with_model_prompts(spec: EncoderSpec, prompts: tuple[str | None, str | None]
     if preset(spec.model) is not None:
         return spec
     query, document = prompts
-    return replace(
-        spec,
+    return spec.with_updates(
         query_prefix=query if spec.query_prefix is None else spec.query_prefix,
         doc_prefix=document if spec.doc_prefix is None else spec.doc_prefix,
     )
@@ -324,8 +324,8 @@ def with_instructions(spec: EncoderSpec) -> EncoderSpec:
         st = read_sentence_transformers_config(spec)
         spec = with_model_prompts(spec, (st.query_prompt, st.document_prompt))
     resolved = spec.resolved()
-    return replace(
-        spec, query_prefix=resolved.query_prefix or "", doc_prefix=resolved.doc_prefix or ""
+    return spec.with_updates(
+        query_prefix=resolved.query_prefix or "", doc_prefix=resolved.doc_prefix or ""
     )
 
 
@@ -389,7 +389,7 @@ class DenseEncoder(_TextEncoder):
         _torch_threads(spec)
         model = Encoder.load(spec)
         spec = with_model_prompts(spec, model.prompts)
-        super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
+        super().__init__(spec.resolved().with_updates(pooling=model.pooling), model)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode([self.spec.query_prefix + t for t in texts])
@@ -410,7 +410,9 @@ class SpladeEncoder(_TextEncoder):
     """Texts -> sparse vocabulary-sized vectors (scipy CSR, float32)."""
 
     def __init__(self, spec: EncoderSpec) -> None:
-        spec = replace(spec, query_prefix=spec.query_prefix or "", doc_prefix=spec.doc_prefix or "")
+        spec = spec.with_updates(
+            query_prefix=spec.query_prefix or "", doc_prefix=spec.doc_prefix or ""
+        )
         _torch_threads(spec)
         super().__init__(spec, Encoder.load(spec, "splade"))
 

@@ -16,10 +16,13 @@ left out of its ranking: they are not matches, and their order among themselves 
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
+
+from cpr_ray.config.search import FusionConfig
+from cpr_ray.sections import derive
 
 Id = TypeVar("Id", bound=Hashable)
 
@@ -94,9 +97,9 @@ class Fused:
     bm25_rank: int | None
 
 
-@dataclass(frozen=True)
-class Fusion:
-    """The `fusion:` section as the retrievers use it (plain values: it travels to Ray actors).
+class Fusion(FusionConfig):
+    """The `fusion:` section (its settings declared and checked there) with what it does, as
+    the retrievers use it (plain values: it travels to Ray actors).
 
     ``rrf``: reciprocal rank fusion with constant ``k``. ``convex``: ``weight`` x dense +
     (1 - ``weight``) x BM25, each side's scores min-max normalised over its own ``depth`` hits
@@ -104,24 +107,13 @@ class Fusion:
     the dense side's order, then BM25's, so a fused ranking is a function of the two rankings.
     """
 
-    method: Literal["rrf", "convex"] = "rrf"
-    k: int = RRF_K
-    weight: float = 0.5
-    depth: int = 100
-
-    def __post_init__(self) -> None:
-        if self.method not in ("rrf", "convex"):
-            raise ValueError(f"unknown fusion {self.method!r}; known: rrf, convex")
-        if self.k < 0 or not 0 <= self.weight <= 1 or self.depth < 1:
-            raise ValueError("fusion needs k >= 0, 0 <= weight <= 1 and depth >= 1")
-
     @classmethod
-    def from_config(cls, section: Any) -> Fusion:
-        return cls(section.method, section.k, section.weight, section.depth)
+    def from_config(cls, section: FusionConfig) -> Fusion:
+        return derive(cls, section)
 
     def describe(self) -> dict[str, Any]:
         """The settings that decide a fused ranking, as results and reports name them."""
-        d = asdict(self)
+        d = self.model_dump()
         d.pop("weight" if self.method == "rrf" else "k")
         return d
 

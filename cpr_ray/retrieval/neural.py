@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from cpr_ray.retrieval.base import PAD, top_k_rows
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.faiss_index import VectorIndex
-from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
+from cpr_ray.retrieval.ray_encode import encode_with_ray
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions
 
 QUERY_CHUNK = 256
@@ -50,21 +50,11 @@ class _Neural:
     def uses_ray(self, n_docs: int) -> bool:
         return n_docs >= self.options.ray_min_docs
 
-    def ray_options(self) -> RayEncodeOptions:
-        """The encoder actors a large collection is encoded on (the `encoder:` section's)."""
-        return RayEncodeOptions(
-            max_actors=self.options.ray_max_actors,
-            batch_size=self.options.ray_batch_size,
-            num_cpus=self.options.ray_num_cpus,
-            num_gpus=self.options.ray_num_gpus,
-            resources=self.options.ray_resources,
-        )
-
     def _encode_docs(self, texts: Sequence[str]):
         if self.uses_ray(len(texts)) and _ray_is_up():
             self.encoded_with_ray = True
             vocab = self.encoder.dim if self.kind == "splade" else None
-            opts = self.ray_options()
+            opts = self.options.ray  # the encoder actors (the `encoder:` section's)
             return encode_with_ray(list(texts), self.spec, self.kind, opts, vocab_size=vocab)
         return self.encoder.encode_docs(list(texts))
 

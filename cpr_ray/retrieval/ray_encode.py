@@ -2,7 +2,7 @@
 
 Each actor builds its encoder once (the model loads on the actor) and encodes batches of
 documents; rows carry their position so the driver can put embeddings back in corpus order
-whatever order blocks finish in. On a GPU cluster set ``num_gpus=1`` per actor; on a machine
+whatever order blocks finish in. On a GPU cluster set ``gpus_per_actor=1``; on a machine
 without a GPU keep it 0 (a GPU request there waits forever instead of failing).
 
 Each actor asks Ray for the host memory its encoder needs (`actor_memory`), so Ray places no
@@ -15,8 +15,8 @@ plus a batch's rows. On a GPU the forward pass is in GPU memory, not counted her
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.model_source import locate
-from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.spec import EncoderSpec, RayEncodeOptions
 from cpr_ray.storage.store import Storage, StorageConfig, join
 
 if TYPE_CHECKING:
@@ -40,17 +40,7 @@ RUNTIME_BYTES = 768 << 20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 HIDDEN_COPIES = 4  # hidden-sized vectors a token holds at once in a layer, besides the MLP's
 ROW_BYTES_PER_TOKEN = 32  # a row's text, its tokens and their tensors (ids, mask, types)
-
-
-@dataclass(frozen=True)
-class RayEncodeOptions:
-    max_actors: int = 2
-    batch_size: int = 256  # rows per map_batches call (the encoder sub-batches by spec)
-    rows_per_block: int = 2048  # at most; small corpora get smaller blocks so every actor works
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    # custom Ray resources per actor (e.g. {"cpr_gpu_node": 1}: only GPU nodes offer it)
-    resources: Mapping[str, float] = field(default_factory=dict)
+DEFAULT_POOL = RayEncodeOptions()  # the `encoder:` section's defaults
 
 
 # what an encoder actor writing its vectors to storage returns per batch (see PartsTarget)
@@ -164,7 +154,7 @@ def encode_dataset(
     ds: ray.data.Dataset,
     spec: EncoderSpec,
     kind: Kind = "dense",
-    options: RayEncodeOptions = RayEncodeOptions(),
+    options: RayEncodeOptions = DEFAULT_POOL,
     *,
     start_all: bool = False,
     parts: PartsTarget | None = None,
@@ -184,22 +174,20 @@ def encode_dataset(
     # again, where this is one line before any actor starts
     locate(spec)
     memory = actor_memory(
-        model_shape(spec), spec, kind, options.batch_size, on_gpu=options.num_gpus > 0
+        model_shape(spec), spec, kind, options.batch_rows, on_gpu=options.gpus_per_actor > 0
     )
     return ds.map_batches(
         EncodeDocs,
         fn_constructor_kwargs={"spec": spec, "kind": kind, "parts": parts},
         compute=ray.data.ActorPoolStrategy(
             min_size=1,
-            max_size=options.max_actors,
-            initial_size=options.max_actors if start_all else 1,
+            max_size=options.actors,
+            initial_size=options.actors if start_all else 1,
         ),
-        batch_size=options.batch_size,
+        batch_size=options.batch_rows,
         batch_format="pyarrow",
-        num_cpus=options.num_cpus,
-        num_gpus=options.num_gpus,
         memory=memory,
-        **({"resources": dict(options.resources)} if options.resources else {}),
+        **options.ray_resources(),
     )
 
 
@@ -207,7 +195,7 @@ def encode_with_ray(
     texts: Sequence[str],
     spec: EncoderSpec,
     kind: Kind = "dense",
-    options: RayEncodeOptions = RayEncodeOptions(),
+    options: RayEncodeOptions = DEFAULT_POOL,
     vocab_size: int | None = None,
 ) -> np.ndarray | sp.csr_matrix:
     """Encode `texts` on an actor pool; returns rows in input order (dense array or CSR).
@@ -223,11 +211,11 @@ def encode_with_ray(
     table = pa.table(
         {"row": pa.array(order.astype(np.int64)), "text": pa.array(texts).take(pa.array(order))}
     )
-    per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.max_actors))))
+    per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.actors))))
     blocks = [table.slice(s, per_block) for s in range(0, n, per_block)] or [table]
     # a call never spans blocks: joined sorted blocks would give one actor the long texts and
     # another the short ones, where one block per call balances them as actors free up
-    options = replace(options, batch_size=min(options.batch_size, per_block))
+    options = options.model_copy(update={"batch_rows": min(options.batch_rows, per_block)})
     ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options, start_all=True)
     if kind == "dense":
         out: np.ndarray | None = None

@@ -1,7 +1,10 @@
-"""The plain dataclasses every encoder and retriever is configured by.
+"""What every encoder and retriever is configured by: the encoder's spec, the actor pool it
+encodes a large corpus on, and a retriever's options.
 
-They are the interface between the config tree and this package: the config maps onto them, and
-they are what travels to Ray actors, so they hold only plain values and import nothing heavy.
+They are the interface between the config tree and this package: the spec and the actor pool
+extend the `encoder:` section's own parts (`cpr_ray.config.encoder`), so they keep its names and
+its checks, and the options are derived from the sections by name (`derive`). They are what
+travels to Ray actors, so they hold only plain values and import nothing heavy.
 
 Instructions are plain prefixes. Unset ones come from ``PRESETS`` by model name (E5's
 ``query: ``/``passage: ``, Qwen3-Embedding's ``Instruct: …\\nQuery: ``, BGE's search prompt), so a
@@ -13,19 +16,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
 
+from pydantic import Field
+
+from cpr_ray.config.encoder import EncoderActors, EncoderSettings, TokenPooling
+from cpr_ray.config.evaluation import SearchBackend
 from cpr_ray.retrieval.fusion import Fusion
+from cpr_ray.sections import derive
 
 if TYPE_CHECKING:
-    from cpr_ray.config import Config, EncoderConfig
+    from cpr_ray.config import Config
 
-POOLINGS = ("mean", "cls", "last_token")
+POOLINGS: tuple[str, ...] = get_args(TokenPooling)
 # what decides a document's vector (device, batch size and threads do not)
 VECTOR_KEYS = ("model", "pooling", "doc_prefix", "max_length", "normalize", "dtype")
 FINGERPRINT_BYTES = 1 << 20
-DTYPES = ("float32", "float16", "bfloat16")
 
 QWEN3_TASK = "Given a research problem, retrieve papers whose ideas could help solve it"
 
@@ -51,64 +58,33 @@ def preset(model: str) -> tuple[str, str, str] | None:
     return None
 
 
-@dataclass(frozen=True)
-class EncoderSpec:
+class EncoderSpec(EncoderSettings):
+    """One encoder as it is built and run: the `encoder:` section's settings (declared and
+    checked there, `EncoderSettings`) with a model always named and the settings only code
+    sets. A pydantic model, so a value is checked however a spec is made: from the config, by
+    `with_updates`, or from an index's manifest."""
+
     model: str  # local path or hub name
-    pooling: str = "auto"  # auto | mean | cls | last_token (ignored by SPLADE)
-    query_prefix: str | None = None  # None: from PRESETS, else none
-    doc_prefix: str | None = None
-    max_length: int = 512
     normalize: bool = True
-    batch_size: int = 32  # texts per forward pass, at most
-    device: str = "auto"  # auto: CUDA where the process has a GPU, else CPU
-    dtype: str = "float32"  # the weights' dtype (bfloat16: GPUs, CPUs with AVX512-BF16/AMX)
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     # padded tokens per forward pass, at most (texts sorted by token length fill batches up to
     # it, so short texts go in big batches and long ones in small); None: batch_size alone
-    token_budget: int | None = None
-    # run the model repository's own code (transformers' trust_remote_code): how the model
-    # loads, not what it computes, so not among VECTOR_KEYS
-    trust_remote_code: bool = False
-    # a hub model's revision (branch, tag or commit): which weights, so part of the vector
-    # identity when set; a model folder ignores it
-    revision: str | None = None
+    token_budget: int | None = Field(None, ge=8)
     # the config key that named the model, for the one line a wrong name gives (not part of
-    # what the spec is: two specs differing only in it are equal)
-    setting: str = field(default="encoder.model", compare=False)
-
-    def __post_init__(self) -> None:
-        if self.pooling not in ("auto", *POOLINGS):
-            raise ValueError(
-                f"unknown pooling {self.pooling!r}; known: auto, {', '.join(POOLINGS)}"
-            )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; known: {', '.join(DTYPES)}")
-        if self.max_length < 8 or self.batch_size < 1:
-            raise ValueError("max_length must be >= 8 and batch_size >= 1")
-        if self.token_budget is not None and self.token_budget < 8:
-            raise ValueError("token_budget must be >= 8 (or None)")
+    # what the spec is: no identity or dump holds it)
+    setting: str = Field("encoder.model", exclude=True)
 
     @classmethod
     def from_config(
-        cls, enc: EncoderConfig, model: str | None = None, **overrides: Any
+        cls, enc: EncoderSettings, model: str | None = None, **overrides: Any
     ) -> EncoderSpec:
-        """The one mapping of the config's `encoder:` section (or a pooler's) onto a spec:
-        `model` (else the section's) and any field in `overrides` win."""
-        return cls(
-            **{
-                "model": model or enc.model or "",
-                "pooling": enc.pooling,
-                "query_prefix": enc.query_prefix,
-                "doc_prefix": enc.doc_prefix,
-                "max_length": enc.max_length,
-                "batch_size": enc.batch_size,
-                "device": enc.device,
-                "dtype": enc.dtype,
-                "trust_remote_code": enc.trust_remote_code,
-                "revision": enc.revision,
-                **overrides,
-            }
-        )
+        """The spec of the config's `encoder:` section (or a pooler's): `model` (else the
+        section's) and any field in `overrides` win."""
+        return derive(cls, enc, model=model or enc.model or "", **overrides)
+
+    def with_updates(self, **changes: Any) -> EncoderSpec:
+        """This spec with `changes`, checked as a new spec is."""
+        return EncoderSpec(**{**self.model_dump(), "setting": self.setting, **changes})
 
     @property
     def loading(self) -> dict[str, Any]:
@@ -126,12 +102,11 @@ class EncoderSpec:
         """
         named = preset(self.model)
         if named is None:
-            return replace(
-                self, query_prefix=self.query_prefix or "", doc_prefix=self.doc_prefix or ""
+            return self.with_updates(
+                query_prefix=self.query_prefix or "", doc_prefix=self.doc_prefix or ""
             )
         pooling, qp, dp = named
-        return replace(
-            self,
+        return self.with_updates(
             pooling=pooling if self.pooling == "auto" else self.pooling,
             query_prefix=qp if self.query_prefix is None else self.query_prefix,
             doc_prefix=dp if self.doc_prefix is None else self.doc_prefix,
@@ -170,7 +145,7 @@ def vector_identity(spec: EncoderSpec) -> dict[str, Any]:
     """Which vectors a spec makes: its settings that change a document's vector and the
     fingerprint of the model's files. Cached vectors (the vector store, the search index) are
     keyed by it, so retraining into the same folder never serves stale vectors."""
-    settings = asdict(spec)
+    settings = spec.model_dump()
     # a revision only when pinned: identities made before the setting existed stay valid
     pin = {"revision": spec.revision} if spec.revision else {}
     return {
@@ -221,6 +196,16 @@ def run_identity(spec: EncoderSpec, **context: Any) -> str:
     )
 
 
+class RayEncodeOptions(EncoderActors):
+    """The actor pool a large corpus is encoded on: the `encoder:` section's actors, by the
+    section's names (`EncoderActors`), and how its rows reach them."""
+
+    # rows per map_batches call (the encoder sub-batches them by its spec's batch_size)
+    batch_rows: int = Field(256, ge=1)
+    # rows per block, at most: small corpora get smaller blocks so every actor works
+    rows_per_block: int = Field(2048, ge=1)
+
+
 @dataclass(frozen=True)
 class RetrieverOptions:
     """Every knob of every retriever; each retriever reads the ones it has."""
@@ -230,40 +215,28 @@ class RetrieverOptions:
     b: float = 0.75
     # dense / splade: the encoder's settings (its model is the retriever's --model)
     encoder: EncoderSpec | None = None
-    search_backend: str = "numpy"  # numpy (exact) | faiss
+    search_backend: SearchBackend = "numpy"  # numpy (exact) | faiss
     faiss_index: str = "Flat"  # a faiss index_factory string; Flat is exact
     # large corpora: encoded on a Ray Data actor pool when Ray is up
     ray_min_docs: int = 20_000
-    ray_max_actors: int = 2
-    ray_batch_size: int = 256
-    ray_num_cpus: float = 1.0
-    ray_num_gpus: float = 0.0
-    ray_resources: dict[str, float] = field(default_factory=dict)
+    ray: RayEncodeOptions = RayEncodeOptions()
     # hybrid: how its two sides fuse (the `fusion:` section), and the pooled tie-break's seed
     fusion: Fusion = Fusion()
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.search_backend not in ("numpy", "faiss"):
-            raise ValueError(f"unknown search_backend {self.search_backend!r}; use numpy or faiss")
-
     @classmethod
     def from_config(cls, cfg: Config) -> RetrieverOptions:
-        """The retrieval options of the one config tree (`encoder:` and `eval:`), as evaluation,
-        the search index and the dry run build retrievers."""
-        enc, ev = cfg.encoder, cfg.eval
-        return cls(
-            encoder=EncoderSpec.from_config(enc),
-            search_backend=ev.search_backend,
-            faiss_index=ev.faiss_index,
-            ray_min_docs=ev.ray_min_docs,
-            ray_max_actors=enc.actors,
-            ray_num_cpus=enc.cpus_per_actor,
-            ray_num_gpus=enc.gpus_per_actor,
-            ray_resources=dict(enc.resources_per_actor),
+        """The retrieval options of the one config tree (`encoder:`, `eval:` and `fusion:`), as
+        evaluation, the search index and the dry run build retrievers."""
+        return derive(
+            cls,
+            cfg.eval,
+            encoder=EncoderSpec.from_config(cfg.encoder),
+            ray=derive(RayEncodeOptions, cfg.encoder),
             fusion=Fusion.from_config(cfg.fusion),
-            seed=ev.seed,
         )
 
     def encoder_spec(self, model: str) -> EncoderSpec:
-        return replace(self.encoder, model=model) if self.encoder else EncoderSpec(model)
+        if self.encoder is None:
+            return EncoderSpec(model=model)
+        return self.encoder.with_updates(model=model)

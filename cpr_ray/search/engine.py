@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -71,6 +71,9 @@ class Query:
 
 @dataclass(frozen=True)
 class SearchOptions:
+    """One search's settings: the `search:` section's by its names (`search_options` derives
+    them), the request's filters and the `fusion:` section's fusion."""
+
     k: int = 10
     other_fields_only: bool = False
     field: str | None = None  # the query's own field (else inferred when needed)
@@ -124,7 +127,7 @@ def query_encoder_spec(manifest: dict[str, Any], uri: str, reader: EncoderSpec) 
     gone is one line before anything loads (`cpr search`, and `cpr serve` before a replica
     starts)."""
     enc = {k: v for k, v in manifest["encoder"].items() if k != "fingerprint"}
-    unknown = sorted(set(enc) - {f.name for f in fields(EncoderSpec)})
+    unknown = sorted(set(enc) - set(EncoderSpec.model_fields))
     if unknown or "model" not in enc:
         raise StorageError(
             f"{uri}: its index.json records an encoder this version cannot read (keys "

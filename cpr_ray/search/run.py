@@ -10,6 +10,7 @@ from cpr_ray.config import Config
 from cpr_ray.errors import InputError
 from cpr_ray.retrieval.fusion import Fusion
 from cpr_ray.search.engine import Query, SearchIndex, SearchOptions
+from cpr_ray.sections import derive
 
 
 def read_queries(text: str, source: str) -> list[Query]:
@@ -88,9 +89,10 @@ def search_options(cfg: Config, **given: Any) -> SearchOptions:
     k = cfg.search.k if k is None else k
     if not 1 <= k <= cfg.search.max_k:
         raise InputError(f"k {k}: hits per query go from 1 to search.max_k ({cfg.search.max_k})")
-    return SearchOptions(
+    return derive(
+        SearchOptions,
+        cfg.search,
         k=k,
-        infer_field_k=cfg.search.infer_field_k,
         fusion=Fusion.from_config(cfg.fusion),
         **{key: v for key, v in given.items() if v is not None},
     )

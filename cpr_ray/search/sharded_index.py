@@ -42,12 +42,12 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cpr_ray.config import Config, EncoderConfig, SearchConfig
+from cpr_ray.config import Config, SearchConfig
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.retrieval.faiss_index import VECTORS, factory_for, save_vector_chunks
 from cpr_ray.retrieval.model_source import locate
-from cpr_ray.retrieval.ray_encode import PartsTarget, RayEncodeOptions, encode_dataset
-from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions, query_identity
+from cpr_ray.retrieval.ray_encode import PartsTarget, encode_dataset
+from cpr_ray.retrieval.spec import EncoderSpec, RayEncodeOptions, RetrieverOptions, query_identity
 from cpr_ray.search.documents import Documents, content_hashes, load_documents
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage, join
@@ -223,7 +223,7 @@ def encode_to_parts(
     import ray
 
     n = todo.num_rows
-    per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.max_actors))))
+    per_block = max(1, min(options.rows_per_block, -(-n // (4 * options.actors))))
     blocks = [todo.slice(s, per_block) for s in range(0, n, per_block)]
     pieces = []
     columns = (
@@ -242,7 +242,7 @@ def encode_to_parts(
                 pieces.append(Piece(record["uri"], record["lo"], record["hi"]))
                 done += record["rows"]
             bar.update(
-                task, completed=done, flight=min(options.max_actors, -(-(n - done) // per_block))
+                task, completed=done, flight=min(options.actors, -(-(n - done) // per_block))
             )
     if done != n:
         raise StorageError(f"the encoder actors stored {done:,} of {n:,} vectors")
@@ -262,7 +262,8 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     storage = storage or Storage(cfg.storage)
     out_uri = str(cfg.search.out)
     model = cfg.encoder.model or DEFAULT_MODEL
-    spec = RetrieverOptions.from_config(cfg).encoder_spec(model)
+    options = RetrieverOptions.from_config(cfg)  # the encoder and the actors it runs on
+    spec = options.encoder_spec(model)
     with leases.reading(storage, str(cfg.search.corpus)):
         docs_in: Documents = load_documents(storage, str(cfg.search.corpus))
     if docs_in.table.num_rows == 0:
@@ -298,7 +299,7 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
         target = PartsTarget(cfg.storage, join(gen_dir, PARTS))
         todo_rows = pa.table({"id": table["vid"].take(todo), "text": table["text"].take(todo)})
         label = f"encoding {len(todo):,} of {table.num_rows:,} documents"
-        new = encode_to_parts(todo_rows, spec, encode_options(cfg.encoder), target, label)
+        new = encode_to_parts(todo_rows, spec, options.ray, target, label)
         first = storage.parquet_file(new[0].uri).schema_arrow.field("embedding")
         dim = first.type.list_size
     else:
@@ -332,17 +333,6 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
     )
     storage.delete_dir(join(gen_dir, PARTS))  # every vector is in a shard now
     return manifest
-
-
-def encode_options(enc: EncoderConfig) -> RayEncodeOptions:
-    """The encoder actors `cpr index` asks Ray for: the `encoder:` section's count, CPUs, GPUs
-    and custom resources (on the cluster profile, GPU workers only)."""
-    return RayEncodeOptions(
-        max_actors=enc.actors,
-        num_cpus=enc.cpus_per_actor,
-        num_gpus=enc.gpus_per_actor,
-        resources=dict(enc.resources_per_actor),
-    )
 
 
 def publish(

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from cpr_ray.config import TrainConfig
+from cpr_ray.config import TrainConfig, TrainFormat
 from cpr_ray.errors import ConfigError
 from cpr_ray.queries.content_words import STOP_WORDS
+from cpr_ray.sections import derive
 
 EXAMPLES = pa.schema(
     [
@@ -34,9 +35,10 @@ RAW = pa.schema(
 
 @dataclass(frozen=True)
 class DataOptions:
-    """What shapes the examples: the format, where the data is, and the method's switches."""
+    """What shapes the examples: the format, where the data is, and the method's switches, by
+    the `train:` section's names (checked there)."""
 
-    format: str
+    format: TrainFormat
     data: str
     reasonir_documents: str | None = None
     samples: int | None = None
@@ -44,23 +46,18 @@ class DataOptions:
     hold_out_domain: str | None = None
     in_batch_only: bool = False
     negatives: int | None = None
-    stop_words: tuple[str, ...] = STOP_WORDS
+    cw_stop_words: tuple[str, ...] | None = None  # None: the built-in English list
 
     @classmethod
     def from_config(cls, train: TrainConfig) -> DataOptions:
         if train.data is None:
             raise ConfigError("invalid config: train.data: required but not set (give --data)")
-        return cls(
-            format=train.format,
-            data=train.data,
-            reasonir_documents=train.reasonir_documents,
-            samples=train.samples,
-            seed=train.seed,
-            hold_out_domain=train.hold_out_domain,
-            in_batch_only=train.in_batch_only,
-            negatives=train.negatives,
-            stop_words=train.cw_stop_words or STOP_WORDS,
-        )
+        return derive(cls, train)
+
+    @property
+    def stop_words(self) -> tuple[str, ...]:
+        """The stop words content words are counted without."""
+        return self.cw_stop_words or STOP_WORDS
 
 
 def fingerprint(examples: pa.Table) -> str:

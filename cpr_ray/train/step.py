@@ -48,6 +48,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from cpr_ray.config import TrainConfig
 from cpr_ray.retrieval.encoder import Encoder
+from cpr_ray.sections import derive
 from cpr_ray.train.loss import InfoNCELoss, LossOutput
 
 PAD_KEY = -1  # document key of an empty negative slot (masked out, whatever its value)
@@ -141,6 +142,9 @@ def global_batch_rows(n: int, batch_size: int, seed: int, step: int) -> np.ndarr
 
 @dataclass(frozen=True)
 class StepOptions:
+    """How a step runs: the `train:` section's settings by its names (`configured_step` derives
+    them), the instructions the encoder trains with, and the autocast its device allows."""
+
     query_prefix: str = ""
     doc_prefix: str = ""
     chunk_size: int | None = None  # texts per forward; None: one forward per step
@@ -386,12 +390,11 @@ def configured_step(
     optimizer = optimizer_for(encoder, tc.lr, tc.betas, tc.eps, tc.weight_decay)
     scheduler = cosine_schedule(optimizer, schedule_steps, tc.warmup_steps, tc.min_lr_ratio)
     on_gpu = encoder.device.type == "cuda"
-    options = StepOptions(
+    options = derive(
+        StepOptions,
+        tc,
         query_prefix=prefixes[0],
         doc_prefix=prefixes[1],
-        chunk_size=tc.chunk_size,
-        max_grad_norm=tc.max_grad_norm,
-        cw_weighting=tc.cw_weighting,
         autocast=torch.bfloat16 if on_gpu and tc.bf16 else None,
     )
     return ContrastiveStep(

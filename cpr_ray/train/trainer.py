@@ -130,7 +130,7 @@ class TrainPlan:
 
     def encoder(self, path: str | None = None) -> Encoder:
         """The model at `path` (the base, or a checkpoint's) as this run trains it."""
-        return Encoder.build(replace(self.spec, model=path) if path else self.spec)
+        return Encoder.build(self.spec.with_updates(model=path) if path else self.spec)
 
 
 def _peak_memory_mb() -> float:

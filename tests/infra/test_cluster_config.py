@@ -11,7 +11,7 @@ import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from cpr_ray.config import load_config
+from cpr_ray.config import EncoderActors, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = ROOT / "cluster.yaml"
@@ -167,6 +167,12 @@ def _fits(ask: dict[str, float], node: dict[str, float]) -> bool:
     return all(0 < amount <= node.get(name, 0) for name, amount in ask.items())
 
 
+def ray_asks(pool: EncoderActors) -> dict[str, float]:
+    """What each of `pool`'s actors asks Ray for, as Ray names the resources."""
+    ask = pool.ray_resources()
+    return {"CPU": ask["num_cpus"], "GPU": ask["num_gpus"], **ask.get("resources", {})}
+
+
 def gpu_stage_asks() -> dict[str, dict[str, float]]:
     """What each stage that can use a GPU asks Ray for, per actor or worker, under
     `--profile cluster`, resolved as each command resolves it: the poolers' encoder and search
@@ -177,7 +183,6 @@ def gpu_stage_asks() -> dict[str, dict[str, float]]:
     from cpr_ray.retrieval.factory import make_retriever
     from cpr_ray.retrieval.spec import RetrieverOptions
     from cpr_ray.runs.command_options import Given
-    from cpr_ray.search.sharded_index import encode_options
     from cpr_ray.train.train_command import REQUIRED
     from cpr_ray.train.trainer import default_cpus_per_worker, worker_resources
 
@@ -185,23 +190,19 @@ def gpu_stage_asks() -> dict[str, dict[str, float]]:
     build = load_config("cluster", env={})
     for plan in plans(build.pooling):
         if plan.spec is not None:  # bm25 encodes nothing
-            asks[f"pool {plan.name}"] = {
-                "CPU": plan.num_cpus,
-                "GPU": plan.num_gpus,
-                **plan.resources,
-            }
+            asks[f"pool {plan.name}"] = ray_asks(plan.pool)
     assert len(asks) == 3  # E5, SPLADE-v3, SciNCL
 
     flags = {"search.corpus": "s3://b/export", "search.out": "s3://b/index"}
-    opts = encode_options(Given(None, "cluster", (), flags).load().encoder)
-    asks["index"] = {"CPU": opts.num_cpus, "GPU": opts.num_gpus, **opts.resources}
+    opts = RetrieverOptions.from_config(Given(None, "cluster", (), flags).load()).ray  # cpr index's
+    asks["index"] = ray_asks(opts)
 
     for retriever in ("dense", "splade"):
         flags = {"eval.benchmark": "cpr", "eval.data": "s3://b/export", "eval.retriever": retriever}
         cfg = Given(None, "cluster", (), flags).load(check=check)
         made = make_retriever(retriever, cfg.encoder.model, RetrieverOptions.from_config(cfg))
-        opts = made.ray_options()  # what its documents are encoded on, past eval.ray_min_docs
-        asks[f"eval {retriever}"] = {"CPU": opts.num_cpus, "GPU": opts.num_gpus, **opts.resources}
+        opts = made.options.ray  # what its documents are encoded on, past eval.ray_min_docs
+        asks[f"eval {retriever}"] = ray_asks(opts)
 
     flags = {"train.data": "s3://b/export", "train.out": "s3://b/run", "encoder.model": "m"}
     tc = Given(None, "cluster", (), flags).load(required=REQUIRED).train

@@ -202,7 +202,7 @@ def test_a_search_actor_that_asked_for_a_gpu_refuses_a_faiss_that_sees_none():
     from cpr_ray.storage.store import StorageConfig
 
     (dense, *_) = [p for p in plans(load_config("cluster", env={}).pooling) if p.kind == "dense"]
-    assert dense.num_gpus > 0  # the cluster profile's dense poolers search on their GPU
+    assert dense.pool.gpus_per_actor > 0  # the cluster profile's dense poolers search on their GPU
     with pytest.raises(ValueError) as refused:
         PoolerSearch(dense, StorageConfig(root="/nonexistent"), "/nonexistent/docs", None)
     (line,) = str(refused.value).splitlines()

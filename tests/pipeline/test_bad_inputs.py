@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from cpr_ray.config import StorageConfig, load_config
+from cpr_ray.config import EncoderActors, StorageConfig, load_config
 from cpr_ray.cpr_command import app
 from cpr_ray.errors import InputError, UserError
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
@@ -74,7 +74,7 @@ def files(tmp_path: Path, tiny_bert: str, monkeypatch: pytest.MonkeyPatch) -> Pa
         docs,
         vectors,
         load_config(env={}).search,
-        encoder=query_identity(EncoderSpec(str(gone))),
+        encoder=query_identity(EncoderSpec(model=str(gone))),
         source={"uri": "test", "kind": "beir"},
         generation=1,
         build={},
@@ -266,9 +266,7 @@ def test_the_bm25_pooler_brings_no_candidates_from_papers_without_words(tmp_path
             kind="bm25",
             template="{title}. {abstract}",
             spec=None,
-            actors=1,
-            num_cpus=1,
-            num_gpus=0,
+            pool=EncoderActors(actors=1),
         )
         search = PoolerSearch(plan, StorageConfig(), str(tmp_path / "docs.parquet"), None)
         query = {
@@ -294,7 +292,7 @@ def test_a_text_longer_than_the_model_takes_is_cut_to_its_positions(tiny_bert):
     from cpr_ray.retrieval.encoder import Encoder
 
     assert Encoder.load(tiny_bert, max_length=512).max_length == 64
-    encoder = DenseEncoder(EncoderSpec(tiny_bert, max_length=512))
+    encoder = DenseEncoder(EncoderSpec(model=tiny_bert, max_length=512))
     assert encoder.encode_queries(["How to fold " * 30_000]).shape == (1, 32)
 
 

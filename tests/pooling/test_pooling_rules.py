@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cpr_ray.config import ConfigError, load_config
+from cpr_ray.config import ConfigError, EncoderActors, load_config
 from cpr_ray.pooling.pool_rules import (
     build_queries,
     deeper_queries,
@@ -293,11 +293,12 @@ def test_retraining_into_the_same_folder_gives_the_pooling_store_and_the_index_n
     model.mkdir()
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"a" * 4096)
-    spec = EncoderSpec(str(model))
-    plan = PoolerPlan("m", "dense", "{title}. {abstract}", spec, 1, 1.0, 0.0)
+    spec = EncoderSpec(model=str(model))
+    plan = PoolerPlan("m", "dense", "{title}. {abstract}", spec, EncoderActors(actors=1))
     key, record = plan.store_key, query_identity(spec)
     assert record["fingerprint"] == vector_identity(spec)["fingerprint"]
-    assert PoolerPlan("m", "dense", "{title}", spec, 2, 2.0, 0.0).store_key == key  # same vectors
+    other = EncoderActors(cpus_per_actor=2.0)
+    assert PoolerPlan("m", "dense", "{title}", spec, other).store_key == key  # same vectors
     (model / "README.md").write_text("| an evaluation's new row |")  # the card, appended to
     (model / ".README.md.lock").write_text("")  # the card writer's lock
     assert plan.store_key == key and query_identity(spec) == record  # no vector changed

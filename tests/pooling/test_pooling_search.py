@@ -15,6 +15,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from cpr_ray.config import EncoderActors  # noqa: E402
 from cpr_ray.pooling.pool_rules import topic_group  # noqa: E402
 from cpr_ray.pooling.pool_schemas import GROUPS, SEARCH_QUERIES  # noqa: E402
 from cpr_ray.pooling.pooler_search import QueryBatch, Universe, exact_hits, index_hits  # noqa: E402
@@ -144,7 +145,7 @@ def _lists(table: pa.Table) -> list[tuple]:
 
 
 BM25_WORDS = [f"{w}{i}" for w in ("lens", "spin", "fold", "graph") for i in range(10)]
-BM25_PLAN = PoolerPlan("p", "bm25", "{title} {abstract}", None, 1, 1.0, 0.0)
+BM25_PLAN = PoolerPlan("p", "bm25", "{title} {abstract}", None, EncoderActors(actors=1))
 
 
 def _bm25_world(world) -> tuple[pa.Table, pa.Table]:
@@ -289,13 +290,15 @@ def test_token_budget_batches():
 
 def test_token_budget_batching_gives_the_same_embeddings(minilm):
     texts = [("word " * n).strip() for n in (3, 150, 40, 7, 90, 1, 60)]
-    plain = DenseEncoder(EncoderSpec(minilm, batch_size=3)).encode_docs(texts)
-    budget = DenseEncoder(EncoderSpec(minilm, batch_size=64, token_budget=200)).encode_docs(texts)
+    plain = DenseEncoder(EncoderSpec(model=minilm, batch_size=3)).encode_docs(texts)
+    budget = DenseEncoder(EncoderSpec(model=minilm, batch_size=64, token_budget=200)).encode_docs(
+        texts
+    )
     np.testing.assert_allclose(plain, budget, atol=1e-5)
 
 
 def test_last_token_pooling_with_left_padding_matches_a_hand_computation(tiny_models):  # noqa: F811
-    enc = DenseEncoder(EncoderSpec(tiny_models["qwen"], batch_size=8))
+    enc = DenseEncoder(EncoderSpec(model=tiny_models["qwen"], batch_size=8))
     assert enc.spec.pooling == "last_token"
     enc.model.tokenizer.padding_side = "left"  # as Qwen3-Embedding's own tokenizer pads
     texts = ["short", "a much longer text with quite a few more words in it", "mid length one"]
@@ -309,7 +312,7 @@ def test_last_token_pooling_with_left_padding_matches_a_hand_computation(tiny_mo
 
 
 def test_splade_weights_are_non_negative_and_sparse(tiny_models):  # noqa: F811
-    enc = SpladeEncoder(EncoderSpec(tiny_models["splade"], batch_size=2))
+    enc = SpladeEncoder(EncoderSpec(model=tiny_models["splade"], batch_size=2))
     texts = ["quantum photon pairs", "cats on a mat in the sun", "x"]
     weights = enc.encode_docs(texts)  # CSR (3, V)
     assert weights.format == "csr" and weights.shape == (3, enc.dim)

@@ -40,7 +40,9 @@ def test_a_vector_changing_setting_is_another_store(tmp_path):
     plain = EncoderSpec(model="org/query-encoder")
     prefixed = EncoderSpec(model="org/query-encoder", query_prefix="query: ")
     assert query_store(storage, plain).uri != query_store(storage, prefixed).uri
-    assert query_store(storage, plain).uri != query_store(storage, EncoderSpec("org/other")).uri
+    assert (
+        query_store(storage, plain).uri != query_store(storage, EncoderSpec(model="org/other")).uri
+    )
     calls: list[list[str]] = []
     stored(storage, plain, _encoder(calls))(["x"])
     stored(storage, prefixed, _encoder(calls))(["x"])

@@ -38,13 +38,13 @@ def test_a_pinned_revision_is_what_loads(pinned_hub):
     assert vectors.shape == (2, 32)
     # unpinned, the hub's main: not in this cache, so not loaded in its place
     with pytest.raises(UserError, match=r"org/tiny.* not in the local hub cache"):
-        DenseEncoder(EncoderSpec(pinned_hub))
+        DenseEncoder(EncoderSpec(model=pinned_hub))
 
 
 def test_a_pin_is_part_of_the_vector_identity_only_when_set(tiny_bert):
-    plain, pinned = EncoderSpec("org/tiny"), EncoderSpec("org/tiny", revision="v1")
+    plain, pinned = EncoderSpec(model="org/tiny"), EncoderSpec(model="org/tiny", revision="v1")
     assert vector_identity(pinned) == {**vector_identity(plain), "revision": "v1"}
     assert "revision" not in vector_identity(plain)  # stores made before the setting stay valid
     # a model folder ignores it (transformers reads the folder)
-    folder = DenseEncoder(EncoderSpec(tiny_bert, device="cpu", revision="v1"))
+    folder = DenseEncoder(EncoderSpec(model=tiny_bert, device="cpu", revision="v1"))
     assert folder.encode_docs(["x"]).shape == (1, 32)

@@ -69,9 +69,9 @@ def test_a_dense_encoder_from_the_config_encodes_with_the_setting(remote_code_mo
 def test_the_training_checks_name_the_setting(remote_code_model):
     with pytest.raises(ConfigError) as refused:
         # before run.json is written and the workers start, and by the memory plan
-        model_config(EncoderSpec(remote_code_model))
+        model_config(EncoderSpec(model=remote_code_model))
     _one_line_naming_the_setting(refused)
-    trusted = EncoderSpec(remote_code_model, trust_remote_code=True)
+    trusted = EncoderSpec(model=remote_code_model, trust_remote_code=True)
     config = model_config(trusted)
     arch = architecture(config, model_name(remote_code_model), trusted)
     loaded = Encoder.load(remote_code_model, trust_remote_code=True)
@@ -82,8 +82,8 @@ def test_the_setting_changes_no_vector_and_no_stage_fingerprint():
     """It says whether a model's code may run, not what the model computes: cached vectors and
     pooled candidates stay valid, and a build pooled before the setting existed is not pooled
     again (its fingerprint is what it was)."""
-    spec = EncoderSpec("some/model")
-    trusted = EncoderSpec("some/model", trust_remote_code=True)
+    spec = EncoderSpec(model="some/model")
+    trusted = EncoderSpec(model="some/model", trust_remote_code=True)
     assert vector_identity(spec) == vector_identity(trusted)
 
     cfg = load_config("dry-run", env={})

@@ -169,15 +169,15 @@ def test_pooling_functions():
 
 
 def test_presets_by_model_name():
-    qwen = EncoderSpec("Qwen/Qwen3-Embedding-0.6B").resolved()
+    qwen = EncoderSpec(model="Qwen/Qwen3-Embedding-0.6B").resolved()
     assert qwen.pooling == "last_token" and qwen.query_prefix.startswith("Instruct: ")
     assert qwen.doc_prefix == ""
-    e5 = EncoderSpec("intfloat/multilingual-e5-large").resolved()
+    e5 = EncoderSpec(model="intfloat/multilingual-e5-large").resolved()
     assert (e5.pooling, e5.query_prefix, e5.doc_prefix) == ("mean", "query: ", "passage: ")
-    plain = EncoderSpec("/models/all-MiniLM-L6-v2", query_prefix="Q: ").resolved()
+    plain = EncoderSpec(model="/models/all-MiniLM-L6-v2", query_prefix="Q: ").resolved()
     assert (plain.pooling, plain.query_prefix, plain.doc_prefix) == ("auto", "Q: ", "")
-    with pytest.raises(ValueError, match="unknown pooling"):
-        EncoderSpec("m", pooling="max")
+    with pytest.raises(ValueError, match="pooling\n  Input should be .* input_value='max'"):
+        EncoderSpec(model="m", pooling="max")
 
 
 # -- the Encoder module -------------------------------------------------------------------------
@@ -197,15 +197,15 @@ def with_st_config(src: str, dest: Path, pooling: dict, modules: list[str] | Non
 
 
 def test_auto_pooling_resolves_from_the_sentence_transformers_config(minilm, tiny_models, tmp_path):
-    st = read_sentence_transformers_config(EncoderSpec(minilm))
+    st = read_sentence_transformers_config(EncoderSpec(model=minilm))
     assert (st.pooling, st.max_seq_length) == ("mean", 256)  # MiniLM's legacy boolean flags
     enc = Encoder.load(minilm)
     assert (enc.pooling, enc.max_length) == ("mean", 256)
-    assert DenseEncoder(EncoderSpec(minilm)).spec.pooling == "mean"
+    assert DenseEncoder(EncoderSpec(model=minilm)).spec.pooling == "mean"
     # a config-built decoder whose name matches no preset: its own config decides
     plain = with_st_config(tiny_models["qwen"], tmp_path / "decoder", {"pooling_mode": "lasttoken"})
     assert Encoder.load(plain).pooling == "last_token"
-    assert DenseEncoder(EncoderSpec(plain)).spec.pooling == "last_token"
+    assert DenseEncoder(EncoderSpec(model=plain)).spec.pooling == "last_token"
     cls = with_st_config(tiny_models["qwen"], tmp_path / "cls", {"pooling_mode_cls_token": True})
     assert Encoder.build(cls).pooling == "cls"
     # no config: the name's preset (Qwen3-Embedding), else mean as sentence-transformers does
@@ -216,7 +216,7 @@ def test_auto_pooling_resolves_from_the_sentence_transformers_config(minilm, tin
 
 
 def test_unknown_pooling_modes_raise_naming_them(tiny_models, tmp_path):
-    with pytest.raises(ValueError, match="unknown pooling 'max'"):
+    with pytest.raises(ValueError, match="pooling\n  Input should be .* input_value='max'"):
         Encoder.build(tiny_models["qwen"], pooling="max")
     weighted = with_st_config(tiny_models["qwen"], tmp_path / "w", {"pooling_mode": "weightedmean"})
     with pytest.raises(ValueError, match="unknown pooling 'weightedmean' in .*w"):
@@ -240,7 +240,7 @@ def test_build_trains_with_gradients_and_equals_the_inference_encoder(minilm_enc
     assert out.shape == (2, 384) and out.requires_grad
     (out[0] @ out[1]).backward()
     assert enc.backbone.embeddings.word_embeddings.weight.grad.abs().sum() > 0
-    inference = DenseEncoder(EncoderSpec(minilm))
+    inference = DenseEncoder(EncoderSpec(model=minilm))
     assert not inference.model.training
     assert not any(p.requires_grad for p in inference.model.parameters())
     np.testing.assert_allclose(out.detach().numpy(), inference.encode_docs(texts), atol=1e-6)
@@ -250,7 +250,7 @@ def test_splade_encoder_module(tiny_models):
     enc = Encoder.build(tiny_models["splade"], pooling="splade")
     out = enc(enc.tokenize(DOCS[:2]))  # (2, V)
     assert out.shape == (2, enc.dim) and out.requires_grad and (out >= 0).all()
-    inference = SpladeEncoder(EncoderSpec(tiny_models["splade"]))
+    inference = SpladeEncoder(EncoderSpec(model=tiny_models["splade"]))
     enc.eval()
     np.testing.assert_allclose(
         enc(enc.tokenize(DOCS[:2])).detach().numpy(),
@@ -261,7 +261,7 @@ def test_splade_encoder_module(tiny_models):
 
 # -- encoders and dense/splade retrievers -----------------------------------------------------
 def test_last_token_encoder_is_padding_invariant(tiny_models):
-    enc = DenseEncoder(EncoderSpec(tiny_models["qwen"], batch_size=8))
+    enc = DenseEncoder(EncoderSpec(model=tiny_models["qwen"], batch_size=8))
     assert enc.spec.pooling == "last_token"  # from the Qwen3-Embedding name
     texts = ["short", "a much longer text with quite a few more words in it", "mid length one"]
     together = enc.encode_docs(texts)
@@ -273,7 +273,7 @@ def test_last_token_encoder_is_padding_invariant(tiny_models):
 
 
 def test_splade_retriever_scores_are_sparse_dot_products(tiny_models):
-    spec = EncoderSpec(tiny_models["splade"], batch_size=2)
+    spec = EncoderSpec(model=tiny_models["splade"], batch_size=2)
     enc = SpladeEncoder(spec)
     docs = enc.encode_docs(DOCS)
     assert docs.shape == (5, enc.dim) and (docs.data > 0).all()
@@ -307,23 +307,26 @@ def test_dense_minilm_exact_and_faiss_agree(minilm):
 @pytest.mark.slow
 def test_ray_actor_pool_encoding_equals_in_process(ray_session, minilm, tiny_models):
     """The Ray Data actor pool (2 actors, several blocks) gives the in-process embeddings."""
-    from cpr_ray.retrieval.ray_encode import RayEncodeOptions, encode_with_ray
+    from cpr_ray.retrieval.ray_encode import encode_with_ray
+    from cpr_ray.retrieval.spec import RayEncodeOptions
 
     texts = [f"{d} (variant {i})" for i in range(12) for d in DOCS]  # 60 texts, 8 blocks
-    spec = EncoderSpec(minilm, threads=1)
+    spec = EncoderSpec(model=minilm, threads=1)
     # dense through the retriever, which switches to Ray at ray_min_docs and hands its options
     # to `encode_with_ray` (one actor pool: each actor's start is most of this test's time)
     r = make_retriever(
         "dense",
         minilm,
-        RetrieverOptions(encoder=spec, ray_min_docs=10, ray_max_actors=2, ray_batch_size=8),
+        RetrieverOptions(
+            encoder=spec, ray_min_docs=10, ray=RayEncodeOptions(actors=2, batch_rows=8)
+        ),
     )
     r.index(texts)
     assert r.encoded_with_ray
     np.testing.assert_allclose(r.docs, DenseEncoder(spec).encode_docs(texts), atol=1e-5)
     # SPLADE's sparse rows, straight through encode_with_ray
-    opts = RayEncodeOptions(max_actors=2, batch_size=8, rows_per_block=16)
-    sspec = EncoderSpec(tiny_models["splade"], threads=1)
+    opts = RayEncodeOptions(actors=2, batch_rows=8, rows_per_block=16)
+    sspec = EncoderSpec(model=tiny_models["splade"], threads=1)
     enc = SpladeEncoder(sspec)
     sparse = encode_with_ray(texts[:20], sspec, "splade", opts, vocab_size=enc.dim)
     np.testing.assert_allclose(sparse.toarray(), enc.encode_docs(texts[:20]).toarray(), atol=1e-5)
@@ -334,36 +337,30 @@ def test_an_encoder_actor_asks_ray_for_its_weights_forward_pass_and_rows(ray_ses
     model's parameters are the loaded model's) in the spec's dtype; on a CPU a forward pass that
     grows with the texts per pass, stops at the token budget and adds SPLADE's logits; on a GPU
     no forward pass (it is in GPU memory)."""
-    from dataclasses import replace
-
     import ray
     from transformers import AutoModel
 
-    from cpr_ray.retrieval.ray_encode import (
-        RayEncodeOptions,
-        actor_memory,
-        encode_dataset,
-        model_shape,
-    )
+    from cpr_ray.retrieval.ray_encode import actor_memory, encode_dataset, model_shape
+    from cpr_ray.retrieval.spec import RayEncodeOptions
 
-    spec = EncoderSpec(tiny_bert, max_length=64, batch_size=8)
+    spec = EncoderSpec(model=tiny_bert, max_length=64, batch_size=8)
     shape = model_shape(spec)
     assert shape.parameters == sum(
         p.numel() for p in AutoModel.from_pretrained(tiny_bert).parameters()
     )
     gpu = actor_memory(shape, spec, "dense", 16, on_gpu=True)
-    half = actor_memory(shape, replace(spec, dtype="bfloat16"), "dense", 16, on_gpu=True)
+    half = actor_memory(shape, spec.with_updates(dtype="bfloat16"), "dense", 16, on_gpu=True)
     assert gpu - half == 2 * shape.parameters
     cpu = actor_memory(shape, spec, "dense", 16, on_gpu=False)
-    twice = replace(spec, batch_size=16)
+    twice = spec.with_updates(batch_size=16)
     assert actor_memory(shape, twice, "dense", 16, on_gpu=False) - gpu == 2 * (cpu - gpu) > 0
-    capped = replace(twice, token_budget=8 * 64)
+    capped = twice.with_updates(token_budget=8 * 64)
     assert actor_memory(shape, capped, "dense", 16, on_gpu=False) == cpu
     splade = actor_memory(shape, spec, "splade", 16, on_gpu=False)
     assert splade - cpu == 8 * 64 * shape.vocab * 4
     assert actor_memory(shape, spec, "dense", 32, on_gpu=False) > cpu  # a call's rows
     # the one place that builds encoder pools declares it
-    options = RayEncodeOptions(batch_size=16)
+    options = RayEncodeOptions(batch_rows=16)
     pool = encode_dataset(ray.data.from_items([{"text": "a"}]), spec, "dense", options)
     assert pool._logical_plan.dag.ray_remote_args["memory"] == cpu
 
@@ -372,7 +369,7 @@ def test_model_path_is_checked(tmp_path: Path):
     r = make_retriever(
         "dense",
         str(tmp_path / "no-such-model"),
-        RetrieverOptions(encoder=EncoderSpec("", pooling="mean")),
+        RetrieverOptions(encoder=EncoderSpec(model="", pooling="mean")),
     )
     with pytest.raises(ValueError, match=r"encoder.model: .*no-such-model \(read as a folder\)"):
         r.index(DOCS)
@@ -384,11 +381,9 @@ def test_model_path_is_checked(tmp_path: Path):
 def test_an_encoder_in_half_precision_encodes_as_float32_does(tiny_models, dtype):
     """`encoder.dtype`: the weights load in that dtype, and the vectors (float32, as every
     store keeps them) point where float32's do, within half precision's rounding."""
-    from dataclasses import replace
-
-    spec = EncoderSpec(tiny_models["qwen"])
+    spec = EncoderSpec(model=tiny_models["qwen"])
     full = DenseEncoder(spec).encode_docs(DOCS)
-    encoder = DenseEncoder(replace(spec, dtype=dtype))
+    encoder = DenseEncoder(spec.with_updates(dtype=dtype))
     assert {p.dtype for p in encoder.model.parameters()} == {getattr(torch, dtype)}
     half = encoder.encode_docs(DOCS)
     assert half.dtype == np.float32 and half.shape == full.shape

@@ -82,14 +82,14 @@ def test_hybrid_fusion_by_hand_ranks_and_tie_break():
     assert fused[0].score == pytest.approx(1 / 63 + 1 / 61)
     assert [f.doc for f in rrf.fuse(dense, bm25, top_n=2)] == ["c", "a"]
     assert rrf.describe() == {"method": "rrf", "k": 60, "depth": 100}
-    convex = Fusion("convex", weight=0.25, depth=3)
+    convex = Fusion(method="convex", weight=0.25, depth=3)
     assert convex.describe() == {"method": "convex", "weight": 0.25, "depth": 3}
     # min-max per side: dense a 1, b .5, c 0; bm25 c 1, d 0 -> c .75, a .25, b .125, d 0
     got = convex.fuse(dense, bm25)
     assert [f.doc for f in got] == ["c", "a", "b", "d"]
     assert [f.score for f in got] == pytest.approx([0.75, 0.25, 0.125, 0.0])
-    with pytest.raises(ValueError, match="unknown fusion"):
-        Fusion("max")
+    with pytest.raises(ValueError, match="method\n  Input should be .* input_value='max'"):
+        Fusion(method="max")
 
 
 def test_sides_drop_the_excluded_and_bm25_non_matches_before_the_cut():
@@ -120,7 +120,7 @@ def test_convex_fusion_matches_ranx_wsum():
         warnings.simplefilter("ignore")
         ref = fuse(runs, method="wsum", norm="min-max", params={"weights": [0.7, 0.3]})
     want = ref.to_dict()["q"]
-    got = Fusion("convex", weight=0.7, depth=25).fuse(*sides)
+    got = Fusion(method="convex", weight=0.7, depth=25).fuse(*sides)
     assert {f.doc for f in got} == set(want)
     for f in got:
         assert f.score == pytest.approx(want[f.doc], abs=1e-9)

@@ -314,7 +314,7 @@ def test_an_index_build_re_encodes_a_lost_encoder_actors_batches_elsewhere(
         f"{r['title']}. {r['abstract']}" if r["abstract"] else r["title"]
         for r in (by_id[docs["corpus_id"][int(i)].as_py()] for i in sample)
     ]
-    expected = DenseEncoder(EncoderSpec(minilm)).encode_docs(texts)
+    expected = DenseEncoder(EncoderSpec(model=minilm)).encode_docs(texts)
     np.testing.assert_allclose(vectors[sample], expected, atol=1e-4)
 
 

@@ -125,7 +125,9 @@ def test_trust_remote_code_is_the_searchers_setting_not_the_indexs(built):
     assert "trust_remote_code" not in manifest["encoder"]
     storage = Storage(cfg.storage)
     assert not SearchIndex.load(storage, cfg.search.index).spec.trust_remote_code
-    trusted = SearchIndex.load(storage, cfg.search.index, EncoderSpec("", trust_remote_code=True))
+    trusted = SearchIndex.load(
+        storage, cfg.search.index, EncoderSpec(model="", trust_remote_code=True)
+    )
     assert trusted.spec.trust_remote_code
 
 
@@ -249,7 +251,7 @@ def test_reindex_encodes_only_what_changed(
     assert storage.list_dirs(f"{out}/g0002") == [f"{out}/g0002/shard-0000{i}" for i in range(3)]
     # the updated index answers as a fresh one of the new corpus
     index = SearchIndex.load(storage, out)
-    enc = DenseEncoder(EncoderSpec(minilm))
+    enc = DenseEncoder(EncoderSpec(model=minilm))
     docs = enc.encode_docs(texts_of(changed))
     q = enc.encode_queries([x.query for x in QUERIES])
     order, want = exact(docs, q, 15)
@@ -464,7 +466,7 @@ def test_eval_hybrid_equals_search_on_the_whole_corpus(built, tmp_path):
     index = SearchIndex.load(Storage(cfg.storage), cfg.search.index)
     assert bench.doc_texts == texts_of(rows)  # the papers the fixture indexed, in its order
     queries = [Query(f"q{i}", t, (b,)) for i, (t, b) in enumerate(zip(texts, base))]
-    for fusion in (Fusion(), Fusion("convex", weight=0.3, depth=50)):
+    for fusion in (Fusion(), Fusion(method="convex", weight=0.3, depth=50)):
         retriever.fusion = fusion
         ranked = rank(bench, retriever, bench.queries, top_k=fusion.depth)
         evaluated = [[int(bench.doc_ids[p]) for p in r[:10]] for r in ranked]
@@ -678,7 +680,7 @@ def test_the_builds_lance_papers_table_indexes_like_its_export(
     index = SearchIndex.load(storage, str(tmp_path / "a"))
     got = index.docs.select(["corpus_id", "text", "field"])
     assert got.equals(export.sort_by("corpus_id").select(["corpus_id", "text", "field"]))
-    want = DenseEncoder(EncoderSpec(minilm)).encode_docs(got["text"].to_pylist())
+    want = DenseEncoder(EncoderSpec(model=minilm)).encode_docs(got["text"].to_pylist())
     np.testing.assert_allclose(index.shards[0].vectors, want, atol=1e-5)
 
 

@@ -277,7 +277,7 @@ def test_malformed_parquet_and_missing_paths(tmp_path: Path):
     with pytest.raises(InputError, match="not a CPR export: no cpr-train or corpus"):
         _read("cpr", str(tmp_path))
     with pytest.raises(UserError, match=r"^encoder.model: /no/such/model \(read as a folder\)"):
-        model_config(EncoderSpec("/no/such/model"))
+        model_config(EncoderSpec(model="/no/such/model"))
 
 
 def test_paper_text_and_content_words():

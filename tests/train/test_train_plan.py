@@ -41,7 +41,7 @@ def tiny_qwen3(minilm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _arch(model: str) -> Architecture:
-    spec = EncoderSpec(model)
+    spec = EncoderSpec(model=model)
     return architecture(model_config(spec), model_name(model), spec)
 
 

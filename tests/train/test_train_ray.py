@@ -165,7 +165,7 @@ def test_a_failed_sharded_run_resumes_from_its_s3_checkpoint(
         vectors = expected(expected.tokenize([prefix + t for t in texts])).numpy()
     st = SentenceTransformer(str(local), device="cpu")
     np.testing.assert_allclose(st.encode_document(texts), vectors, atol=1e-5)
-    encoder = DenseEncoder(EncoderSpec(str(local)))  # what `cpr eval --model PATH` builds
+    encoder = DenseEncoder(EncoderSpec(model=str(local)))  # what `cpr eval --model PATH` builds
     assert encoder.spec.pooling == "mean" and encoder.encode_queries(["a"]).shape == (1, 32)
 
     assert run_train(cfg)["skipped"]  # a finished run is not trained again

@@ -170,7 +170,7 @@ def test_saved_model_loads_in_sentence_transformers(request, tmp_path, model: st
     np.testing.assert_allclose(
         st.encode_document(texts), enc(enc.tokenize(texts)).numpy(), atol=1e-5
     )
-    served = DenseEncoder(EncoderSpec(str(path)))  # what `cpr eval --model PATH` builds
+    served = DenseEncoder(EncoderSpec(model=str(path)))  # what `cpr eval --model PATH` builds
     assert (served.spec.pooling, served.spec.query_prefix, served.spec.doc_prefix) == (
         pooling,
         "query: ",
