@@ -18,9 +18,11 @@ A parse task used to hold its rows until `rows_per_file × (num_buckets + 2)` of
 
 `parse_task_memory` is what the task asks Ray for: the process, plus `working_memory` (a fixed
 part and twice the budget), measured. A Ray worker with the parser imported holds 262 MB; a
-parse of 40 MB of 16 kB abstracts at an 8 MiB budget (`tests/corpus/test_ingest_memory.py`, in a
-process
-of its own) peaked 150-180 MB above its idle process, where the old rule's peaked 566 MB above.
+parse of 40 MB of 16 kB abstracts at an 8 MiB budget, in a process of its own, peaked 150-180 MB
+above its idle process, where the old rule's peaked 566 MB above;
+`tests/corpus/test_ingest_memory.py` parses a shard of 1 kB abstracts larger than
+`working_memory` (381 MB: 142 MB above idle), where holding its rows peaked 494 MiB above and
+parsing it in one DuckDB call 1.5 GiB.
 So a node runs only as many parse tasks as its memory holds, and each holds what it declared.
 """
 
