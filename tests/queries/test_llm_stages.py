@@ -11,7 +11,7 @@ import pytest
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMStageError, SpendCapError
 from cpr_ray.llm.spend import FLEET, fleet_uri, in_doubt, ledger_spend
-from cpr_ray.llm.spend_ledger import ledger_uri
+from cpr_ray.llm.spend_ledger import ledger_summary, ledger_uri
 from cpr_ray.llm.step_runner import run_llm_task
 from cpr_ray.queries.judges import AnalogyJudge
 from cpr_ray.queries.positive_stages import _dedup
@@ -172,6 +172,8 @@ def test_a_stage_on_a_priced_fleet_stops_at_the_cap_within_one_block(tmp_path, l
     block_s = max(charges["seconds"].to_pylist())  # one block's time (or the last, to the end)
     assert 1.5 - 1e-6 <= charged <= 1.5 + block_s
     assert _spent(run)[0] == pytest.approx(charged)  # the caps count it: the ledger's spend
+    [row] = ledger_summary(run.storage, run.llm)  # and `cpr stats` shows it
+    assert row["fleet_usd"] == pytest.approx(charged, abs=1e-6)
     answered = pq.read_table(ledger_uri(run.storage, "judge-analogy")).num_rows
     assert 0 < answered < 200 and llm.stats()["total"] == answered
 
