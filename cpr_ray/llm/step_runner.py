@@ -21,8 +21,10 @@ output columns. `run_llm_task`:
 4. stops the stage with one clear line when the endpoint refuses us (key, model, URL), when
    more calls fail or come back invalid than the configured rates allow, or when a build
    stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`;
-   a request that does not fit under it is not sent), and otherwise returns every input row
-   with its answer, status and reason.
+   a request that does not fit under it is not sent; on a fleet priced by the node-hour,
+   `llm.fleet`, the stage is charged its node-hours at every block, `spend.FleetMeter`, and they
+   fill the room too), and otherwise returns every input row with its answer, status and
+   reason.
 
 Only `ok` answers are served from the cache. Invalid answers (the model kept breaking the
 contract after re-asks) and transport failures are in the ledger, and are asked again next run.

@@ -826,6 +826,7 @@ def test_a_build_and_a_refresh_started_together_as_processes_on_s3_one_works_the
     storage = Storage(load_config("dry-run", env={}, overrides=[
         f"storage.root={root}", f"storage.s3_endpoint={s3_endpoint}"]).storage)  # fmt: skip
     won: dict[str, int] = {"build": 0, "refresh": 0}
+    order = []
     started = time.time()
     rounds = races_on_s3(
         tmp_path,
@@ -843,6 +844,7 @@ def test_a_build_and_a_refresh_started_together_as_processes_on_s3_one_works_the
         assert len(winners) == 1, ended  # exactly one worked
         (winner,) = winners
         won[winner] += 1
+        order.append(winner[0])
         loser = "refresh" if winner == "build" else "build"
         [line] = ended[loser]["out"].strip().splitlines()  # one line, nothing else
         if loser == "refresh":
@@ -854,7 +856,7 @@ def test_a_build_and_a_refresh_started_together_as_processes_on_s3_one_works_the
             assert line.startswith(f"error: {root} is in use by a refresh on "), line
             assert f"(pid {ended['refresh']['pid']})" in line, line
     assert not storage.exists(leases.owner_uri(storage))  # the one that worked let go
-    print(f"races won: {won} in {time.time() - started:.1f} s")
+    print(f"races won: {won} ({''.join(order)}) in {time.time() - started:.1f} s")
 
 
 if __name__ == "__main__":
