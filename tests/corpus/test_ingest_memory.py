@@ -1,6 +1,6 @@
 """A parse task's memory is bounded by `ingest.parse_buffer_mb`, not by its shard: a shard larger
-than the whole allowance is parsed in a process of its own and its peak resident memory held to what the
-task declares to Ray; the files it writes hold the very rows of a parse in one piece."""
+than the whole allowance is parsed in a process of its own and its peak resident memory held to
+what the task declares to Ray; the files it writes hold the very rows of a parse in one piece."""
 
 from __future__ import annotations
 
