@@ -240,6 +240,7 @@ def stats(
             "completion_tokens",
             "cached_prompt_tokens",
             "cost_usd",
+            "fleet_usd",
         )
         for col in cols:
             table.add_column(col, justify="left" if col == "stage" else "right")

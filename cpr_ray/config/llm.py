@@ -53,6 +53,33 @@ class Price(_Section):
         return self.input_per_mtok if cached is None else cached
 
 
+class FleetConfig(_Section):
+    """A self-hosted judge fleet's price: its nodes cost by the hour whatever they answer, so a
+    build stage that asks it is charged the node-hours it holds the fleet for, beside its
+    tokens at llm.prices."""
+
+    node_hour_usd: float | None = Field(
+        None,
+        gt=0,
+        description="USD one node of the fleet costs an hour (e.g. g6e.12xlarge on demand). "
+        "Each build stage is charged llm.fleet.nodes × this for every hour it asks, in the spend "
+        "ledger and against llm.max_usd and llm.stages.<stage>.max_usd, checked at every block "
+        "of answers. Unset: the endpoint is paid by the token only (a hosted provider).",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="Nodes the fleet holds while a stage asks it: the most replicas of its "
+        "worker group (infra/judges/judges-rayservice.yaml's maxReplicas), so the charge is at "
+        "most what the fleet costs, never less.",
+    )
+
+    @property
+    def usd_per_s(self) -> float:
+        """USD the fleet costs a second while a stage asks it (0 when unpriced)."""
+        return (self.node_hour_usd or 0.0) * self.nodes / 3600
+
+
 # the LLM stages of a build, which the spend caps cover, and evaluation's and search's (not capped)
 BuildLLMStage = Literal[
     "judge-analogy",
@@ -94,6 +121,7 @@ class LLMConfig(_Section):
             "min_calls_for_failure_rate",
             "prices",
             "max_usd",
+            "fleet",
             "allow_same_verifier",
         }
     )
@@ -192,6 +220,11 @@ class LLMConfig(_Section):
         "asks only for what is missing. Every capped stage's model needs a price. Unset: no "
         "cap. Per stage: llm.stages.<stage>.max_usd.",
     )
+    fleet: FleetConfig = Field(
+        default_factory=FleetConfig,
+        description="The price of a self-hosted judge fleet's nodes (node_hour_usd, nodes): "
+        "node-hours charged to each build stage as it asks, against the spend caps.",
+    )
     allow_same_verifier: bool = Field(
         False,
         description="Let judge-transfer ask the analogy judge's own model. The method verifies "
@@ -245,6 +278,8 @@ class LLMConfig(_Section):
                 f"llm.stages.{not_build[0]}.max_usd: spend caps cover the build's LLM stages "
                 f"({', '.join(BUILD_LLM_STAGES)}), not {not_build[0]}"
             )
+        if self.fleet.node_hour_usd:
+            return self  # the fleet's node-hours count against the cap, priced tokens or not
         stages = BUILD_LLM_STAGES if self.max_usd is not None else capped
         unpriced: dict[str, list[str]] = {}
         for stage in stages:

@@ -16,11 +16,14 @@ A parse task used to hold its rows until `rows_per_file × (num_buckets + 2)` of
   took 85 MB), so a batch counted in lines alone grew with the lines (S2ORC documents are ~60 kB
   each). A cut at 1/32 for all lines cost 15% more parse CPU in 2–5× the DuckDB calls.
 
-`parse_task_memory` is what the task asks Ray for: the process, plus `working_memory` (a fixed part
-and twice the budget), measured. A Ray worker with the parser imported holds 262 MB; a parse of 40
-MB of 16 kB abstracts at an 8 MiB budget (`tests/corpus/test_ingest_memory.py`, in a process of its
-own) peaked 150-180 MB above its idle process, where the old rule's peaked 566 MB above. So a node
-runs only as many parse tasks as its memory holds, and each holds what it declared.
+`parse_task_memory` is what the task asks Ray for: the process, plus `working_memory` (a fixed
+part and twice the budget), measured. A Ray worker with the parser imported holds 262 MB; a
+parse of 40 MB of 16 kB abstracts at an 8 MiB budget, in a process of its own, peaked 150-180 MB
+above its idle process, where the old rule's peaked 566 MB above;
+`tests/corpus/test_ingest_memory.py` parses a shard of 1 kB abstracts larger than
+`working_memory` (381 MB: 142 MB above idle), where holding its rows peaked 494 MiB above and
+parsing it in one DuckDB call 1.5 GiB.
+So a node runs only as many parse tasks as its memory holds, and each holds what it declared.
 """
 
 from __future__ import annotations

@@ -14,9 +14,10 @@ Two questions come before an operator provisions `infra/judges/` (or buys a prov
   bound by reading its weights from GPU memory, so tokens/s per GPU go as memory bandwidth ÷
   parameters. `cpr judge-check` measures the real endpoint's seconds per answer once it runs.
 - **Money.** The nodes a stage holds (its model at most replicas, every other model at its
-  fewest) for its wall hours are node-hours, at the instance type's on-demand price dollars:
-  `node_hours`. The spend cap does not count them yet (it prices tokens only): the sizing is
-  where they are priced.
+  fewest) for its wall hours are node-hours (`node_hours`), at the profile's
+  `llm.fleet.node_hour_usd` dollars. The spend ledger charges a stage more than that, the
+  fleet's most nodes (`llm.fleet.nodes`) for every hour it asks (`llm.spend.FleetMeter`), an
+  upper bound the cap holds.
 """
 
 from __future__ import annotations
@@ -81,10 +82,6 @@ INSTANCES: dict[str, tuple[str, int]] = {
     "p4de.24xlarge": ("A100-80G", 8),
     "p5.48xlarge": ("H100", 8),
 }
-
-# On-demand USD per node-hour of those instance types (AWS's EC2 On-Demand pricing page, Linux,
-# us-east-1 and us-west-2); another region's price differs
-NODE_HOUR_USD: dict[str, float] = {"g6e.12xlarge": 10.49264}
 
 # vLLM's working memory per GPU beside weights and KV cache (activations of a chunked-prefill
 # batch of 8k tokens, CUDA graphs, NCCL buffers): an allowance, not a measurement

@@ -169,10 +169,22 @@ def projection_lines(p: dict[str, Any]) -> list[str]:
         f"{'total':<19}{'':>9}{_num(t['calls']):>9}{tokens:>16}{_num(t['usd'], 2):>13}"
         f"{_num(t['hours_measured'], 2):>9}"
     )
-    if p["max_usd"] is not None and t["usd"] is not None:
-        over = "over" if t["usd"] > p["max_usd"] else "within"
+    fleet = p.get("fleet")
+    if fleet is not None:
+        missing = fleet["stages_without_hours"]
         lines += wrap(
-            f"USD {t['usd']:,.2f} is {over} the build's cap llm.max_usd {p['max_usd']:,.2f}"
+            f"fleet: {fleet['node_hours']:,.2f} node-hours (hours × llm.fleet.nodes "
+            f"{fleet['nodes']}) at llm.fleet.node_hour_usd ${fleet['node_hour_usd']:,.2f}: "
+            f"USD {fleet['usd']:,.2f}"
+            + (f" (n/a for {', '.join(missing)}: hours not measured)" if missing else "")
+        )
+    if p["max_usd"] is not None and t["usd"] is not None:
+        usd = t["usd"] + (fleet["usd"] if fleet else 0.0)
+        over = "over" if usd > p["max_usd"] else "within"
+        what = f"tokens {t['usd']:,.2f} + fleet {fleet['usd']:,.2f}" if fleet else ""
+        lines += wrap(
+            f"USD {usd:,.2f}{f' ({what})' if what else ''} is {over} the build's cap "
+            f"llm.max_usd {p['max_usd']:,.2f}"
         )
     if t.get("usd_prefix_cached") is not None:
         lines += wrap(

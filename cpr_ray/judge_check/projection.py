@@ -18,9 +18,12 @@ Every LLM stage of a build is projected, in the order a build runs them:
   lacks plus `dataset.negatives_margin` of them, and walks on where candidates were useful, so
   it judges about kept × max(1 + margin, 1 / r) candidates when a share r of them are negatives.
 
-USD is tokens × `llm.prices[model]`; the total is compared with `llm.max_usd` (the build's spend
-cap, `cpr_ray/llm/spend.py`). Hours assume the endpoint keeps every actor's requests in flight
-at the latency measured here: hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600.
+USD is tokens × `llm.prices[model]`, plus, on a self-hosted fleet priced by the node-hour
+(`llm.fleet`), each stage's hours × `llm.fleet.nodes` × `llm.fleet.node_hour_usd` (what the spend
+ledger charges a stage while it asks); the total is compared with `llm.max_usd` (the build's
+spend cap, `cpr_ray/llm/spend.py`). Hours assume the endpoint keeps every actor's requests in
+flight at the latency measured here: hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷
+3600.
 
 USD with a prefix cache bills the share of each stage's prompt tokens a prefix cache reuses when
 the build asks rows whose prompts open alike one after another (`PREFIX_SHARES`, measured and
@@ -232,6 +235,10 @@ def project(stage: str, rows: int, means: Measured, llm: LLMConfig) -> dict[str,
         usd_cached = usd - shared / 1e6 * (price.input_per_mtok - price.cached_per_mtok)
     concurrency = llm.actors * llm.max_in_flight
     hours = rows * means.seconds / concurrency / 3600 if means.seconds else None
+    node_hours = fleet_usd = None
+    if llm.fleet.node_hour_usd and hours is not None:
+        node_hours = hours * llm.fleet.nodes
+        fleet_usd = node_hours * llm.fleet.node_hour_usd
     return {
         "stage": stage,
         "rows": rows,
@@ -242,6 +249,8 @@ def project(stage: str, rows: int, means: Measured, llm: LLMConfig) -> dict[str,
         "usd_prefix_cached": None if usd_cached is None else round(usd_cached, 2),
         "prefix_share": PREFIX_SHARES.get(stage, 0.0),
         "hours": None if hours is None else round(hours, 2),
+        "fleet_node_hours": None if node_hours is None else round(node_hours, 2),
+        "fleet_usd": None if fleet_usd is None else round(fleet_usd, 2),
         "concurrency": concurrency,
         "model": model,
     }
@@ -256,6 +265,16 @@ def project_build(llm: LLMConfig, measured: dict[str, Measured], vol: Volumes) -
     usd = [s["usd"] for s in stages]
     cached = [s["usd_prefix_cached"] for s in stages]
     hours = [s["hours"] for s in stages if s["hours"] is not None]
+    fleet = None
+    if llm.fleet.node_hour_usd:
+        charged = [s for s in stages if s["fleet_usd"] is not None]
+        fleet = {
+            "nodes": llm.fleet.nodes,
+            "node_hour_usd": llm.fleet.node_hour_usd,
+            "node_hours": round(sum(s["fleet_node_hours"] for s in charged), 2),
+            "usd": round(sum(s["fleet_usd"] for s in charged), 2),
+            "stages_without_hours": [s["stage"] for s in stages if s["fleet_usd"] is None],
+        }
     return {
         "rows_source": vol.source,
         "pass_rates": {s: {"rate": v, "source": src} for s, (v, src) in vol.rates.items()},
@@ -271,6 +290,7 @@ def project_build(llm: LLMConfig, measured: dict[str, Measured], vol: Volumes) -
             "usd_prefix_cached": None if None in cached else round(sum(cached), 2),
             "hours_measured": round(sum(hours), 2),
         },
+        "fleet": fleet,
         "max_usd": llm.max_usd,
     }
 

@@ -10,6 +10,13 @@ room); one that does not fit with nothing else in flight, or that waited longer 
 can take (its room held by an asker that died), stops the stage: the Reserver refuses every
 request from then on, and the askers send nothing more.
 
+On a fleet priced by the node-hour (`llm.fleet`) the room also shrinks as the stage's clock runs:
+a request fits only if spent + reserved + the node-hours accrued since the stage's first request
++ its worst case fit the room (the driver charges the same node-hours to the ledger from the
+`started` the Reserver reports: it runs on the driver's node, on the same clock). Node-hours
+accrue whatever is asked, so the answers in flight when they fill the room add theirs (within a
+block's duration) past the cap; tokens never pass it.
+
 A grant is journaled before it is returned: a row under ``ROOT/_llm/reserved/STAGE/`` naming the
 asker and the request, written in a part with whatever else was granted meanwhile. A request
 whose asker is killed in flight leaves a reservation no ledger row settles, which the next run's
@@ -68,9 +75,18 @@ class Reserver:
     """The room a stage's caps leave, what is reserved of it, and the journal of grants."""
 
     def __init__(
-        self, room_usd: float, storage: StorageConfig, journal: str, tag: str, wait_s: float
+        self,
+        room_usd: float,
+        storage: StorageConfig,
+        journal: str,
+        tag: str,
+        wait_s: float,
+        fleet_usd_per_s: float = 0.0,
     ) -> None:
         self.room, self.wait_s = room_usd, wait_s
+        # the fleet's node-hours count from the first request (`time.monotonic`, this node's)
+        self.fleet_usd_per_s = fleet_usd_per_s
+        self.started_at: float | None = None
         self.spent = 0.0  # settled by this ask: what the answers cost
         self.reserved = 0.0  # granted and not yet settled
         self.stopped = False
@@ -84,9 +100,11 @@ class Reserver:
         """Grant `usd` once it fits and is journaled; False when the stage must stop."""
         if self._changed is None:
             self._changed = asyncio.Condition()
+        if self.started_at is None:
+            self.started_at = time.monotonic()
         deadline = time.monotonic() + self.wait_s
         async with self._changed:
-            while not self.stopped and self.spent + self.reserved + usd > self.room:
+            while not self.stopped and self.spent + self.reserved + self.fleet() + usd > self.room:
                 left = deadline - time.monotonic()
                 if self.reserved <= 0 or left <= 0:
                     self.stopped = True  # no settling can make room: the cap is reached
@@ -115,8 +133,24 @@ class Reserver:
             self.spent += spent
             self._changed.notify_all()
 
+    def fleet(self) -> float:
+        """USD of the fleet's node-hours since the first request (0 on an unpriced endpoint)."""
+        if self.started_at is None:
+            return 0.0
+        return max(0.0, time.monotonic() - self.started_at) * self.fleet_usd_per_s
+
+    def started(self) -> float | None:
+        """When the first request was granted (`time.monotonic`), or None."""
+        return self.started_at
+
     def state(self) -> dict[str, Any]:
-        return {"spent": self.spent, "reserved": self.reserved, "stopped": self.stopped}
+        return {
+            "spent": self.spent,
+            "reserved": self.reserved,
+            "fleet": self.fleet(),
+            "started": self.started_at,
+            "stopped": self.stopped,
+        }
 
     def close(self) -> None:
         """Nothing to end: it lives in this process (the pool's actor is killed instead)."""
@@ -160,6 +194,9 @@ class SharedReserver:
     async def settle(self, reserved: float, spent: float) -> None:
         await self._actor.settle.remote(reserved, spent)
 
+    def started(self) -> float | None:
+        return self.state()["started"]
+
     def state(self) -> dict[str, Any]:
         return ray.get(self._actor.state.remote())
 
@@ -175,13 +212,13 @@ def reserver(
     wait_s: float,
     *,
     shared: bool,
+    fleet_usd_per_s: float = 0.0,
 ) -> Reserver | SharedReserver:
-    """The stage's Reserver: in this process for the driver's own asker, a Ray actor for a
-    pool's (`shared`)."""
+    """The stage's Reserver: in this process for the driver's own asker, a Ray actor on the
+    driver's node for a pool's (`shared`), so `time.monotonic` is one clock for both."""
     tag = f"{tag}-{uuid.uuid4().hex[:6]}"
+    args = (room_usd, storage, journal, tag, wait_s, fleet_usd_per_s)
     if not shared:
-        return Reserver(room_usd, storage, journal, tag, wait_s)
-    actor = _ReserverActor.options(scheduling_strategy=on_this_node()).remote(
-        room_usd, storage, journal, tag, wait_s
-    )
+        return Reserver(*args)
+    actor = _ReserverActor.options(scheduling_strategy=on_this_node()).remote(*args)
     return SharedReserver(actor)

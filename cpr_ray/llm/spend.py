@@ -6,8 +6,11 @@ changed (a compaction moves them into fewer files, and a read counts each once),
 request leaves its asker journals a reservation of its worst case under ``ROOT/_llm/reserved/``
 (`llm.reserve`). A reservation whose asker wrote a ledger row for its request was settled by
 that row; one with no such row belongs to an asker killed with the request in flight: paid or
-not, nobody knows, so it counts at its worst case. Together they are the one record of what was
-(or may have been) paid, whichever run or machine paid it. Two caps, both optional:
+not, nobody knows, so it counts at its worst case. On a self-hosted fleet priced by the node-hour
+(`llm.fleet`), each ask of a build stage is also charged the fleet's node-hours while it asks
+(`FleetMeter`), written under ``ROOT/_llm/fleet/`` at every block of answers. Together they are
+the one record of what was (or may have been) paid, whichever run or machine paid it. Two caps,
+both optional:
 
 - `llm.max_usd`, the build's: every answer the root's ledgers hold, so a resumed build counts
   what its earlier stages and its stopped runs already spent;
@@ -18,14 +21,18 @@ itself (`counted_from_here`), so the cap is a night's and the build's spend does
 
 `run_llm_task` opens a `Budget` per ask and checks it before the first request; every request
 then reserves its worst case from the room the budget leaves (`llm.reserve`), so spent plus
-reserved never passes the cap, whatever the number of actors and requests in flight. At a cap
+reserved never passes the cap, whatever the number of actors and requests in flight. Node-hours
+accrue with time, not requests: the room a request may reserve from shrinks as the fleet's
+clock runs, so no request is sent once they fill it, and the charge can pass the cap by at most
+the node-hours of the answers then in flight (within one block's duration). At a cap
 the askers send nothing more, store the answers still arriving, the stage publishes nothing,
 and a rerun with a higher cap is served what was paid from the cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -34,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, stage_name
+from cpr_ray.config.llm import FleetConfig
 from cpr_ray.errors import SpendCapError
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables.compaction import read_parts
@@ -55,6 +63,16 @@ RESERVED = pa.schema(
         ("request_key", pa.string()),
         ("model", pa.string()),
         ("usd", pa.float64()),  # the request's worst case at llm.prices
+    ]
+)
+# what a fleet charge part holds: one row per block of answers an ask of a stage received
+FLEET = pa.schema(
+    [
+        ("asker", pa.string()),  # the ask (run and call) the fleet served
+        ("seconds", pa.float64()),  # since the ask's previous row (its first: since it began)
+        ("nodes", pa.int32()),  # llm.fleet.nodes
+        ("node_hour_usd", pa.float64()),  # llm.fleet.node_hour_usd
+        ("usd", pa.float64()),  # seconds × nodes × node_hour_usd / 3600
     ]
 )
 # the ledger columns that settle a reservation: a row of the same asker and request
@@ -112,6 +130,57 @@ def reserved_uri(storage: Storage, stage: str) -> str:
     return join(storage.root, "_llm", "reserved", stage)
 
 
+def fleet_uri(storage: Storage, stage: str) -> str:
+    """A stage's fleet charges, beside its ledger: parts named by run, call and part."""
+    return join(storage.root, "_llm", "fleet", stage)
+
+
+class FleetMeter:
+    """One ask's node-hours on a priced fleet (`llm.fleet`), charged as they accrue: from the
+    ask's first request (when its Reserver granted one), each `charge` writes a part for the
+    seconds since the previous one. The ask charges at every block of answers and when its
+    answers end, so a killed driver leaves uncharged at most the seconds since its last block.
+    """
+
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        storage: Storage,
+        folder: str,
+        tag: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.fleet, self.storage, self.folder, self.tag = fleet, storage, folder, tag
+        self.clock = clock
+        self.charged_until: float | None = None  # the first request's time, then each charge's
+        self.usd = 0.0  # charged so far
+        self._parts = 0
+
+    def charge(self, started: float | None) -> float:
+        """Write the seconds since the last charge (the first: since `started`, the first
+        request's time on `clock`; None: none was sent yet, nothing to charge); the ask's USD
+        charged so far."""
+        if self.charged_until is None:
+            if started is None:
+                return self.usd
+            self.charged_until = started
+        now = self.clock()
+        seconds, self.charged_until = max(0.0, now - self.charged_until), now
+        usd = seconds * self.fleet.usd_per_s
+        row = {
+            "asker": self.tag,
+            "seconds": seconds,
+            "nodes": self.fleet.nodes,
+            "node_hour_usd": self.fleet.node_hour_usd,
+            "usd": usd,
+        }
+        part = join(self.folder, f"{self.tag}-{self._parts:06d}.parquet")
+        self.storage.write_parquet(pa.Table.from_pylist([row], schema=FLEET), part)
+        self._parts += 1
+        self.usd += usd
+        return self.usd
+
+
 def in_doubt(storage: Storage, stage: str) -> pa.Table:
     """The stage's reservations no ledger row settled: requests whose asker died with them in
     flight (or was stopped by an error no row records), each counted at its worst case."""
@@ -127,19 +196,25 @@ def in_doubt(storage: Storage, stage: str) -> pa.Table:
 
 
 def ledger_spend(storage: Storage, cfg: LLMConfig) -> dict[str, float]:
-    """USD per LLM stage of the root, over every run: its ledger's answers and its requests in
-    doubt (`in_doubt`)."""
+    """USD per LLM stage of the root, over every run: its ledger's answers, its requests in
+    doubt (`in_doubt`) and the fleet's node-hours charged to it (`FleetMeter`)."""
     stages = {
         d.rstrip("/").rsplit("/", 1)[1]
-        for kind in ("ledger", "reserved")
+        for kind in ("ledger", "reserved", "fleet")
         for d in storage.list_dirs(join(storage.root, "_llm", kind))
     }
     out = {}
     for stage in sorted(stages):
         table = read_parts(storage, join(storage.root, "_llm", "ledger", stage), COST_COLUMNS)
         doubt = pc.sum(in_doubt(storage, stage)["usd"]).as_py() or 0.0
-        out[stage] = round(cost_usd(cfg, table) + doubt, 6)
+        out[stage] = round(cost_usd(cfg, table) + doubt + fleet_spend(storage, stage), 6)
     return out
+
+
+def fleet_spend(storage: Storage, stage: str) -> float:
+    """USD of the fleet's node-hours charged to a stage, over every run."""
+    charged = read_parts(storage, fleet_uri(storage, stage), FLEET, columns=["usd"])
+    return pc.sum(charged["usd"]).as_py() or 0.0
 
 
 @contextmanager
@@ -170,6 +245,7 @@ class Budget:
     build_before: float  # spent by the build (or this refresh) when the ask began
     stage_before: float  # spent by this stage, likewise
     refresh: bool  # counting from a refresh's start
+    fleet: bool = False  # the fleet's node-hours count too (llm.fleet.node_hour_usd)
 
     @classmethod
     def open(cls, cfg: LLMConfig, storage: Storage, stage: str) -> Budget | None:
@@ -191,6 +267,7 @@ class Budget:
             sum(spent.values()),
             spent.get(stage, 0.0),
             before is not None,
+            cfg.fleet.node_hour_usd is not None,
         )
 
     def room(self) -> float:
@@ -232,9 +309,10 @@ class Budget:
                 if self.refresh
                 else f"every LLM answer in the ledgers of {self.root}"
             )
+        priced = "llm.prices and the fleet's node-hours" if self.fleet else "llm.prices"
         raise SpendCapError(
             f"{self.stage}: stopped at the spend cap: {_usd(spent)} spent ({whose}, at "
-            f"llm.prices; {_usd(new)} by this run) against {key}={_usd(cap)}. Nothing was "
+            f"{priced}; {_usd(new)} by this run) against {key}={_usd(cap)}. Nothing was "
             f"published; the answers paid for are kept, and a rerun with a higher cap asks "
             f"only for the rest (e.g. --set {key}={_next_cap(cap, spent)})"
         )

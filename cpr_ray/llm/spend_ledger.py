@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from cpr_ray.config import LLMConfig
 from cpr_ray.llm.reserve import Gate
-from cpr_ray.llm.spend import cost_usd
+from cpr_ray.llm.spend import cost_usd, fleet_spend
 from cpr_ray.llm.task import KEY, LLMTask
 from cpr_ray.storage.store import Storage, StorageConfig, join
 from cpr_ray.tables.compaction import read_parts
@@ -87,7 +87,8 @@ def first_per_key(table: pa.Table) -> pa.Table:
 
 
 def ledger_summary(storage: Storage, cfg: LLMConfig | None = None) -> list[dict[str, Any]]:
-    """Per LLM stage, over every run: rows asked, HTTP calls, outcomes, tokens, cost."""
+    """Per LLM stage, over every run: rows asked, HTTP calls, outcomes, tokens, cost, and the
+    fleet's node-hours charged to it (`llm.fleet`)."""
     out = []
     root = join(storage.root, "_llm", "ledger")
     for stage_dir in storage.list_dirs(root):
@@ -105,6 +106,7 @@ def ledger_summary(storage: Storage, cfg: LLMConfig | None = None) -> list[dict[
                 "completion_tokens": int(pc.sum(t["completion_tokens"]).as_py() or 0),
                 "cached_prompt_tokens": int(pc.sum(t["cached_prompt_tokens"]).as_py() or 0),
                 "cost_usd": cost_usd(cfg, t) if cfg is not None else None,
+                "fleet_usd": round(fleet_spend(storage, stage_dir.rsplit("/", 1)[1]), 6),
             }
         )
     return out

@@ -21,8 +21,10 @@ output columns. `run_llm_task`:
 4. stops the stage with one clear line when the endpoint refuses us (key, model, URL), when
    more calls fail or come back invalid than the configured rates allow, or when a build
    stage reaches a spend cap (`spend.Budget`: `llm.max_usd`, `llm.stages.<stage>.max_usd`;
-   a request that does not fit under it is not sent), and otherwise returns every input row
-   with its answer, status and reason.
+   a request that does not fit under it is not sent; on a fleet priced by the node-hour,
+   `llm.fleet`, the stage is charged its node-hours at every block, `spend.FleetMeter`, and they
+   fill the room too), and otherwise returns every input row with its answer, status and
+   reason.
 
 Only `ok` answers are served from the cache. Invalid answers (the model kept breaking the
 contract after re-asks) and transport failures are in the ledger, and are asked again next run.
@@ -48,7 +50,7 @@ from cpr_ray.llm.asking import ask_inline, ask_pool
 from cpr_ray.llm.client import probe_endpoint
 from cpr_ray.llm.ratelimit import ClusterRateLimiter
 from cpr_ray.llm.reserve import Reserver, SharedReserver, reserver
-from cpr_ray.llm.spend import Budget, cost_usd, reserved_uri
+from cpr_ray.llm.spend import Budget, FleetMeter, cost_usd, fleet_uri, reserved_uri
 from cpr_ray.llm.spend_ledger import (
     LEDGER,
     AnswerSink,
@@ -134,12 +136,23 @@ def run_llm_task(
     report_every = max(cfg.actors * cfg.max_in_flight * 8, 64)
     call_id = uuid.uuid4().hex[:8]  # one run may call several times (tournament rounds)
     tag = f"{run.run_id}-{call_id}"
-    gate = None
+    gate = meter = None
     if isinstance(run, StageRun) and todo.num_rows:  # a build stage's every request journaled
         journal = reserved_uri(storage, task.stage)
         room = budget.room() if budget is not None else math.inf
+        if cfg.fleet.node_hour_usd:  # a priced fleet: its node-hours from now on
+            meter = FleetMeter(cfg.fleet, storage, fleet_uri(storage, task.stage), tag)
+            run.part_folders.add(meter.folder)
         # a reservation is held for one HTTP request at most: one held longer is a dead asker's
-        gate = reserver(room, storage.cfg, journal, tag, cfg.timeout_s + 30.0, shared=not inline)
+        gate = reserver(
+            room,
+            storage.cfg,
+            journal,
+            tag,
+            cfg.timeout_s + 30.0,
+            shared=not inline,
+            fleet_usd_per_s=cfg.fleet.usd_per_s,
+        )
         run.part_folders.add(journal)
     sink = AnswerSink(storage.cfg, cache, ledger_uri(storage, task.stage), tag, gate)
     if isinstance(run, StageRun):  # compacted by the stage before it publishes
@@ -148,6 +161,9 @@ def run_llm_task(
     counts = {"ok": 0, "invalid": 0, "failed": 0}
     tokens = {"prompt": 0, "completion": 0, "cached": 0}
     spent = 0.0  # USD of this ask's new answers
+    # USD of the fleet's node-hours from the ask's start to its latest answers, charged at every
+    # block that brings some (blocks of rows left unasked at a cap are not the fleet's work)
+    fleet = 0.0
     ledgers: list[pa.Table] = []
     recent: list[pa.Table] = []  # answers since the last report: the sample a stop quotes
     reported = 0
@@ -157,8 +173,10 @@ def run_llm_task(
         _closing(gate),
         asking(task, cfg, todo, base_url=base_url, limiter=limiter, sink=sink) as answers,
     ):
-        for out in answers:
+        for out in _charged(answers, meter, gate):
             asked = pc.not_equal(out["status"], UNASKED)
+            if meter is not None and gate is not None and pc.any(asked).as_py():
+                fleet = meter.charge(gate.started())  # node-hours up to this block's answers
             if not pc.all(asked).as_py():
                 capped, out = True, out.filter(asked)
             ledgers.append(out.select(LEDGER.names))
@@ -174,7 +192,7 @@ def run_llm_task(
             metrics.ask_progress(task.stage, model, done)
             last = done >= todo.num_rows
             if isinstance(run, StageRun) and run.progress is not None:
-                run.progress.step(task.stage, done, todo.num_rows, spent)
+                run.progress.step(task.stage, done, todo.num_rows, spent + fleet)
             if done - reported < report_every and not last:
                 continue
             reported = done
@@ -183,7 +201,8 @@ def run_llm_task(
                 f"invalid {counts['invalid']:,}, failed {counts['failed']:,}; tokens "
                 f"{tokens['prompt']:,} in{cached_note(tokens, 'cached')} / "
                 f"{tokens['completion']:,} out; "
-                + (budget.progress(spent) if budget else f"${spent:,.2f}")
+                + (budget.progress(spent + fleet) if budget else f"${spent + fleet:,.2f}")
+                + (f" (fleet ${fleet:,.2f})" if meter else "")
             )
             if capped:  # rows unasked are no failures: the stop at the cap says why
                 continue
@@ -195,7 +214,8 @@ def run_llm_task(
             recent = []
 
         if budget is not None and gate is not None and (capped or gate.state()["stopped"]):
-            budget.stop(spent)  # every answer that arrived is stored; nothing is published
+            fleet = meter.usd if meter else 0.0
+            budget.stop(spent + fleet)  # every answer that arrived is stored; nothing published
 
     results = pa.concat_tables(answered).select([*task.output_schema.names, *ANSWER_COLUMNS])
     results = first_per_key(results)
@@ -211,6 +231,7 @@ def run_llm_task(
         "completion_tokens": tokens["completion"],
         "cached_prompt_tokens": tokens["cached"],
         "cost_usd": cost_usd(cfg, ledger_all),
+        "fleet_usd": round(meter.usd, 6) if meter else 0.0,
         "model": model,
         "prompt_version": task.prompt_version,
     }
@@ -225,6 +246,18 @@ def _closing(gate: Reserver | SharedReserver | None) -> Iterator[None]:
     finally:
         if gate is not None:
             gate.close()
+
+
+def _charged(
+    answers: Iterator[pa.Table], meter: FleetMeter | None, gate: Reserver | SharedReserver | None
+) -> Iterator[pa.Table]:
+    """The blocks of answers, and once they end (all of them, a stop, an error) the fleet's
+    node-hours charged up to then."""
+    try:
+        yield from answers
+    finally:
+        if meter is not None and gate is not None:
+            meter.charge(gate.started())
 
 
 def cached_note(stats: dict[str, Any], key: str = "cached_prompt_tokens") -> str:

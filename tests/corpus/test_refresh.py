@@ -3,6 +3,7 @@ corpus built from the bundled sample, with the later stages rerun against the sc
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import lance
@@ -20,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
+import ray
 from typer.testing import CliRunner
 
 from cpr_ray.config import load_config, sample_dir
@@ -35,7 +38,14 @@ from cpr_ray.sample.diffs import make_diff
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage
 from cpr_ray.tables import buckets
-from tests.builds import NEW, OLD, assert_equals_whole_table_mining, copy_build, small_build
+from tests.builds import (
+    NEW,
+    OLD,
+    assert_equals_whole_table_mining,
+    copy_build,
+    small_build,
+    upload_tree,
+)
 from tests.runs.test_cli import error_line
 from tests.standins.clients import S2_FILES_HOST, S2StandIn, start_s2_standin
 from tests.standins.launch import CPR
@@ -684,3 +694,168 @@ def test_a_papers_bucket_finds_its_papers_among_new_openalex_keys_by_each_identi
     assert sorted(release_step.relinked(p, storage, 0, new_keys).to_pylist()) == [2, 4, 6]
     assert release_step.relinked(p, storage, 1, new_keys).to_pylist() == [3]
     assert not release_step.relinked(p, storage, 0, None)
+
+
+def _cli_rounds(folder: str, name: str, argv: list[str]) -> None:
+    """A child: `cpr ARGV` as a user runs it, once per round, each started when the file
+    `go-I` appears in `folder` (`ready-NAME` says its imports are done), after the delay it
+    names for NAME, so two children reach the root's lease together or a set time apart; round
+    I's output goes to `NAME-I.log` and its exit code to `NAME-I.rc`. Ends when `stop`
+    appears."""
+    from cpr_ray.cpr_command import app as cli
+
+    out = Path(folder)
+    (out / f"ready-{name}").touch()
+    for i in itertools.count():
+        while not (out / f"go-{i}").exists():
+            if (out / "stop").exists():
+                return
+            time.sleep(0.001)
+        time.sleep(json.loads((out / f"go-{i}").read_text()).get(name, 0.0))
+        with open(out / f"{name}-{i}.log", "wb") as log:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+            try:
+                cli(argv, prog_name="cpr")
+                code = 0
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else 1
+            except BaseException:  # noqa: BLE001 - the round's outcome, for the test to read
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush(), sys.stderr.flush()
+        (out / f"{name}-{i}.tmp").write_text(str(code))
+        (out / f"{name}-{i}.tmp").rename(out / f"{name}-{i}.rc")
+
+
+def races_on_s3(
+    folder: Path, faults, cpr_args: dict[str, list[str]], delays: list[dict[str, float]]
+) -> list[dict[str, dict]]:
+    """One child process per `cpr_args` entry on the same root, racing once per entry of
+    `delays`: each round they start their command together (but for the seconds the entry
+    names per child), with the root owner's release (its conditional
+    DELETE of owner.json) held by the fault proxy until every other child has ended its round,
+    so whoever wins holds the root while the others try it. Each round's exit code and output
+    per child, and the child's pid."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "tests.corpus.test_refresh", str(folder), name, *argv],
+            # the session's Ray, as a job on a cluster joins it: a Ray of its own costs ~10 s
+            env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+            stdout=subprocess.DEVNULL,
+            stderr=open(folder / f"{name}.log", "wb"),  # noqa: SIM115 - the child's until it ends
+            start_new_session=True,
+        )
+        for name, argv in cpr_args.items()
+    }
+    deadline = time.time() + 180
+
+    def wait(done) -> None:
+        while not done():
+            assert time.time() < deadline, {n: p.poll() for n, p in procs.items()}
+            assert all(p.poll() is None for p in procs.values()), "a child died"
+            time.sleep(0.02)
+
+    def ended(i: int) -> list[str]:
+        return [n for n in procs if (folder / f"{n}-{i}.rc").exists()]
+
+    outcomes = []
+    try:
+        wait(lambda: all((folder / f"ready-{n}").exists() for n in procs))
+        for i, delay in enumerate(delays):
+            faults.hold(r"^DELETE .*/_leases/owner\.json")
+            (folder / f"go-{i}.tmp").write_text(json.dumps(delay))
+            (folder / f"go-{i}.tmp").rename(folder / f"go-{i}")
+            wait(lambda i=i: len(ended(i)) >= len(procs) - 1)  # more than one holds it: stuck
+            faults.release()
+            wait(lambda i=i: len(ended(i)) == len(procs))
+            outcomes.append(
+                {
+                    n: {
+                        "rc": int((folder / f"{n}-{i}.rc").read_text()),
+                        "pid": p.pid,
+                        "out": (folder / f"{n}-{i}.log").read_text(),
+                    }
+                    for n, p in procs.items()
+                }
+            )
+    finally:
+        faults.release()
+        (folder / "stop").touch()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            proc.stderr.close() if proc.stderr else None
+    return outcomes
+
+
+def s3_root(endpoint: str, bucket: str, local: Path, folder: Path) -> str:
+    """A copy of the local build `local` under s3://bucket/root, its manifests naming it."""
+    root = f"s3://{bucket}/root"
+    copy = copy_build(local, folder / "upload")
+    for manifest in copy.rglob("_MANIFEST.json"):
+        manifest.write_text(manifest.read_text().replace(str(copy), root))
+    upload_tree(endpoint, bucket, copy, "root")
+    shutil.rmtree(copy)
+    return root
+
+
+RACES_IN_CI = 3  # the note ran 20 (`CPR_RACES=20`)
+LEADS = [{}, {"refresh": 1.0}, {"build": 1.0}]  # each round's delays after the common start
+
+
+def test_a_build_and_a_refresh_started_together_as_processes_on_s3_one_works_the_other_says_who(
+    tmp_path, sample_mined, s2_api, faults, s3_endpoint, s3_bucket, monkeypatch
+):
+    """`cpr build` and `cpr refresh`, two processes on one root in the test S3, started together
+    (imports done, released by one file): each time exactly one works (exit 0), and the other
+    does nothing but say who owns the root in one line: the refresh exits 75, the build 2."""
+    root = s3_root(s3_endpoint, s3_bucket, sample_mined, tmp_path)
+    common = [
+        *(f"--set={s}" for s in settings(Path("ROOT"), copy_openalex(tmp_path / "oa"), s2_api)),
+        f"--set=storage.root={root}",
+        f"--set=storage.s3_endpoint={faults.url}",
+        "--set=refresh.downstream=false",
+    ]
+    monkeypatch.setenv("S2_API_KEY", S2StandIn.API_KEY)
+    storage = Storage(load_config("dry-run", env={}, overrides=[
+        f"storage.root={root}", f"storage.s3_endpoint={s3_endpoint}"]).storage)  # fmt: skip
+    won: dict[str, int] = {"build": 0, "refresh": 0}
+    order = []
+    started = time.time()
+    rounds = races_on_s3(
+        tmp_path,
+        faults,
+        {
+            "build": ["build", "--profile", "dry-run", "--stages", "venues", *common],
+            "refresh": ["refresh", "--profile", "dry-run", *common],
+        },
+        # together, then one second apart each way: the build's checks before it takes the
+        # lease take longer than the refresh's, so a refresh started with it wins
+        [LEADS[i % len(LEADS)] for i in range(int(os.environ.get("CPR_RACES", RACES_IN_CI)))],
+    )
+    for ended in rounds:
+        winners = [name for name, e in ended.items() if e["rc"] == 0]
+        assert len(winners) == 1, ended  # exactly one worked
+        (winner,) = winners
+        won[winner] += 1
+        order.append(winner[0])
+        loser = "refresh" if winner == "build" else "build"
+        [line] = ended[loser]["out"].strip().splitlines()  # one line, nothing else
+        if loser == "refresh":
+            assert ended[loser]["rc"] == 75, ended
+            assert line.startswith("error: root owned by "), line
+            assert f": a build, pid {ended['build']['pid']}, " in line, line  # who: that build
+        else:
+            assert ended[loser]["rc"] == 2, ended
+            assert line.startswith(f"error: {root} is in use by a refresh on "), line
+            assert f"(pid {ended['refresh']['pid']})" in line, line
+    assert not storage.exists(leases.owner_uri(storage))  # the one that worked let go
+    print(f"races won: {won} ({''.join(order)}) in {time.time() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    _cli_rounds(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -14,8 +14,10 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -24,6 +26,7 @@ import pytest
 import ray
 import yaml
 
+from cpr_ray.storage.leases import JOB_ENV
 from tests.infra.test_cluster_config import IMAGE, find_credentials
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -404,6 +407,43 @@ def test_ray_token_authentication_on_every_ray_cluster():
             assert not {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} & names, where  # KubeRay's to set
 
 
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # Kubernetes' label on a Job's pods
+
+
+def test_every_attempt_of_a_rayjob_runs_its_driver_with_the_rayjob_name_as_cpr_job_id(tmp_path):
+    """A retried refresh or build takes over its killed attempt's lease at once only if both
+    attempts' drivers see the same CPR_JOB_ID (cpr_ray/storage/leases.py). KubeRay re-creates
+    the submitter Job under the RayJob's name for every attempt; its pod reads that name from
+    its Job label, KubeRay's submit command (`ray job submit ... -- ENTRYPOINT`, in bash there)
+    expands the entrypoint's $CPR_JOB_ID, and the head runs the entrypoint with a shell: both
+    shells run here on the manifests' own entrypoints, with stand-ins for `ray` and `python`."""
+    python = tmp_path / "python"  # the driver: says which CPR_JOB_ID it was started with
+    python.write_text(f'#!/bin/sh\nprintf "%s" "${JOB_ENV}"\n')
+    python.chmod(0o755)
+    for where, doc in KUBERAY_JOBS:
+        spec = doc["spec"].get("jobTemplate", doc["spec"])
+        submitter = spec["submitterPodTemplate"]["spec"]
+        assert submitter["restartPolicy"] == "Never", where
+        (container,) = submitter["containers"]
+        assert not {"command", "args"} & set(container), where  # KubeRay's own submit command
+        head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == head["image"], where
+        (env,) = [e for e in container["env"] if e["name"] == JOB_ENV]
+        label = f"metadata.labels['{JOB_NAME_LABEL}']"
+        assert env["valueFrom"] == {"fieldRef": {"fieldPath": label}}, where
+
+        # the submitter pod: KubeRay's command line, a `ray` that hands on what follows `--`
+        stand_in_ray = 'ray() { while [ "$1" != "--" ]; do shift; done; shift; printf "%s" "$*"; }'
+        submit = f"{stand_in_ray}; ray job submit --address http://h:8265 -- {spec['entrypoint']} ;"
+        pod_env = {"PATH": os.environ["PATH"], JOB_ENV: "cpr-refresh-x7k2p"}
+        sent = subprocess.run(["bash", "-c", submit], env=pod_env, capture_output=True, text=True)
+        assert sent.returncode == 0, sent.stderr
+        # the head: Ray's job manager runs the entrypoint it was sent with a shell
+        head_env = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+        driver = subprocess.run(["sh", "-c", sent.stdout], env=head_env, capture_output=True)
+        assert driver.stdout.decode() == "cpr-refresh-x7k2p", (where, sent.stdout)
+
+
 def _named_job_scripts() -> set[str]:
     texts = [doc["spec"].get("jobTemplate", doc["spec"])["entrypoint"] for _, doc in KUBERAY_JOBS]
     texts += [p.read_text() for p in (INFRA / "launcher").iterdir() if p.suffix != ".json"]
@@ -531,7 +571,10 @@ def test_the_build_rayjob_is_the_refresh_cluster_with_a_deadline_from_the_sizing
         yaml.safe_dump(build["spec"]["rayClusterSpec"]).replace("cpr-build", "cpr-refresh")
     )
     assert relabelled == refresh["spec"]["rayClusterSpec"]
-    assert build["spec"]["entrypoint"].startswith("python jobs/build_dataset.py --config s3://")
+    assert re.match(
+        r"(CPR_JOB_ID=\$CPR_JOB_ID )?python jobs/build_dataset\.py --config s3://",
+        build["spec"]["entrypoint"],
+    )
 
     cfg = load_config("cluster", env={})
     stage_models = {stage: cfg.llm.for_stage(stage)[0] for stage in fleet.FLEET_STAGES}

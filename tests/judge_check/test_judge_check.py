@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cpr_ray.config import DatasetConfig, LLMConfig, Price
+from cpr_ray.config.llm import FleetConfig
 from cpr_ray.cpr_command import app
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.judge_check.agreement import (
@@ -483,6 +484,45 @@ def test_projection_from_known_means_prices_and_concurrency():
     n = attempts(0.8)  # extract + rewrite from the ledger, the review as measured, per attempt
     assert wq["calls"] == round(wq["rows"] * n * (2 + 1))
     assert wq["prompt_tokens"] == round(wq["rows"] * n * (958 * 2 / 3 + 300))
+
+
+def test_the_projection_charges_a_priced_fleet_its_node_hours_against_the_cap():
+    """On a fleet priced by the node-hour, each stage whose hours were measured costs hours ×
+    llm.fleet.nodes × llm.fleet.node_hour_usd beside its tokens, as the spend ledger charges
+    it; a build within the cap on tokens alone is over it with the fleet, and the report says
+    both."""
+    measured = Measured(calls=1.0, prompt_tokens=1000, completion_tokens=100, seconds=36.0)
+    llm = LLMConfig(
+        model="m",
+        actors=1,
+        max_in_flight=10,
+        prices={"m": Price(input_per_mtok=0.1, output_per_mtok=0.3)},
+        fleet={"node_hour_usd": 10.0, "nodes": 6},
+    )
+    one = project("judge-transfer", 1000, measured, llm)
+    assert one["hours"] == 1.0  # 1,000 rows × 36 s ÷ 10 in flight
+    assert (one["fleet_node_hours"], one["fleet_usd"]) == (6.0, 60.0)
+    build = project_build(llm, {"judge-transfer": measured}, volumes(DatasetConfig()))
+    fleet, tokens = build["fleet"], build["total"]["usd"]
+    hours = [s["hours"] for s in build["stages"] if s["hours"] is not None]
+    assert fleet["node_hours"] == pytest.approx(6 * sum(hours), abs=0.05)
+    assert fleet["usd"] == pytest.approx(10 * fleet["node_hours"], abs=0.05)
+    assert "synthesize-queries" in fleet["stages_without_hours"]  # no latency: n/a, not 0
+    cap = round(tokens + fleet["usd"] / 2, 2)  # the tokens fit, the fleet does not
+    capped = project_build(
+        llm.model_copy(update={"max_usd": cap}),
+        {"judge-transfer": measured},
+        volumes(DatasetConfig()),
+    )
+    text = " ".join(" ".join(projection_lines(capped)).split())
+    assert f"fleet: {fleet['node_hours']:,.2f} node-hours" in text
+    assert f"llm.fleet.node_hour_usd $10.00: USD {fleet['usd']:,.2f}" in text
+    total = tokens + fleet["usd"]
+    assert f"USD {total:,.2f} (tokens {tokens:,.2f} + fleet {fleet['usd']:,.2f}) is over" in text
+    unpriced = project_build(
+        llm.model_copy(update={"fleet": FleetConfig()}), {}, volumes(DatasetConfig())
+    )
+    assert unpriced["fleet"] is None and "fleet:" not in " ".join(projection_lines(unpriced))
 
 
 def test_the_judges_page_and_scale_md_tables_are_the_projection():

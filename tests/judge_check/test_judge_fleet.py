@@ -228,8 +228,14 @@ def test_scale_md_sizing_table_is_the_arithmetic_for_this_fleet():
         )
         for model, raw in _llm_configs().items()
     }
-    price = fleet.NODE_HOUR_USD[_judge_group()["template"]["spec"]["nodeSelector"][
-        "node.kubernetes.io/instance-type"]]  # fmt: skip
+    # the price the spend ledger charges: the profile's, for the judge group's instance type,
+    # on at most the group's nodes
+    group = _judge_group()
+    assert group["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == (
+        "g6e.12xlarge"
+    )
+    assert cfg.llm.fleet.nodes == group["maxReplicas"]
+    price = cfg.llm.fleet.node_hour_usd
     scale_md = (ROOT / "benchmarks" / "SCALE.md").read_text()
     total_node_hours = 0.0
     for load in loads:

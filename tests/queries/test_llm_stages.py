@@ -10,8 +10,8 @@ import pytest
 
 from cpr_ray.config import load_config
 from cpr_ray.errors import LLMStageError, SpendCapError
-from cpr_ray.llm.spend import in_doubt, ledger_spend
-from cpr_ray.llm.spend_ledger import ledger_uri
+from cpr_ray.llm.spend import FLEET, fleet_uri, in_doubt, ledger_spend
+from cpr_ray.llm.spend_ledger import ledger_summary, ledger_uri
 from cpr_ray.llm.step_runner import run_llm_task
 from cpr_ray.queries.judges import AnalogyJudge
 from cpr_ray.queries.positive_stages import _dedup
@@ -19,6 +19,7 @@ from cpr_ray.queries.usefulness import UsefulnessGrader
 from cpr_ray.queries.writing import QueryWriter
 from cpr_ray.runs.stage_runner import StageRun
 from cpr_ray.storage.store import Storage
+from cpr_ray.tables.compaction import read_parts
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -148,6 +149,33 @@ def test_a_stage_never_spends_past_its_cap_and_a_higher_cap_pays_only_the_rest(
     stats = run_llm_task(higher, AnalogyJudge(), _pairs(200), base_url=llm.base_url).stats
     assert (stats["cached"], stats["asked"]) == (paid, 200 - paid)
     assert llm.stats()["total"] == 200 - paid  # none paid twice
+
+
+def test_a_stage_on_a_priced_fleet_stops_at_the_cap_within_one_block(tmp_path, llm):
+    """A fleet at $1 a second (llm.fleet: 1 node at $3,600 an hour), tokens unpriced, a stage
+    cap of $1.50 and answers that take 0.2 s: the stage is charged its node-hours at every block
+    (ROOT/_llm/fleet/), stops asking once they fill the cap, and what it was charged passes the
+    cap by less than its longest block; the stop names the fleet."""
+    llm.latency(200)
+    fleet = {"fleet.node_hour_usd": 3600, "fleet.nodes": 1, "inline_max_rows": 200}
+    run = _run(
+        tmp_path, llm, actors=1, max_in_flight=4, **fleet, **{"stages.judge-analogy.max_usd": 1.5}
+    )
+    with pytest.raises(SpendCapError) as stop:
+        run_llm_task(run, AnalogyJudge(), _pairs(200), base_url=llm.base_url)
+    assert "at llm.prices and the fleet's node-hours" in str(stop.value)
+    assert "against llm.stages.judge-analogy.max_usd=$1.50" in str(stop.value)
+    charges = read_parts(run.storage, fleet_uri(run.storage, "judge-analogy"), FLEET)
+    assert set(charges["nodes"].to_pylist()) == {1}
+    charged = sum(charges["usd"].to_pylist())
+    assert charged == pytest.approx(sum(charges["seconds"].to_pylist()))  # $1 a second
+    block_s = max(charges["seconds"].to_pylist())  # one block's time (or the last, to the end)
+    assert 1.5 - 1e-6 <= charged <= 1.5 + block_s
+    assert _spent(run)[0] == pytest.approx(charged)  # the caps count it: the ledger's spend
+    [row] = ledger_summary(run.storage, run.llm)  # and `cpr stats` shows it
+    assert row["fleet_usd"] == pytest.approx(charged, abs=1e-6)
+    answered = pq.read_table(ledger_uri(run.storage, "judge-analogy")).num_rows
+    assert 0 < answered < 200 and llm.stats()["total"] == answered
 
 
 def test_one_actor_pool_serves_the_whole_stage_and_every_actor_works(tmp_path, llm):
