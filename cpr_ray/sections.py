@@ -8,11 +8,16 @@ on it without importing each other.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
+
+# the two constraints most settings share, named once: a count or size (rows, actors, ports,
+# buckets) is a whole number of at least 1, an amount (CPUs, seconds, dollars, rates) is above 0
+Count = Annotated[int, Field(ge=1)]
+Positive = Annotated[float, Field(gt=0)]
 
 
 class Section(BaseModel):

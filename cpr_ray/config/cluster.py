@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from cpr_ray.sections import Count
 from cpr_ray.sections import Section as _Section
 
 
@@ -12,7 +13,7 @@ class RayConfig(_Section):
         None,
         description="Ray cluster address; unset starts (or joins via RAY_ADDRESS) a local one.",
     )
-    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray; unset: all.")
+    num_cpus: Count | None = Field(None, description="CPUs for a local Ray; unset: all.")
     object_store_memory_mb: int | None = Field(
         None, ge=64, description="Object store size for a local Ray, in MiB."
     )

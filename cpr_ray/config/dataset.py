@@ -6,6 +6,7 @@ import re
 
 from pydantic import Field, field_validator
 
+from cpr_ray.sections import Count
 from cpr_ray.sections import Section as _Section
 
 
@@ -19,9 +20,9 @@ def license_code(name: str) -> str:
 class DatasetConfig(_Section):
     """N2 negatives, the leak-free split and the export (§3.3–3.4)."""
 
-    eval_per_field: int = Field(50, ge=1, description="CPR-eval queries per field.")
-    eval_negatives_per_group: int = Field(
-        50, ge=1, description="Negatives kept per candidate group for an eval query."
+    eval_per_field: Count = Field(50, description="CPR-eval queries per field.")
+    eval_negatives_per_group: Count = Field(
+        50, description="Negatives kept per candidate group for an eval query."
     )
     train_negatives_per_group: int = Field(
         3, ge=0, description="Negatives kept per candidate group for a train query."

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 TokenPooling = Literal["mean", "cls", "last_token"]
@@ -44,7 +45,7 @@ class EncoderSettings(_Section):
     )
     doc_prefix: str | None = Field(None, description="Prefix before each document; unset: by name.")
     max_length: int = Field(512, ge=8, description="Tokens encoded per text.")
-    batch_size: int = Field(32, ge=1, description="Texts per forward pass.")
+    batch_size: Count = Field(32, description="Texts per forward pass.")
     dtype: Dtype = Field(
         "float32",
         description="Weights' dtype. bfloat16 pays on a GPU and on a CPU with AVX512-BF16 or "
@@ -70,8 +71,8 @@ class EncoderSettings(_Section):
 class EncoderActors(_Section):
     """The Ray actors an encoder runs on when a corpus is encoded on an actor pool."""
 
-    actors: int = Field(2, ge=1, description="Encoder actors of a Ray Data actor pool, at most.")
-    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each encoder actor reserves.")
+    actors: Count = Field(2, description="Encoder actors of a Ray Data actor pool, at most.")
+    cpus_per_actor: Positive = Field(1.0, description="CPUs each encoder actor reserves.")
     gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each encoder actor reserves.")
     resources_per_actor: dict[str, float] = Field(
         default_factory=dict,

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 Benchmark = Literal["cpr", "cpr-full", "beir", "analobench", "bright"]
@@ -49,22 +50,21 @@ class EvalConfig(_Section):
         description="Listwise rounds as group_size:survivors, comma-separated; the last "
         "round's survivors are scored pointwise.",
     )
-    rerank_workers: int = Field(8, ge=1, description="Queries reranked concurrently.")
+    rerank_workers: Count = Field(8, description="Queries reranked concurrently.")
     rewrite: RewriteKind | None = Field(None, description="Query rewriter before retrieval.")
     fusion_k: int = Field(60, ge=0, description="k of reciprocal rank fusion (RAG-Fusion, HyDE).")
     fusion_include_original: bool = Field(
         True, description="RAG-Fusion also ranks with the original query (once)."
     )
-    hyde_passages: int = Field(
+    hyde_passages: Count = Field(
         4,
-        ge=1,
         le=16,
         description="Passages HyDE writes per query (one call); their rankings are fused "
         "by reciprocal rank fusion.",
     )
     seed: int = Field(0, description="Seeds tie-breaking, bootstrap and AnaloBench T1 items.")
-    resamples: int = Field(2000, ge=1, description="Bootstrap resamples.")
-    confidence: float = Field(0.95, gt=0, lt=1, description="Bootstrap interval coverage.")
+    resamples: Count = Field(2000, description="Bootstrap resamples.")
+    confidence: Positive = Field(0.95, lt=1, description="Bootstrap interval coverage.")
     gain: Literal["exponential", "linear"] = Field(
         "exponential", description="nDCG gain: 2^rel - 1, or rel (trec_eval, BEIR tables)."
     )

@@ -6,22 +6,21 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 
 class IngestConfig(_Section):
-    num_buckets: int = Field(
+    num_buckets: Count = Field(
         8,
-        ge=1,
         le=65536,
         description="Key buckets for the join (papers, works and citations are hash-partitioned "
         "so matching buckets join locally with no shuffle). Aim for buckets of ~1-4M rows.",
     )
     batch_size: int = Field(20_000, ge=100, description="Lines parsed per batch.")
-    cpus_per_task: float = Field(1.0, gt=0, description="CPUs each parse/join task reserves.")
-    parse_buffer_mb: int = Field(
+    cpus_per_task: Positive = Field(1.0, description="CPUs each parse/join task reserves.")
+    parse_buffer_mb: Count = Field(
         256,
-        ge=1,
         description="MiB of parsed rows a parse task holds before it writes them, one Parquet "
         "file per key bucket (so files of ~parse_buffer_mb/(num_buckets+2) MiB; at least 1 MiB "
         "each); a batch of lines is also cut at 1/8 of it (1/32 for long lines). Bounds the "

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from cpr_ray.errors import ConfigError
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 
@@ -24,9 +25,8 @@ class LLMStageConfig(_Section):
         "(the dry run pins the passing answers so every later stage gets rows); never for a "
         "real judge. Pinned answers are cached apart from unpinned ones.",
     )
-    max_usd: float | None = Field(
+    max_usd: Positive | None = Field(
         None,
-        gt=0,
         description="Spend cap of this build stage in USD: every answer its ledger holds "
         "(earlier runs included; a refresh counts its own) at llm.prices. At the cap the stage "
         "stops asking, publishes nothing and says what was spent; a rerun with a higher cap "
@@ -58,17 +58,15 @@ class FleetConfig(_Section):
     build stage that asks it is charged the node-hours it holds the fleet for, beside its
     tokens at llm.prices."""
 
-    node_hour_usd: float | None = Field(
+    node_hour_usd: Positive | None = Field(
         None,
-        gt=0,
         description="USD one node of the fleet costs an hour (e.g. g6e.12xlarge on demand). "
         "Each build stage is charged llm.fleet.nodes × this for every hour it asks, in the spend "
         "ledger and against llm.max_usd and llm.stages.<stage>.max_usd, checked at every block "
         "of answers. Unset: the endpoint is paid by the token only (a hosted provider).",
     )
-    nodes: int = Field(
+    nodes: Count = Field(
         1,
-        ge=1,
         description="Nodes the fleet holds while a stage asks it: the most replicas of its "
         "worker group (infra/judges/judges-rayservice.yaml's maxReplicas), so the charge is at "
         "most what the fleet costs, never less.",
@@ -151,8 +149,8 @@ class LLMConfig(_Section):
         "json_object with the plain schema (llama-cpp-python's server). Answers are checked "
         "against the rules after they arrive in every form.",
     )
-    max_in_flight: int = Field(64, ge=1, description="Requests in flight per actor.")
-    actors: int = Field(2, ge=1, description="LLM actors (each an asyncio client).")
+    max_in_flight: Count = Field(64, description="Requests in flight per actor.")
+    actors: Count = Field(2, description="LLM actors (each an asyncio client).")
     inline_max_rows: int = Field(
         256,
         ge=0,
@@ -163,17 +161,17 @@ class LLMConfig(_Section):
         "new rows would pay in every LLM stage; 256 answers cost the driver's client under a "
         "second of CPU. Above it, the pool spreads that work over actors. 0: always a pool.",
     )
-    timeout_s: float = Field(120.0, gt=0, description="Per-request timeout.")
+    timeout_s: Positive = Field(120.0, description="Per-request timeout.")
     max_retries: int = Field(
         6, ge=0, description="Retries of a request on 429/408/5xx, timeouts, connection errors."
     )
-    backoff_base_s: float = Field(0.5, gt=0, description="First back-off; doubles per retry.")
-    backoff_cap_s: float = Field(30.0, gt=0, description="Longest single back-off.")
+    backoff_base_s: Positive = Field(0.5, description="First back-off; doubles per retry.")
+    backoff_cap_s: Positive = Field(30.0, description="Longest single back-off.")
     max_reasks: int = Field(
         2, ge=0, description="Re-asks after an invalid, truncated or inconsistent answer."
     )
-    requests_per_second: float | None = Field(
-        None, gt=0, description="Global request rate limit shared by all actors."
+    requests_per_second: Positive | None = Field(
+        None, description="Global request rate limit shared by all actors."
     )
     tokens_per_minute: int | None = Field(
         None, gt=0, description="Global token rate limit shared by all actors."
@@ -193,13 +191,12 @@ class LLMConfig(_Section):
         description="Stop a stage when more of its new calls come back invalid (against the "
         "answer contract after re-asks) than this.",
     )
-    min_calls_for_failure_rate: int = Field(
+    min_calls_for_failure_rate: Count = Field(
         20,
-        ge=1,
         description="Calls after which the rates may stop a stage early, before it ends.",
     )
-    max_rows_per_stage: int | None = Field(
-        None, ge=1, description="Cap rows entering each LLM stage (dry runs scale down here)."
+    max_rows_per_stage: Count | None = Field(
+        None, description="Cap rows entering each LLM stage (dry runs scale down here)."
     )
     hold_out_flagged_inputs: bool = Field(
         True,
@@ -210,9 +207,8 @@ class LLMConfig(_Section):
     prices: dict[str, Price] = Field(
         default_factory=dict, description="Price table per model name, for the ledger's cost."
     )
-    max_usd: float | None = Field(
+    max_usd: Positive | None = Field(
         None,
-        gt=0,
         description="Spend cap of the build's LLM stages together, in USD: every answer the "
         "root's ledgers hold (earlier stages and runs included; a refresh counts only its own) "
         "at llm.prices, checked as answers arrive. At the cap the stage stops asking, publishes "

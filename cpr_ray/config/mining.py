@@ -6,15 +6,16 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 
 class MiningConfig(_Section):
-    top_share: float = Field(
-        0.2, gt=0, le=1, description="Share of each field's venues kept, by 2-year mean citedness."
+    top_share: Positive = Field(
+        0.2, le=1, description="Share of each field's venues kept, by 2-year mean citedness."
     )
-    min_venue_papers: int = Field(
-        20, ge=1, description="Papers a venue needs in the corpus to be ranked at all."
+    min_venue_papers: Count = Field(
+        20, description="Papers a venue needs in the corpus to be ranked at all."
     )
     conference_policy: Literal["rank_separately", "pool", "exclude"] = Field(
         "rank_separately",
@@ -23,9 +24,8 @@ class MiningConfig(_Section):
     )
     year_min: int = Field(2010, ge=1900, description="First publication year of base papers.")
     year_max: int = Field(2025, ge=1900, description="Last publication year of base papers.")
-    base_per_field: int | None = Field(
+    base_per_field: Count | None = Field(
         None,
-        ge=1,
         description="Base papers drawn per field. Unset: as many as the smallest non-empty field "
         "has, so every field gets the same count (collects all eligible ids: set it on a big "
         "corpus).",

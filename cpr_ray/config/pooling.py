@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from cpr_ray.config.encoder import EncoderConfig
+from cpr_ray.sections import Count
 from cpr_ray.sections import Section as _Section
 
 TEMPLATE_FIELDS = ("title", "abstract")
@@ -84,33 +85,29 @@ class PoolingConfig(_Section):
         "SPLADE-v3 and SciNCL). Document vectors are kept per model and settings across runs "
         "(ROOT/_embeddings/), so a rerun encodes only new or changed texts.",
     )
-    top_k: int = Field(
+    top_k: Count = Field(
         300,
-        ge=1,
         description="Depth of each pooler's ranked list per candidate group and query; a group "
         "keeps at most this many candidates.",
     )
-    top_k_short: int = Field(
-        1000, ge=1, description="Depth for queries whose groups stay short at top_k."
+    top_k_short: Count = Field(
+        1000, description="Depth for queries whose groups stay short at top_k."
     )
-    min_group_size: int = Field(
+    min_group_size: Count = Field(
         50,
-        ge=1,
         description="A group with fewer candidates than this at top_k is short, and its query is "
         "pooled again at top_k_short (judge-negatives takes dataset.eval_negatives_per_group "
         "negatives per group of an eval query, so keep this at least that).",
     )
-    ivf_min_docs: int = Field(
+    ivf_min_docs: Count = Field(
         1_000_000,
-        ge=1,
         description="Dense poolers search an exact flat faiss index below this many documents "
         "and an inverted-file (IVF) index from it.",
     )
-    ivf_lists: int | None = Field(None, ge=1, description="IVF lists; unset: 4·√documents.")
-    ivf_nprobe: int = Field(64, ge=1, description="IVF lists searched per query.")
-    shard_vectors: int = Field(
+    ivf_lists: Count | None = Field(None, description="IVF lists; unset: 4·√documents.")
+    ivf_nprobe: Count = Field(64, description="IVF lists searched per query.")
+    shard_vectors: Count = Field(
         1_500_000,
-        ge=1,
         description="Papers per shard of the universe, about (a hash of the corpus id spreads "
         "them): each dense or SPLADE pooler's index is built and searched one shard at a time, "
         "and the shards' lists merged into exactly those one index gives. A search actor asks "
@@ -118,18 +115,16 @@ class PoolingConfig(_Section):
         "2 GiB), so size this to the GPU nodes' memory (benchmarks/SCALE.md). BM25 searches "
         "every paper in one actor.",
     )
-    search_batch: int = Field(
-        256, ge=1, description="Queries per search call of a pooler's search actor."
+    search_batch: Count = Field(
+        256, description="Queries per search call of a pooler's search actor."
     )
-    search_actors: int = Field(
+    search_actors: Count = Field(
         1,
-        ge=1,
         description="Search actors per pooler, at most; each loads the pooler's query encoder "
         "(with the pooler's CPUs and GPUs) and one shard of its index at a time.",
     )
-    encode_batch_rows: int = Field(
+    encode_batch_rows: Count = Field(
         1024,
-        ge=1,
         description="Documents per map_batches call of an encoder actor; this many texts to "
         "encode or fewer (a refresh's new papers) are encoded in one Ray task, not an actor pool.",
     )

@@ -34,6 +34,8 @@ def type_name(annotation: Any) -> str:
     args = typing.get_args(annotation)
     if origin is Literal:
         return " | ".join(json.dumps(a) for a in args)
+    if origin is typing.Annotated:  # a named constraint (`sections.Count`): its type
+        return type_name(args[0])
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in args)
     if annotation is type(None):

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from cpr_ray.sections import Positive
 from cpr_ray.sections import Section as _Section
 
 
@@ -40,11 +41,11 @@ class RefreshConfig(_Section):
     datasets: tuple[Literal["papers", "abstracts", "citations"], ...] = Field(
         ("papers", "abstracts", "citations"), description="Datasets whose diffs are applied."
     )
-    requests_per_second: float = Field(
-        1.0, gt=0, description="API request rate; S2 allows 1/s per key."
+    requests_per_second: Positive = Field(
+        1.0, description="API request rate; S2 allows 1/s per key."
     )
     max_retries: int = Field(5, ge=0, description="Retries of a 429/5xx/unreachable request.")
-    timeout_s: float = Field(120.0, gt=0, description="Seconds per HTTP request.")
+    timeout_s: Positive = Field(120.0, description="Seconds per HTTP request.")
     downstream: bool = Field(
         True,
         description="After the corpus, rerun the build's later stages (they pay only for what "

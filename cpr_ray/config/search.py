@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 
@@ -13,26 +14,25 @@ class ServeConfig(_Section):
     """The search service (`cpr serve`): limits that keep an overloaded service answering."""
 
     host: str = Field("127.0.0.1", description="Address the HTTP proxy listens on.")
-    port: int = Field(8000, ge=1, le=65535, description="Port of the HTTP proxy.")
-    max_ongoing_requests: int = Field(
-        8, ge=1, description="Requests a replica runs at once (Ray Serve max_ongoing_requests)."
+    port: Count = Field(8000, le=65535, description="Port of the HTTP proxy.")
+    max_ongoing_requests: Count = Field(
+        8, description="Requests a replica runs at once (Ray Serve max_ongoing_requests)."
     )
-    max_queued_requests: int = Field(
+    max_queued_requests: Count = Field(
         16,
-        ge=1,
         description="Requests waiting for a replica; past it the service answers 503 at once "
         "instead of queueing without bound.",
     )
-    min_replicas: int = Field(1, ge=1, description="Replicas kept up (autoscaling floor).")
-    max_replicas: int = Field(1, ge=1, description="Replicas at most (autoscaling ceiling).")
-    target_ongoing_requests: float = Field(
-        4.0, gt=0, description="Ongoing requests per replica the autoscaler aims at."
+    min_replicas: Count = Field(1, description="Replicas kept up (autoscaling floor).")
+    max_replicas: Count = Field(1, description="Replicas at most (autoscaling ceiling).")
+    target_ongoing_requests: Positive = Field(
+        4.0, description="Ongoing requests per replica the autoscaler aims at."
     )
-    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs each replica reserves.")
+    cpus_per_replica: Positive = Field(1.0, description="CPUs each replica reserves.")
     max_body_bytes: int = Field(
         65_536, ge=256, description="Largest request body; bigger ones get 413."
     )
-    max_queries: int = Field(32, ge=1, description="Queries per request at most.")
+    max_queries: Count = Field(32, description="Queries per request at most.")
     api_key_env: str | None = Field(
         None,
         description="Environment variable holding the key clients send as X-API-Key; unset: "
@@ -60,9 +60,7 @@ class FusionConfig(_Section):
     weight: float = Field(
         0.5, ge=0, le=1, description="convex: the dense side's weight (BM25's is 1 - weight)."
     )
-    depth: int = Field(
-        100, ge=1, description="Hits of each side fused (at least the hits asked for)."
-    )
+    depth: Count = Field(100, description="Hits of each side fused (at least the hits asked for).")
 
 
 class SearchConfig(_Section):
@@ -77,28 +75,27 @@ class SearchConfig(_Section):
     )
     out: str | None = Field(None, description="Where `cpr index` writes the index.")
     index: str | None = Field(None, description="The index `cpr search`/`cpr serve` read.")
-    shard_size: int = Field(
-        1_000_000, ge=1, description="Vectors per faiss shard; a bigger corpus gets several."
+    shard_size: Count = Field(
+        1_000_000, description="Vectors per faiss shard; a bigger corpus gets several."
     )
-    ivf_min_vectors: int = Field(
+    ivf_min_vectors: Count = Field(
         2_000_000,
-        ge=1,
         description="Shards this big get an IVF index (nprobe lists searched); smaller are Flat "
         "(exact).",
     )
-    nprobe: int = Field(32, ge=1, description="Inverted lists an IVF shard searches per query.")
+    nprobe: Count = Field(32, description="Inverted lists an IVF shard searches per query.")
     bm25: bool = Field(
         True,
         description="Build a BM25 index beside the dense one; `cpr search` and `cpr serve` "
         "then fuse both (`fusion:`). --no-bm25: dense only.",
     )
-    k: int = Field(10, ge=1, description="Hits per query.")
-    max_k: int = Field(1000, ge=1, description="Largest k a query may ask for.")
-    infer_field_k: int = Field(
-        20, ge=1, description="Nearest papers whose majority field is the query's own field."
+    k: Count = Field(10, description="Hits per query.")
+    max_k: Count = Field(1000, description="Largest k a query may ask for.")
+    infer_field_k: Count = Field(
+        20, description="Nearest papers whose majority field is the query's own field."
     )
     rerank_depth: int = Field(30, ge=2, description="Candidates the --rerank llm tournament ranks.")
-    query_batch: int = Field(256, ge=1, description="Queries encoded and searched together.")
+    query_batch: Count = Field(256, description="Queries encoded and searched together.")
     serve: ServeConfig = ServeConfig()
 
 

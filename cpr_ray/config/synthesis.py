@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from cpr_ray.sections import Positive
 from cpr_ray.sections import Section as _Section
 
 
@@ -28,7 +29,7 @@ class SynthesisConfig(_Section):
         description="Cross-encoder that scores paraphrase pairs for CE, e.g. "
         "cross-encoder/quora-distilroberta-base; unset: no CE.",
     )
-    paraphrase_threshold: float = Field(
-        0.5, gt=0, lt=1, description="CE score at which a pair counts as paraphrases."
+    paraphrase_threshold: Positive = Field(
+        0.5, lt=1, description="CE score at which a pair counts as paraphrases."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the metric models run.")

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
 
 TrainFormat = Literal["cpr", "triplets", "msmarco", "reasonir", "specter"]
@@ -17,8 +18,8 @@ class LoRAConfig(_Section):
     adapters train, checkpoints hold only them, and the final save merges them into the base
     weights, so the output is a plain sentence-transformers model."""
 
-    r: int = Field(16, ge=1, description="Adapter rank.")
-    alpha: float = Field(32.0, gt=0, description="Adapter scale numerator (scale = alpha / r).")
+    r: Count = Field(16, description="Adapter rank.")
+    alpha: Positive = Field(32.0, description="Adapter scale numerator (scale = alpha / r).")
     dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapters' input.")
     target_modules: str | tuple[str, ...] = Field(
         "all-linear",
@@ -57,8 +58,8 @@ class TrainConfig(_Section):
         description="BRIGHT documents (id, content; JSONL/Parquet file or folder) that fill "
         "ReasonIR HQ positives, which the public HQ set gives as BRIGHT document ids.",
     )
-    samples: int | None = Field(
-        None, ge=1, description="Pairs sampled (with seed) after filtering; unset: all."
+    samples: Count | None = Field(
+        None, description="Pairs sampled (with seed) after filtering; unset: all."
     )
     seed: int = Field(42, description="Seed of sampling, data order and dropout (paper: 42, 1, 2).")
     hold_out_domain: str | None = Field(
@@ -72,39 +73,37 @@ class TrainConfig(_Section):
     negatives: int | None = Field(
         None, ge=0, description="Hard negatives per query, at most (first ones); unset: all."
     )
-    batch_size: int = Field(
-        128, ge=1, description="Queries per optimiser step, over all workers (the global batch)."
+    batch_size: Count = Field(
+        128, description="Queries per optimiser step, over all workers (the global batch)."
     )
-    chunk_size: int | None = Field(
+    chunk_size: Count | None = Field(
         64,
-        ge=1,
         description="Texts per forward pass. A worker whose batch has more texts (queries, "
         "positives, negatives) uses a gradient cache: embeddings first, then the gradients "
         "replayed chunk by chunk, so every query still sees the whole global batch as "
         "negatives. Unset: one forward per step.",
     )
-    epochs: int = Field(1, ge=1, description="Passes over the data.")
-    max_steps: int | None = Field(
+    epochs: Count = Field(1, description="Passes over the data.")
+    max_steps: Count | None = Field(
         None,
-        ge=1,
         description="Stop after this many optimiser steps (the schedule still spans the "
         "epochs); unset: all.",
     )
-    lr: float = Field(6e-6, gt=0, description="Peak learning rate.")
+    lr: Positive = Field(6e-6, description="Peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before the cosine.")
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="The cosine decays to lr times this at the last step."
     )
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    eps: Positive = Field(1e-8, description="AdamW epsilon.")
     weight_decay: float = Field(
         0.1, ge=0, description="AdamW weight decay (not on biases and norm weights)."
     )
-    max_grad_norm: float | None = Field(
-        1.0, gt=0, description="Clip the global gradient norm to this; unset: no clipping."
+    max_grad_norm: Positive | None = Field(
+        1.0, description="Clip the global gradient norm to this; unset: no clipping."
     )
-    temperature: float = Field(
-        0.05, gt=0, description="InfoNCE temperature (0.05: sentence-transformers' scale 20)."
+    temperature: Positive = Field(
+        0.05, description="InfoNCE temperature (0.05: sentence-transformers' scale 20)."
     )
     max_length: int = Field(1024, ge=8, description="Tokens per text in training.")
     cw_weighting: bool = Field(
@@ -132,17 +131,15 @@ class TrainConfig(_Section):
         description="Train low-rank adapters instead of every weight (r, alpha, dropout, "
         "target_modules); unset: full fine-tuning.",
     )
-    gpu_memory_gb: float = Field(
+    gpu_memory_gb: Positive = Field(
         80.0,
-        gt=0,
         description="Memory of one worker's GPU, for the memory plan (cpr train "
         "--plan) and the check before a run starts.",
     )
-    workers: int = Field(1, ge=1, description="Ray Train workers (one process, one GPU each).")
+    workers: Count = Field(1, description="Ray Train workers (one process, one GPU each).")
     use_gpu: bool = Field(False, description="One GPU per worker.")
-    cpus_per_worker: float | None = Field(
+    cpus_per_worker: Positive | None = Field(
         None,
-        gt=0,
         description="CPUs each worker reserves (also its torch threads, at least 1). Unset: on "
         "a local Ray the workers share its CPUs (a 1-worker run uses every core); on GPU "
         "workers or a cluster, 1.",
@@ -151,10 +148,10 @@ class TrainConfig(_Section):
         default_factory=dict,
         description="Custom Ray resources each worker reserves, e.g. {cpr_gpu_node: 1}.",
     )
-    checkpoint_every: int = Field(
-        20, ge=1, description="Steps between checkpoints (and at the last step)."
+    checkpoint_every: Count = Field(
+        20, description="Steps between checkpoints (and at the last step)."
     )
-    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept in storage.")
+    keep_checkpoints: Count = Field(2, description="Checkpoints kept in storage.")
     max_failures: int = Field(
         1, ge=0, description="Worker-group restarts from the last checkpoint before giving up."
     )
