@@ -32,6 +32,7 @@ import yaml
 
 from cpr_ray.config import TrainConfig
 from cpr_ray.config.search import retriever_label
+from cpr_ray.sections import derive
 
 TAG = "cpr-ray"
 LOSS = "InfoNCE"
@@ -112,28 +113,16 @@ class ProcedureFacts:
 
     @classmethod
     def from_run(cls, tc: TrainConfig, summary: Mapping[str, Any], *, bf16: bool) -> ProcedureFacts:
+        """The run's settings by their config names (`sections.derive`), and what it measured."""
         data = summary.get("data", {})
-        return cls(
-            temperature=tc.temperature,
-            batch_size=tc.batch_size,
-            workers=tc.workers,
+        return derive(
+            cls,
+            tc,
             hard_negatives_max=int(data.get("max_negatives", 0)),
             hard_negatives_mean=float(data.get("mean_negatives", 0.0)),
-            chunk_size=tc.chunk_size,
-            lr=tc.lr,
-            warmup_steps=tc.warmup_steps,
-            min_lr_ratio=tc.min_lr_ratio,
             betas=tuple(tc.betas),
-            eps=tc.eps,
-            weight_decay=tc.weight_decay,
-            max_grad_norm=tc.max_grad_norm,
-            epochs=tc.epochs,
             steps=int(summary["steps"]),
-            seed=tc.seed,
-            strategy=tc.strategy,
             lora=summary.get("lora"),
-            cw_weighting=tc.cw_weighting,
-            gradient_checkpointing=tc.gradient_checkpointing,
             bf16=bf16,
             final=dict(summary.get("final") or {}),
         )
