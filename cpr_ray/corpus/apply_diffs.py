@@ -41,10 +41,10 @@ from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, rows_schema
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.shards import LINES
 from cpr_ray.corpus.table_changes import Corpus
-from cpr_ray.corpus.tables import INGEST
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.runs.ray_runtime import ensure_ray
 from cpr_ray.runs.stage_runner import console, manifest_uri, read_manifest
+from cpr_ray.stages import INGEST
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables.buckets import BUCKET, bucketed_dataset
