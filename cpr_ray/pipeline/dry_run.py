@@ -15,6 +15,7 @@ from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.llm.local_server import local_server
 from cpr_ray.pipeline.build import manifests_table, run_build
 from cpr_ray.runs.command_options import console
+from cpr_ray.stages import EXPORT, SYNTHESIZE_QUERIES
 from cpr_ray.storage.store import Storage, join
 
 PLACEHOLDER_NOTICE = (
@@ -50,7 +51,7 @@ def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None
             )
         console.print(PLACEHOLDER_NOTICE)
     console.print(manifests_table(manifests))
-    export = manifests["export"]
+    export = manifests[EXPORT]
     if not export["tables"]["cpr-eval"]["rows"]:
         console.print(
             "CPR-eval of this dry run is empty (no query survived the LLM stages): nothing "
@@ -209,9 +210,9 @@ def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
     from cpr_ray.train.trainer import run_train
 
     model = minilm_path()
-    synthesis = manifests.get("synthesize-queries", {}).get("tables", {})
+    synthesis = manifests.get(SYNTHESIZE_QUERIES, {}).get("tables", {})
     synthesized = synthesis.get("multi-query", {"rows": 0, "uri": None})
-    export = manifests["export"]
+    export = manifests[EXPORT]
     need = cfg.train.batch_size
     if synthesized["rows"] >= need:
         data, fmt = synthesized["uri"], "triplets"
