@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.llm.local_server import local_server
 from cpr_ray.pipeline.build import manifests_table, run_build
 from cpr_ray.runs.command_options import console
+from cpr_ray.runs.stage_runner import Manifest
 from cpr_ray.stages import EXPORT, SYNTHESIZE_QUERIES
 from cpr_ray.storage.store import Storage, join
 
@@ -201,7 +203,7 @@ def _kept_results(cfg: Config, keep: str | None, key: str) -> dict[str, Any] | N
     return kept["results"] if kept and kept.get("key") == key else None
 
 
-def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
+def fine_tune(cfg: Config, manifests: Mapping[str, Manifest]) -> str | None:
     """The dry run's training step: MiniLM for a few steps on 2 CPU workers (the profile's
     `train:`), on the multi-query data synthesized from CPR-train's positives, or on CPR-train
     itself when synthesis gave none; returns the trained model, None when there is too little

@@ -57,7 +57,7 @@ class Manifest(TypedDict, total=False):
     `run_stage` writes every field; a reader needs only those it reads, so a manifest written
     by hand (a test's upstream, an index's source) reads too. `inputs` are what a rerun
     compares to skip; `lease` the root's lease generation it was published under; `corpus`
-    (ingest's alone) the S2 releases a refresh applied."""
+    and `refreshed` (ingest's alone) the S2 releases a refresh applied, and when."""
 
     stage: str
     run_id: str
@@ -73,6 +73,7 @@ class Manifest(TypedDict, total=False):
     storage_retries: int
     lease: dict[str, Any] | None
     corpus: dict[str, Any]
+    refreshed: str
 
 
 _MANIFEST = TypeAdapter(Manifest)
