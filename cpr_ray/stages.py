@@ -239,6 +239,15 @@ def upstream(name: str, registry: Iterable[Stage] = REGISTRY) -> tuple[str, ...]
     return tuple(n for n in build_order(by_name.values()) if n in seen)
 
 
+def load_all(registry: Iterable[Stage] = REGISTRY) -> None:
+    """Import every stage's code: what a check over all of it needs loaded first (a pin is
+    checked against the answer models the stage modules define)."""
+    for s in registry:
+        resolve(s.run)
+        for t in s.tasks:
+            resolve(t.cls)
+
+
 def resolve(ref: str) -> Any:
     """The object a ``"package.module:attribute"`` reference names (imported now)."""
     module, _, attribute = ref.partition(":")

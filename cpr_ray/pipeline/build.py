@@ -55,6 +55,7 @@ def preflight(cfg: Config, storage: Storage, selected: Sequence[str]) -> dict[st
     verifier fails in seconds, not after Ray's start. Returns
     per-stage arguments (the shards found, so ingest reads exactly what was checked)."""
     check_root(storage)
+    registry.load_all()  # every stage's answer models, which the pins name
     check_pins(cfg.llm)
     if JUDGE_TRANSFER in selected:
         cfg.llm.check_verifier()
