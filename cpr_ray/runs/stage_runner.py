@@ -4,6 +4,9 @@ A stage writes into a fresh run folder ``{root}/{stage}/runs/{run_id}/`` that no
 then publishes ``{root}/{stage}/_MANIFEST.json`` last. Object stores have no atomic rename, so
 the manifest *is* the commit: readers follow it to the run folder, a crash before it leaves only
 an orphan folder, and a stage whose manifest records the same inputs and config is skipped.
+
+Stages are declared in the registry (`cpr_ray.stages`); `run_registered` runs one from its entry
+there: the manifests of the stages it reads are its inputs and its body's arguments.
 """
 
 from __future__ import annotations
