@@ -13,12 +13,13 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from cpr_ray import stages as registry
 from cpr_ray.config import load_config
 from cpr_ray.errors import ConfigError, StorageError, UserError
 from cpr_ray.evaluate.eval_commands import eval_command, report_command
 from cpr_ray.judge_check.command import judge_check_command
 from cpr_ray.llm.spend_ledger import ledger_summary
-from cpr_ray.pipeline.build import STAGES, manifests_table, resolve_stages, run_build
+from cpr_ray.pipeline.build import manifests_table, run_build
 from cpr_ray.pipeline.dry_run import run_dry_run
 from cpr_ray.pipeline.refresh import refresh as refresh_corpus
 from cpr_ray.pipeline.refresh import summary_lines
@@ -104,7 +105,7 @@ def build(
     profile: ProfileOpt = None,
     stages: Annotated[
         str | None,
-        typer.Option("--stages", help=f"Comma-separated subset of: {', '.join(STAGES)}"),
+        typer.Option("--stages", help=f"Comma-separated subset of: {', '.join(registry.STAGES)}"),
     ] = None,
     force: ForceOpt = False,
     llm_base_url: LLMUrlOpt = None,
@@ -118,7 +119,7 @@ def build(
         cfg = load_config(
             profile, config, [*_llm_overrides(llm_base_url, llm_model), *(set_ or [])]
         )
-        names = resolve_stages([s.strip() for s in stages.split(",")] if stages else None)
+        names = registry.select([s.strip() for s in stages.split(",")] if stages else None)
         manifests = run_build(cfg, names, force=force)
     except UserError as exc:
         fail(exc)
@@ -196,8 +197,8 @@ def stats(
     storage = Storage(StorageConfig(root=root, s3_endpoint=s3_endpoint))
     if watch and (as_json or stage):
         fail(ConfigError("--watch follows a running build; --json and --stage read a finished one"))
-    if stage is not None and stage.replace("_", "-") not in STAGES:
-        fail(ConfigError(f"--stage {stage}: no such stage; stages: {', '.join(STAGES)}"))
+    if stage is not None and stage.replace("_", "-") not in registry.STAGES:
+        fail(ConfigError(f"--stage {stage}: no such stage; stages: {', '.join(registry.STAGES)}"))
     if watch:
         _watch(storage, interval)
         return
@@ -213,7 +214,7 @@ def stats(
         return
     try:
         llm_cfg = load_config(file=config).llm if config else None
-        manifests = {n: m for n in STAGES if (m := read_manifest(storage, n)) is not None}
+        manifests = {n: m for n in registry.STAGES if (m := read_manifest(storage, n)) is not None}
         ledger = ledger_summary(storage, llm_cfg)
         failed = failures.last_failures(storage, manifests)
     except UserError as exc:
@@ -272,17 +273,15 @@ def _watch(storage: Storage, interval: float) -> None:
 
     from cpr_ray.pipeline.watch import snapshot, spend_line, watch_table
 
-    names = list(STAGES)
-
     def view() -> tuple[Group, bool, str]:
-        snap = snapshot(storage, names)
-        shown = Group(watch_table(snap, names), spend_line(snap))
+        snap = snapshot(storage)
+        shown = Group(watch_table(snap), spend_line(snap))
         with console.capture() as text:
             console.print(shown)
         return shown, snap.running, text.get()
 
     try:
-        first = snapshot(storage, names)
+        first = snapshot(storage)
         if not (first.running or first.manifests or first.progress):  # a typo in ROOT, say
             raise StorageError(f"no build under {storage.root}: nothing published, nothing running")
         shown, running, text = view()

@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 
 from cpr_ray.config import load_config
-from cpr_ray.pipeline.build import STAGES, run_build
+from cpr_ray.pipeline.build import run_build
 from cpr_ray.runs.command_options import job_parser, run_job
 from cpr_ray.runs.stage_runner import manifest_uri
+from cpr_ray.stages import STAGES
 from cpr_ray.storage.store import Storage
 
 

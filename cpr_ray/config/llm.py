@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from cpr_ray import stages as registry
 from cpr_ray.errors import ConfigError
 from cpr_ray.sections import Count, Positive
 from cpr_ray.sections import Section as _Section
@@ -78,19 +79,12 @@ class FleetConfig(_Section):
         return (self.node_hour_usd or 0.0) * self.nodes / 3600
 
 
-# the LLM stages of a build, which the spend caps cover, and evaluation's and search's (not capped)
-BuildLLMStage = Literal[
-    "judge-analogy",
-    "judge-transfer",
-    "write-queries",
-    "dedup",
-    "score-positives",
-    "judge-negatives",
-    "synthesize-queries",
-]
-LLMStage = Literal[BuildLLMStage, "rerank-choose", "rerank-score", "rewrite"]
-LLM_STAGES: tuple[str, ...] = get_args(LLMStage)
-BUILD_LLM_STAGES: tuple[str, ...] = get_args(BuildLLMStage)
+# the LLM stages of a build (the registry's), which the spend caps cover, and evaluation's and
+# search's asks (not capped): the keys `llm.stages` takes, checked as the config loads
+BUILD_LLM_STAGES: tuple[str, ...] = registry.LLM_STAGES
+LLM_STAGES: tuple[str, ...] = (*BUILD_LLM_STAGES, "rerank-choose", "rerank-score", "rewrite")
+BuildLLMStage = Literal[BUILD_LLM_STAGES]  # type: ignore[valid-type]
+LLMStage = Literal[LLM_STAGES]  # type: ignore[valid-type]
 
 
 def stage_name(name: str) -> str:
@@ -299,7 +293,8 @@ class LLMConfig(_Section):
 
     def same_verifier(self) -> bool:
         """Whether judge-transfer would ask the analogy judge's own model."""
-        return self.for_stage("judge-transfer")[0] == self.for_stage("judge-analogy")[0]
+        transfer, analogy = registry.JUDGE_TRANSFER, registry.JUDGE_ANALOGY
+        return self.for_stage(transfer)[0] == self.for_stage(analogy)[0]
 
     def check_verifier(self) -> None:
         """The method's transfer verification is a second, different model: one model for both
@@ -307,7 +302,7 @@ class LLMConfig(_Section):
         if self.same_verifier() and not self.allow_same_verifier:
             raise ConfigError(
                 "invalid config: llm.stages.judge-transfer.model: judge-transfer would ask "
-                f"{self.for_stage('judge-transfer')[0]}, the analogy judge's own model; the "
+                f"{self.for_stage(registry.JUDGE_TRANSFER)[0]}, the analogy judge's own model; the "
                 "method verifies with a second, different model: name one there, or set "
                 "llm.allow_same_verifier: true to accept one model for both"
             )

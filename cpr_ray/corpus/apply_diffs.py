@@ -41,10 +41,10 @@ from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, rows_schema
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
 from cpr_ray.corpus.shards import LINES
 from cpr_ray.corpus.table_changes import Corpus
-from cpr_ray.corpus.tables import INGEST
 from cpr_ray.errors import ConfigError, InputError, StorageError
 from cpr_ray.runs.ray_runtime import ensure_ray
-from cpr_ray.runs.stage_runner import console, manifest_uri, read_manifest
+from cpr_ray.runs.stage_runner import Manifest, console, read_manifest, write_manifest
+from cpr_ray.stages import INGEST
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables.buckets import BUCKET, bucketed_dataset
@@ -207,7 +207,7 @@ class RefreshRun:
 # -- state -----------------------------------------------------------------------------------------
 
 
-def _manifest(run: RefreshRun) -> dict[str, Any]:
+def _manifest(run: RefreshRun) -> Manifest:
     manifest = read_manifest(run.storage, INGEST)
     if manifest is None:
         raise StorageError(
@@ -217,7 +217,7 @@ def _manifest(run: RefreshRun) -> dict[str, Any]:
     return manifest
 
 
-def _corpus_state(run: RefreshRun, manifest: dict[str, Any]) -> dict[str, Any]:
+def _corpus_state(run: RefreshRun, manifest: Manifest) -> dict[str, Any]:
     state = manifest.get("corpus")
     if state:
         return state
@@ -237,11 +237,11 @@ def _corpus_state(run: RefreshRun, manifest: dict[str, Any]) -> dict[str, Any]:
 
 def _commit(
     run: RefreshRun,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     corpus: Corpus,
     state: dict[str, Any],
     report: StepReport,
-) -> dict[str, Any]:
+) -> Manifest:
     """Publish what the tables now hold: the step is applied once this write lands."""
     venues_uri = join(
         manifest["output"], f"venues-{_slug(state['release'])}-{len(state['applied'])}.parquet"
@@ -269,7 +269,7 @@ def _commit(
         state = {**state, "applied": [*state["applied"], report.as_dict()]}
     base_run = manifest["output"].rstrip("/").rsplit("/", 1)[1]
     stamp = f"{base_run}+{state['release']}+{len(state['applied'])}"
-    new = {
+    new: Manifest = {
         **manifest,
         "tables": tables,
         "corpus": state,
@@ -277,7 +277,7 @@ def _commit(
         "refreshed": dt.datetime.now(dt.timezone.utc).isoformat(),
     }
     # one writer: the refresh holds the root's lease (`pipeline.refresh`) while it commits
-    run.storage.write_json(manifest_uri(run.storage, INGEST), new)
+    write_manifest(run.storage, new)
     corpus.manifest = new
     return new
 
@@ -395,8 +395,8 @@ def _key_buckets(run: RefreshRun, corpus: Corpus) -> int:
 
 
 def _openalex(
-    run: RefreshRun, manifest: dict[str, Any], corpus: Corpus, state: dict[str, Any]
-) -> dict[str, Any]:
+    run: RefreshRun, manifest: Manifest, corpus: Corpus, state: dict[str, Any]
+) -> Manifest:
     """Parse works partitions newer than the pinned snapshot into the key table, their keys
     alone beside; relink the papers they match (each papers bucket finds its own); pin the newer
     snapshot."""

@@ -38,12 +38,14 @@ from cpr_ray.corpus.shards import LINES
 from cpr_ray.errors import InputError
 from cpr_ray.runs.stage_runner import (
     Phases,
+    Reads,
     StageOutput,
     StageRun,
     console,
+    entry,
     read_manifest,
-    run_stage,
 )
+from cpr_ray.stages import INGEST
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets, schemas
 from cpr_ray.tables import duckdb_sql as duck
@@ -58,7 +60,6 @@ from cpr_ray.tables.buckets import (
 )
 from cpr_ray.tables.buckets import plan as plan_buckets
 
-STAGE = "ingest"
 # parsed inputs kept beside the corpus tables (not in the staging folder a run removes): the
 # refresh links new papers to OpenAlex through the key table and recounts venues from the lists
 KEPT_INPUTS = {
@@ -68,7 +69,7 @@ KEPT_INPUTS = {
 }
 
 
-def _run(run: StageRun, inputs: dict[str, InputSet]) -> StageOutput:
+def run_ingest(run: StageRun, reads: Reads, inputs: dict[str, InputSet]) -> StageOutput:
     """Ingest as a list of named phases (their seconds go to the stats)."""
     job, phase = _Ingest(run, inputs), Phases()
     job.parse()
@@ -539,22 +540,23 @@ def _print_summary(stats: dict[str, Any]) -> None:
     )
 
 
-def ingest(
+def prepare_ingest(
     cfg: Config,
     storage: Storage,
     *,
     force: bool = False,
     inputs: dict[str, InputSet] | None = None,
-) -> dict[str, Any]:
-    """Run (or skip) the ingest stage and return its manifest.
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ingest's inputs (the shards' fingerprints, what a rerun compares) and its body's
+    arguments (the shards).
 
     `inputs` are the shards `discover_inputs` found, when the caller checked them before
     starting Ray (`pipeline.run_build` does, with the storage root); otherwise they are listed
-    here.
+    here. A corpus a refresh has moved on is not ingested back to the bulk shards' release.
     """
     inputs = discover_inputs(cfg, storage) if inputs is None else inputs
     fingerprints = {name: item.fingerprint for name, item in inputs.items()}
-    published = read_manifest(storage, STAGE) or {}
+    published = read_manifest(storage, INGEST) or {}
     corpus = published.get("corpus") or {}
     if corpus.get("applied") and published.get("inputs") != fingerprints and not force:
         raise InputError(
@@ -562,15 +564,11 @@ def ingest(
             f"ingesting input.s2 again would take it back to {corpus['base_release']}. Run cpr "
             "refresh to update it, or cpr build --force to rebuild from the bulk shards"
         )
-    return run_stage(
-        STAGE,
-        cfg,
-        storage,
-        inputs=fingerprints,
-        config_sections=("input", "ingest"),
-        fn=partial(_run, inputs=inputs),
-        force=force,
-    )
+    return fingerprints, {"inputs": inputs}
+
+
+# run (or skip) ingest and return its manifest: ingest(cfg, storage, inputs=…)
+ingest = entry(INGEST)
 
 
 __all__: Sequence[str] = ("ingest", "InputError")

@@ -5,10 +5,11 @@ unpublished (the edits themselves: `release_step`, `bucket_edits`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cpr_ray.corpus.ingest import KEPT_INPUTS
 from cpr_ray.errors import StorageError
+from cpr_ray.runs.stage_runner import Manifest
 from cpr_ray.storage.store import Storage
 from cpr_ray.tables import buckets
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 class Corpus:
     """The Lance tables the ingest manifest points at, with the versions it records."""
 
-    def __init__(self, storage: Storage, manifest: dict[str, Any]) -> None:
+    def __init__(self, storage: Storage, manifest: Manifest) -> None:
         self.storage = storage
         self.manifest = manifest
         tables = manifest["tables"]

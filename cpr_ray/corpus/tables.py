@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.errors import StorageError
-from cpr_ray.runs.stage_runner import require_manifest
+from cpr_ray.runs.stage_runner import Manifest, require_manifest
+from cpr_ray.stages import INGEST
 from cpr_ray.storage.store import Storage
 from cpr_ray.tables import buckets
 
 if TYPE_CHECKING:
     import lance
-
-INGEST = "ingest"
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class PinnedTable:
     version: int | None = None
 
     @classmethod
-    def of(cls, manifest: dict[str, Any], name: str) -> PinnedTable:
+    def of(cls, manifest: Manifest, name: str) -> PinnedTable:
         table = manifest["tables"][name]
         return cls(table["uri"], table.get("version"))
 
@@ -57,7 +56,7 @@ def pinned_papers(storage: Storage) -> tuple[PinnedTable, str]:
     return PinnedTable.of(manifest, "papers"), manifest["run_id"]
 
 
-def bucket_plan(storage: Storage, ingest_manifest: dict[str, Any], name: str) -> buckets.BucketPlan:
+def bucket_plan(storage: Storage, ingest_manifest: Manifest, name: str) -> buckets.BucketPlan:
     """Which fragments of ingest's `name` table (at its pinned version) hold which key bucket:
     what a stage needs to read the table one bucket per task."""
     table = ingest_manifest["tables"][name]

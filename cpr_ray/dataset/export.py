@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.cards.dataset_card import PAPER_SHARES, dataset_card, percent
-from cpr_ray.config import Config, license_code
-from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
+from cpr_ray.config import license_code
+from cpr_ray.corpus.tables import PinnedTable, papers_by_id
 from cpr_ray.dataset.format import (
     CARD,
     CORPUS,
@@ -36,7 +35,6 @@ from cpr_ray.dataset.format import (
     file_name,
 )
 from cpr_ray.dataset.negatives import GROUPS, group_rank, split_fingerprint
-from cpr_ray.dataset.negatives import STAGE as NEGATIVES_STAGE
 from cpr_ray.dataset.provenance import provenance
 from cpr_ray.dataset.split import (
     EVAL,
@@ -47,17 +45,12 @@ from cpr_ray.dataset.split import (
     eval_papers,
 )
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.runs.stage_runner import (
-    StageOutput,
-    StageRun,
-    console,
-    require_manifest,
-    run_stage,
-)
-from cpr_ray.storage.store import Storage, join
+from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, console, entry
+from cpr_ray.stages import EXPORT as STAGE
+from cpr_ray.stages import INGEST, JUDGE_NEGATIVES, POOL
+from cpr_ray.storage.store import join
 from cpr_ray.tables import duckdb_sql as duck
 
-STAGE = "export"
 # the method's shares of positives from another field / domain (§3.4), for the card
 PAPER_COLUMNS = [
     "corpus_id",
@@ -246,7 +239,7 @@ def _export(
         raise ConfigError(
             f"export: the dataset settings differ from those judge-negatives bought negatives "
             f"for (dataset.* other than open_licenses); rerun it first: cpr build --stages "
-            f"{NEGATIVES_STAGE},{STAGE}"
+            f"{JUDGE_NEGATIVES},{STAGE}"
         )
     queries = run.storage.read_parquet(queries_uri)
     split = assign_split(queries, eval_per_field=ds.eval_per_field, seed=ds.seed)
@@ -291,28 +284,19 @@ def _export(
     return StageOutput(tables=tables, stats=stats, complete=negatives_complete)
 
 
-def export(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Run (or skip) the export over pool's queries and judge-negatives' negatives."""
-    pool = require_manifest(storage, "pool")
-    negatives = require_manifest(storage, NEGATIVES_STAGE)
-    papers, ingest_run = pinned_papers(storage)
-    return run_stage(
-        STAGE,
-        cfg,
-        storage,
-        inputs={
-            "pool": pool["run_id"],
-            NEGATIVES_STAGE: negatives["run_id"],
-            "ingest": ingest_run,
-        },
-        config_sections=("dataset",),
-        fn=partial(
-            _export,
-            queries_uri=pool["tables"]["queries"]["uri"],
-            negatives_uri=negatives["tables"]["negatives"]["uri"],
-            papers=papers,
-            fingerprint=negatives["stats"]["split_fingerprint"],
-            negatives_complete=negatives.get("complete", True),
-        ),
-        force=force,
+def run_export(run: StageRun, reads: Reads) -> StageOutput:
+    """Split pool's queries with judge-negatives' negatives into CPR-eval and CPR-train, with
+    the corpus they cite at ingest's pinned version."""
+    negatives = reads[JUDGE_NEGATIVES]
+    return _export(
+        run,
+        queries_uri=reads[POOL]["tables"]["queries"]["uri"],
+        negatives_uri=negatives["tables"]["negatives"]["uri"],
+        papers=PinnedTable.of(reads[INGEST], "papers"),
+        fingerprint=negatives["stats"]["split_fingerprint"],
+        negatives_complete=negatives.get("complete", True),
     )
+
+
+# run (or skip) the export and return its manifest
+export = entry(STAGE)

@@ -24,18 +24,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.config import Config, DatasetConfig
-from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
+from cpr_ray.corpus.tables import PinnedTable, paper_texts
 from cpr_ray.dataset.split import EVAL, TRAIN, assign_split, eval_papers
 from cpr_ray.errors import InputError
 from cpr_ray.llm.spend_ledger import write_failures
 from cpr_ray.llm.step_runner import TaskRun, endpoint_url, run_llm_task
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader
-from cpr_ray.runs.stage_runner import StageOutput, StageRun, chained_stage, console
+from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, console, entry
+from cpr_ray.stages import INGEST, POOL
+from cpr_ray.stages import JUDGE_NEGATIVES as STAGE
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import duckdb_sql as duck
 from cpr_ray.tables.schemas import passages
 
-STAGE = "judge-negatives"
 GROUPS = ("shares_query_topic", "shares_positive_topic", "other")  # pool order across groups
 CANDIDATE_COLUMNS = ["query_id", "candidate_id", "group", "position"]
 NEGATIVES = pa.schema(
@@ -306,9 +307,11 @@ def _llm_stats(runs: list[TaskRun], cfg: Config, task: NegativeGrader) -> dict[s
     return out
 
 
-def _judge_negatives(
-    run: StageRun, queries_uri: str, candidates_uri: str, papers: PinnedTable
-) -> StageOutput:
+def run_judge_negatives(run: StageRun, reads: Reads) -> StageOutput:
+    """Grade pool's candidates 0–3 for each query, keeping those ≤ 1 as its negatives (§3.3 N2)."""
+    queries_uri = reads[POOL]["tables"]["queries"]["uri"]
+    candidates_uri = reads[POOL]["tables"]["candidates"]["uri"]
+    papers = PinnedTable.of(reads[INGEST], "papers")
     ds = run.cfg.dataset
     queries = run.storage.read_parquet(queries_uri)
     split = assign_split(queries, eval_per_field=ds.eval_per_field, seed=ds.seed)
@@ -369,11 +372,5 @@ def _judge_negatives(
     )
 
 
-judge_negatives = chained_stage(
-    STAGE,
-    "pool",
-    _judge_negatives,
-    tables={"queries_uri": "queries", "candidates_uri": "candidates"},
-    config_sections=("llm", "dataset"),
-    papers=pinned_papers,
-)
+# run (or skip) judge-negatives and return its manifest
+judge_negatives = entry(STAGE)

@@ -6,21 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from cpr_ray import stages as registry
 from cpr_ray.config import Config
-from cpr_ray.dataset.negatives import STAGE as NEGATIVES_STAGE
-from cpr_ray.queries.positive_stages import STAGES as POSITIVE_STAGES
-from cpr_ray.runs.stage_runner import code_version, read_manifest
+from cpr_ray.runs.stage_runner import Manifest, code_version, read_manifest
+from cpr_ray.stages import EXPORT, INGEST
 from cpr_ray.storage.store import Storage
 
-BUILD_SECTIONS = ("input", "ingest", "mining", "llm", "pooling", "dataset")
+# the stages an export is made from, and the config sections that decide them (the build's hash)
+EXPORTED_FROM = registry.upstream(EXPORT)
+BUILD_SECTIONS = tuple(
+    dict.fromkeys(s for n in (*EXPORTED_FROM, EXPORT) for s in registry.stage(n).config_sections)
+)
 
 
 def provenance(cfg: Config, storage: Storage) -> dict[str, Any]:
     """Where the data came from: inputs, the OpenAlex snapshot, each stage's run, model and
     prompt version, the pooling settings, the build's config hash and the code version."""
-    ingest = read_manifest(storage, "ingest") or {}
+    ingest: Manifest = read_manifest(storage, INGEST) or {}
     stages = {}
-    for name in ("ingest", "venues", "mine", *POSITIVE_STAGES, "pool", NEGATIVES_STAGE):
+    for name in EXPORTED_FROM:
         m = read_manifest(storage, name)
         if m is not None:
             stages[name] = {
@@ -46,7 +50,7 @@ def provenance(cfg: Config, storage: Storage) -> dict[str, Any]:
     }
 
 
-def s2_releases(ingest: dict[str, Any]) -> str:
+def s2_releases(ingest: Manifest) -> str:
     """Which S2 releases the corpus covers: the bulk release and each refresh step applied."""
     corpus = ingest.get("corpus")
     if not corpus:

@@ -57,6 +57,7 @@ from cpr_ray.judge_check.tasks import judged_label, make_task
 from cpr_ray.llm.client import LLMClient, Usage, probe_endpoint
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.runs.stage_runner import console
+from cpr_ray.stages import JUDGE_ANALOGY, JUDGE_TRANSFER, STRONGEST, WRITE_QUERIES
 from cpr_ray.storage.store import Storage
 
 
@@ -180,7 +181,7 @@ def run_stage(
 
 
 # the passing label the purpose-label block counts, per stage it applies to
-OBSERVED: dict[str, str] = {"judge-analogy": "observed_analogy", "judge-transfer": "transfer"}
+OBSERVED: dict[str, str] = {JUDGE_ANALOGY: "observed_analogy", JUDGE_TRANSFER: "transfer"}
 
 
 def measure(stage: str, results: Sequence[CaseResult], rate: BaseRate | None) -> dict[str, Any]:
@@ -195,7 +196,7 @@ def measure(stage: str, results: Sequence[CaseResult], rate: BaseRate | None) ->
     statuses = Counter(r.status for r in results)
     unusable = sum(g is None for g in got)
     binary = None
-    if stage != "strongest":
+    if stage != STRONGEST:
         binary = binary_report([kept(stage, g) for g in gold], [kept(stage, g) for g in got], rate)
         headline, ci = binary["kappa"], binary["kappa_ci"]
     else:
@@ -231,7 +232,7 @@ def measure(stage: str, results: Sequence[CaseResult], rate: BaseRate | None) ->
         },
         "confusion": confusion(gold, got),
     }
-    if stage == "judge-analogy":
+    if stage == JUDGE_ANALOGY:
         excluded = [r for r in results if r.expected_exclusion in EXCLUSIONS]
         if excluded and all(r.exclusions is not None for r in results):
             # "alone" too: a judge that ticks every exclusion names the right one every time
@@ -244,7 +245,7 @@ def measure(stage: str, results: Sequence[CaseResult], rate: BaseRate | None) ->
             out["exclusions_named"] = None  # this judge's answer names no exclusions
     if stage in OBSERVED:
         out["observed_on_not_taken"] = observed_on_not_taken(stage, results)
-    if stage == "write-queries":
+    if stage == WRITE_QUERIES:
         both = [r for r in results if r.expected == "reject" and r.got == "reject"]
         out["fails_named"] = {
             "same": sum(sorted(r.fails or []) == sorted(r.expected_fails or []) for r in both),
@@ -290,7 +291,7 @@ def degenerate_gates(cases: dict[str, Sequence[GoldCase]], limit: int | None) ->
             "passed by a judge that answers its majority class; drop --limit to gate"
         )
     for stage, stage_cases in cases.items():
-        if stage == "strongest":
+        if stage == STRONGEST:
             if len({c.label for c in stage_cases}) < 2:
                 return f"{stage}: its gold holds one index only; a gate on it means nothing"
             continue
@@ -322,7 +323,7 @@ def base_rates(
     says nothing about this judge's errors."""
     out: dict[str, BaseRate] = {}
     for stage in stages:
-        if stage == "strongest":
+        if stage == STRONGEST:
             continue
         observed = vol.observed.get(stage)
         if observed is not None and storage is not None:
@@ -404,11 +405,7 @@ def check_judges(
             results[stage] = run_stage(stage, cases[stage], llm, llm.base_url)
     report_stages = []
     for stage in stages:
-        if (
-            stage == "judge-transfer"
-            and report_stages
-            and report_stages[0]["stage"] == ("judge-analogy")
-        ):
+        if stage == JUDGE_TRANSFER and report_stages and report_stages[0]["stage"] == JUDGE_ANALOGY:
             rates[stage] = analogy_precision_rate(report_stages[0]) or rates[stage]
         try:
             measured = measure(stage, results[stage], rates.get(stage))
@@ -428,7 +425,7 @@ def check_judges(
     return {
         "endpoint": llm.base_url,
         "embedded_server": embedded,
-        "same_verifier": llm.same_verifier() and "judge-transfer" in stages,
+        "same_verifier": llm.same_verifier() and JUDGE_TRANSFER in stages,
         "pins_ignored": pinned,
         "limit": limit,
         "stages": report_stages,

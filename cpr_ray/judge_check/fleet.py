@@ -27,6 +27,13 @@ from dataclasses import dataclass
 
 from cpr_ray.config import DatasetConfig
 from cpr_ray.judge_check.projection import Volumes, per_row, volumes
+from cpr_ray.stages import (
+    JUDGE_ANALOGY,
+    JUDGE_NEGATIVES,
+    JUDGE_TRANSFER,
+    SCORE_POSITIVES,
+    WRITE_QUERIES,
+)
 
 GIB = 1024**3
 BF16_BYTES = 2
@@ -99,11 +106,11 @@ REFERENCE = {
 
 # the stages the fleet's table sizes (dedup, the strongest choice and synthesis add minutes)
 FLEET_STAGES = (
-    "judge-analogy",
-    "judge-transfer",
-    "write-queries",
-    "score-positives",
-    "judge-negatives",
+    JUDGE_ANALOGY,
+    JUDGE_TRANSFER,
+    WRITE_QUERIES,
+    SCORE_POSITIVES,
+    JUDGE_NEGATIVES,
 )
 
 

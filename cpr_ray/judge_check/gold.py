@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, get_args
 
+from cpr_ray import stages as registry
 from cpr_ray.errors import InputError
 from cpr_ray.queries.analogy import (
     CONTRIBUTIONS,
@@ -46,22 +47,24 @@ from cpr_ray.queries.analogy import (
 )
 from cpr_ray.queries.analogy import EXCLUSIONS as ANALOGY_EXCLUSIONS
 from cpr_ray.queries.dedup import CANDIDATE, MAX_CANDIDATES
+from cpr_ray.stages import (
+    DEDUP,
+    JUDGE_ANALOGY,
+    JUDGE_NEGATIVES,
+    JUDGE_TRANSFER,
+    SCORE_POSITIVES,
+    STRONGEST,
+    WRITE_QUERIES,
+)
 from cpr_ray.tables.schemas import PASSAGE_CHARS
 
 MAX_TITLE_CHARS = 400  # a passage is its title, read whole, then the cut abstract
 
-JUDGE_STAGES: tuple[str, ...] = (
-    "judge-analogy",
-    "judge-transfer",
-    "write-queries",
-    "dedup",
-    "strongest",
-    "score-positives",
-    "judge-negatives",
-)
-# the build stage whose task, model and prices a judged stage uses (the strongest-analogy choice
-# is a second call of the dedup stage)
-BUILD_STAGE: dict[str, str] = {"strongest": "dedup"}
+# the gold sets, in build order (the registry's: each names the task it measures)
+JUDGE_STAGES: tuple[str, ...] = tuple(registry.GOLD)
+# the build stage whose task, model and prices a gold set's judge uses where it is not the
+# stage of its own name (the strongest-analogy choice is a second call of the dedup stage)
+BUILD_STAGE: dict[str, str] = {g: s for g, s in registry.GOLD_STAGE.items() if g != s}
 # what the analogy judge must rule out before accepting (METHOD.md §3.2 P2), same problem first
 EXCLUSIONS: tuple[str, ...] = ("same_problem", *ANALOGY_EXCLUSIONS)
 NO_STRUCTURE = "no_structure"  # not an analogy though no exclusion fires: nothing is shared
@@ -70,13 +73,13 @@ TRANSFER_LABELS: tuple[str, ...] = ("transfer", *get_args(RejectReason))
 SCORES: tuple[int, ...] = (0, 1, 2, 3)
 REVIEW_FAILS: tuple[str, ...] = ("problem_only", "grounded", "well_formed")
 LABELS: dict[str, tuple[Any, ...]] = {
-    "judge-analogy": DECISIONS,
-    "judge-transfer": TRANSFER_LABELS,
-    "write-queries": ("accept", "reject"),
-    "dedup": ("same", "different"),
-    "strongest": tuple(range(1, MAX_CANDIDATES + 1)),
-    "score-positives": SCORES,
-    "judge-negatives": SCORES,
+    JUDGE_ANALOGY: DECISIONS,
+    JUDGE_TRANSFER: TRANSFER_LABELS,
+    WRITE_QUERIES: ("accept", "reject"),
+    DEDUP: ("same", "different"),
+    STRONGEST: tuple(range(1, MAX_CANDIDATES + 1)),
+    SCORE_POSITIVES: SCORES,
+    JUDGE_NEGATIVES: SCORES,
 }
 CASE_KEYS = frozenset(
     {
@@ -98,7 +101,7 @@ CASE_KEYS = frozenset(
 )
 # the stages whose input holds citing sentences: each case says whether its sentences are real
 # (a paper's own, as a build sends them), invented, or absent (a pair a build no longer judges)
-CONTEXT_STAGES: tuple[str, ...] = ("judge-analogy", "judge-transfer", "write-queries")
+CONTEXT_STAGES: tuple[str, ...] = (JUDGE_ANALOGY, JUDGE_TRANSFER, WRITE_QUERIES)
 CITING_SENTENCES: tuple[str, ...] = ("real", "invented", "none")
 # the citation set's human label of a citation's purpose (reference/citation-contexts): kept on
 # the case, never shown to the judge; the first three say q took nothing from d
@@ -132,17 +135,17 @@ def kept(stage: str, label: Any) -> bool | None:
     from the side a build keeps); write-queries: accepted; dedup: same problem (the query is
     dropped as a duplicate: a false "same" loses a query). None: no usable answer, or a stage
     without a binary (strongest: the label is an index)."""
-    if label is None or stage == "strongest":
+    if label is None or stage == STRONGEST:
         return None
-    if stage == "judge-analogy":
+    if stage == JUDGE_ANALOGY:
         return label in PASSING
-    if stage == "judge-transfer":
+    if stage == JUDGE_TRANSFER:
         return label == "transfer"
-    if stage == "score-positives":
+    if stage == SCORE_POSITIVES:
         return label >= 2
-    if stage == "judge-negatives":
+    if stage == JUDGE_NEGATIVES:
         return label < 2
-    if stage == "write-queries":
+    if stage == WRITE_QUERIES:
         return label == "accept"
     return label == "same"
 
@@ -357,7 +360,7 @@ def _citing_sentence(
 
 
 def _exclusion(stage: str, label: Any, exclusion: Any, where: str) -> str | None:
-    if stage == "judge-analogy" and label == "not_analogy":
+    if stage == JUDGE_ANALOGY and label == "not_analogy":
         allowed = (*EXCLUSIONS, NO_STRUCTURE)
         if exclusion not in allowed:
             raise ValueError(
@@ -398,7 +401,7 @@ def _readings(stage: str, value: Any, row: dict[str, Any]) -> tuple[Reading, ...
 def observed_on_not_taken(stage: str, label: Any, purpose: str | None) -> bool:
     """A pass as observed on a citation its purpose label says q took nothing from (background,
     comparison, future work): the citing sentence contradicts it, so it is worth a second look."""
-    passing = {"judge-analogy": "observed_analogy", "judge-transfer": "transfer"}.get(stage)
+    passing = {JUDGE_ANALOGY: "observed_analogy", JUDGE_TRANSFER: "transfer"}.get(stage)
     return passing is not None and label == passing and purpose in NOT_TAKEN
 
 
@@ -432,10 +435,10 @@ def _label(
     stage: str, expected: dict[str, Any], row: dict[str, Any]
 ) -> tuple[Any, tuple[str, ...] | None]:
     """(the label κ compares, the review's fails for write-queries)."""
-    if stage == "judge-analogy":
+    if stage == JUDGE_ANALOGY:
         _only(expected, {"decision"})
         return _one_of(expected, "decision", DECISIONS), None
-    if stage == "judge-transfer":
+    if stage == JUDGE_TRANSFER:
         _only(expected, {"verdict", "reject_reason"})
         verdict = _one_of(expected, "verdict", ("transfer", "reject"))
         reason = expected.get("reject_reason")
@@ -444,15 +447,15 @@ def _label(
                 raise ValueError("expected verdict transfer takes no reject_reason")
             return "transfer", None
         return _one_of(expected, "reject_reason", get_args(RejectReason)), None
-    if stage == "write-queries":
+    if stage == WRITE_QUERIES:
         return _review_label(expected)
-    if stage == "dedup":
+    if stage == DEDUP:
         _only(expected, {"same_problem"})
         same = expected.get("same_problem")
         if not isinstance(same, bool):
             raise ValueError("expected same_problem must be true or false")
         return ("same" if same else "different"), None
-    if stage == "strongest":
+    if stage == STRONGEST:
         _only(expected, {"index"})
         index, n = expected.get("index"), len(row["candidates"])
         if isinstance(index, bool) or not isinstance(index, int) or not 1 <= index <= n:
@@ -492,7 +495,7 @@ def _review_label(expected: dict[str, Any]) -> tuple[str, tuple[str, ...] | None
 def _method_rules(stage: str, row: dict[str, Any]) -> None:
     """The method's own rules on a case's input: a case that breaks them could not come out of
     a build (the judge would be measured on an impossible row)."""
-    if stage == "judge-transfer":
+    if stage == JUDGE_TRANSFER:
         if row["decision"] not in PASSING:
             raise ValueError(
                 f"input decision {row['decision']}: the verifier only sees pairs the analogy "
@@ -509,7 +512,7 @@ def _method_rules(stage: str, row: dict[str, Any]) -> None:
                 f"input decision {row['decision']} passes, so the first judgment needs at least "
                 "two object mappings and one shared relation (METHOD.md §3.2 P2)"
             )
-    if stage == "judge-transfer":
+    if stage == JUDGE_TRANSFER:
         pairs = {(m["q_object"], m["d_object"]) for m in row["object_mappings"]}
         for i, r in enumerate(row["shared_relations"]):
             args = list(zip(r["q_arguments"], r["d_arguments"], strict=False))
@@ -523,7 +526,7 @@ def _method_rules(stage: str, row: dict[str, Any]) -> None:
                     f"input shared_relations[{i}] ({r['predicate']}): its arguments must be "
                     "distinct object mappings (each q argument with the d argument it maps to)"
                 )
-    if stage == "strongest":
+    if stage == STRONGEST:
         n = len(row["candidates"])
         if not 2 <= n <= MAX_CANDIDATES:
             raise ValueError(f"input 'candidates' must hold 2 to {MAX_CANDIDATES}, not {n}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from cpr_ray.judge_check.agreement import agreement, bootstrap, cohen_kappa, one_miss_step
 from cpr_ray.judge_check.gold import CITING_SENTENCES, CONTEXT_STAGES, GoldCase, kept
+from cpr_ray.stages import STRONGEST
 
 ONE_MISS_BAR = 0.05  # the issue's bar: one miss moves the binarised κ by at most this
 
@@ -21,7 +22,7 @@ def gold_summary(stage: str, cases: Sequence[GoldCase]) -> dict[str, Any]:
     """Counts, class proportions, the κ step of one miss, and the readers' agreement."""
     labels = [c.label for c in cases]
     binary = [kept(stage, c.label) for c in cases]
-    has_binary = stage != "strongest"
+    has_binary = stage != STRONGEST
     twice = [c for c in cases if len(c.readings) == 2]
     out: dict[str, Any] = {
         "cases": len(cases),
@@ -68,7 +69,7 @@ def gold_summary(stage: str, cases: Sequence[GoldCase]) -> dict[str, Any]:
 def gold_lines(stage: str, summary: dict[str, Any]) -> list[str]:
     """The gold set of a stage in a few lines of at most 80 characters."""
     s = summary
-    binary = "index" if stage == "strongest" else "pass/not"
+    binary = "index" if stage == STRONGEST else "pass/not"
     lines = [
         f"  gold        {s['cases']} cases: {s['real']} real, {s['synthetic']} synthetic",
         *items("  classes     ", [f"{k} {v}" for k, v in s["classes"].items()]),

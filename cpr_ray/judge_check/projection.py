@@ -40,11 +40,22 @@ from cpr_ray.config import Config, DatasetConfig, LLMConfig
 from cpr_ray.errors import StorageError
 from cpr_ray.judge_check.gold import JUDGE_STAGES, build_stage
 from cpr_ray.runs.stage_runner import read_manifest
+from cpr_ray.stages import (
+    DEDUP,
+    JUDGE_ANALOGY,
+    JUDGE_NEGATIVES,
+    JUDGE_TRANSFER,
+    MINE,
+    SCORE_POSITIVES,
+    STRONGEST,
+    SYNTHESIZE_QUERIES,
+    WRITE_QUERIES,
+)
 from cpr_ray.storage.store import Storage, join
 
 # the stages a build asks an LLM, in build order (strongest: the dedup stage's second call):
 # every judged stage, then synthesis, which judge-check does not measure
-BUILD_ORDER: tuple[str, ...] = (*JUDGE_STAGES, "synthesize-queries")
+BUILD_ORDER: tuple[str, ...] = (*JUDGE_STAGES, SYNTHESIZE_QUERIES)
 # the method at full scale (METHOD.md §3.2–3.4): ~132k cross-topic pairs judged for ~12k
 # positives, from ~9.2k base papers; 26 fields
 FULL_SCALE_PAIRS = 132_000
@@ -55,25 +66,25 @@ NEGATIVE_GROUPS = 3
 # at (a judge that is right passes the rows that deserve it). Only the analogy judgment's is
 # stated by the method; the others are assumptions a build's own counts replace (--root).
 PASS_RATES: dict[str, tuple[float, str]] = {
-    "judge-analogy": (0.09, "METHOD.md: ~91% of cross-topic pairs discarded"),
-    "judge-transfer": (0.9, "assumed (METHOD.md states none)"),
-    "write-queries": (0.8, "assumed per review (METHOD.md states none)"),
-    "dedup": (0.2, "assumed share of same-problem comparisons"),
-    "score-positives": (0.9, "assumed (METHOD.md states none)"),
-    "judge-negatives": (0.9, "assumed share of pooled candidates scoring ≤ 1"),
+    JUDGE_ANALOGY: (0.09, "METHOD.md: ~91% of cross-topic pairs discarded"),
+    JUDGE_TRANSFER: (0.9, "assumed (METHOD.md states none)"),
+    WRITE_QUERIES: (0.8, "assumed per review (METHOD.md states none)"),
+    DEDUP: (0.2, "assumed share of same-problem comparisons"),
+    SCORE_POSITIVES: (0.9, "assumed (METHOD.md states none)"),
+    JUDGE_NEGATIVES: (0.9, "assumed share of pooled candidates scoring ≤ 1"),
 }
 # per-row means of the dry run's ledger (benchmarks/SCALE.md, "LLM calls and tokens per
 # stage") for the calls judge-check does not make: query extraction and rewriting (two of the
 # three calls of an attempt), and synthesis; and for any stage left out of --stages
 LEDGER_MEANS: dict[str, tuple[float, float, float]] = {  # calls, prompt, completion per row
-    "judge-analogy": (1.0, 1344, 924),
-    "judge-transfer": (1.0, 1171, 38),
-    "write-queries": (3.0, 958, 106),
-    "dedup": (1.0, 175, 25),
-    "strongest": (1.0, 427, 63),
-    "score-positives": (1.0, 560, 88),
-    "judge-negatives": (1.0, 547, 122),
-    "synthesize-queries": (1.0, 427, 63),
+    JUDGE_ANALOGY: (1.0, 1344, 924),
+    JUDGE_TRANSFER: (1.0, 1171, 38),
+    WRITE_QUERIES: (3.0, 958, 106),
+    DEDUP: (1.0, 175, 25),
+    STRONGEST: (1.0, 427, 63),
+    SCORE_POSITIVES: (1.0, 560, 88),
+    JUDGE_NEGATIVES: (1.0, 547, 122),
+    SYNTHESIZE_QUERIES: (1.0, 427, 63),
 }
 LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
 # the share of a stage's prompt tokens that vLLM's prefix caching and hosted prompt caches
@@ -83,14 +94,14 @@ LEDGER_SOURCE = "benchmarks/SCALE.md dry-run ledger"
 # benchmarks/SCALE.md). write-queries: its review's, for all three calls; synthesis: not
 # measured, so no discount.
 PREFIX_SHARES: dict[str, float] = {
-    "judge-analogy": 0.793,
-    "judge-transfer": 0.480,
-    "write-queries": 0.618,
-    "dedup": 0.869,
-    "strongest": 0.118,
-    "score-positives": 0.369,
-    "judge-negatives": 0.405,
-    "synthesize-queries": 0.0,
+    JUDGE_ANALOGY: 0.793,
+    JUDGE_TRANSFER: 0.480,
+    WRITE_QUERIES: 0.618,
+    DEDUP: 0.869,
+    STRONGEST: 0.118,
+    SCORE_POSITIVES: 0.369,
+    JUDGE_NEGATIVES: 0.405,
+    SYNTHESIZE_QUERIES: 0.0,
 }
 PREFIX_SOURCE = "benchmarks/prompt_prefix.py; SCALE.md"
 HOURS_FORMULA = "hours = rows × s/row ÷ (llm.actors × llm.max_in_flight) ÷ 3600"
@@ -138,35 +149,31 @@ def volumes(
     judged = judged or {}
     base = base_papers or round(FULL_SCALE_BASE_PAPERS * pairs / FULL_SCALE_PAIRS)
     r = {s: v for s, (v, _) in rates.items()}
-    rows: dict[str, float] = {"judge-analogy": judged.get("judge-analogy", pairs)}
-    rows["judge-transfer"] = judged.get(
-        "judge-transfer", rows["judge-analogy"] * r["judge-analogy"]
-    )
-    rows["write-queries"] = judged.get(
-        "write-queries", rows["judge-transfer"] * r["judge-transfer"]
-    )
-    written = rows["write-queries"] * (1 - (1 - r["write-queries"]) ** 3)
+    rows: dict[str, float] = {JUDGE_ANALOGY: judged.get(JUDGE_ANALOGY, pairs)}
+    rows[JUDGE_TRANSFER] = judged.get(JUDGE_TRANSFER, rows[JUDGE_ANALOGY] * r[JUDGE_ANALOGY])
+    rows[WRITE_QUERIES] = judged.get(WRITE_QUERIES, rows[JUDGE_TRANSFER] * r[JUDGE_TRANSFER])
+    written = rows[WRITE_QUERIES] * (1 - (1 - r[WRITE_QUERIES]) ** 3)
     per_base = written / base if base else 0.0
-    rows["dedup"] = judged.get("dedup", base * per_base**2 / 2)
-    rows["strongest"] = rows["dedup"] * r["dedup"]
-    kept_queries = max(written - rows["strongest"], 0.0)
-    rows["score-positives"] = judged.get("score-positives", kept_queries)
-    positives = rows["score-positives"] * r["score-positives"]
+    rows[DEDUP] = judged.get(DEDUP, base * per_base**2 / 2)
+    rows[STRONGEST] = rows[DEDUP] * r[DEDUP]
+    kept_queries = max(written - rows[STRONGEST], 0.0)
+    rows[SCORE_POSITIVES] = judged.get(SCORE_POSITIVES, kept_queries)
+    positives = rows[SCORE_POSITIVES] * r[SCORE_POSITIVES]
     eval_queries = min(positives, ds.eval_per_field * FIELDS)
     train_pairs = positives - eval_queries
     negatives = NEGATIVE_GROUPS * (
         eval_queries * ds.eval_negatives_per_group + train_pairs * ds.train_negatives_per_group
     )
-    walk = max(1 + ds.negatives_margin, 1 / r["judge-negatives"])
-    rows["judge-negatives"] = judged.get("judge-negatives", negatives * walk)
-    rows["synthesize-queries"] = train_pairs
+    walk = max(1 + ds.negatives_margin, 1 / r[JUDGE_NEGATIVES])
+    rows[JUDGE_NEGATIVES] = judged.get(JUDGE_NEGATIVES, negatives * walk)
+    rows[SYNTHESIZE_QUERIES] = train_pairs
     return Volumes({s: round(v) for s, v in rows.items()}, rates, source)
 
 
 def volumes_from_root(ds: DatasetConfig, storage: Storage) -> Volumes:
     """The build at `storage`'s root: its mined pairs, and for every published judged stage the
     rows it judged and the share it passed (its own base rate)."""
-    manifest = read_manifest(storage, "mine")
+    manifest = read_manifest(storage, MINE)
     if manifest is None:
         raise StorageError(
             f"{storage.root} has no published mine stage (mine/_MANIFEST.json): --root needs a "
@@ -185,7 +192,7 @@ def volumes_from_root(ds: DatasetConfig, storage: Storage) -> Volumes:
             judged[stage] = int(stats["rows_in"])
             rates[stage] = (float(stats["rows_out"]) / judged[stage], f"{storage.root} {stage}")
             observed[stage] = (int(stats["rows_out"]), judged[stage])
-        if stage == "dedup" and stats.get("comparisons"):
+        if stage == DEDUP and stats.get("comparisons"):
             # the gated binary is "same problem" per comparison, not the share of queries kept
             observed[stage] = (int(stats.get("same_problem_links") or 0), int(stats["comparisons"]))
     published = f"; the rows and pass rates of {', '.join(judged)}" if judged else ""
@@ -199,10 +206,10 @@ def per_row(
 ) -> tuple[Measured, str]:
     """(calls, tokens and seconds per row of a build stage, where they come from)."""
     calls, prompt, completion = LEDGER_MEANS[stage]
-    if stage == "write-queries":
+    if stage == WRITE_QUERIES:
         # extraction and rewriting from the ledger (2 of an attempt's 3 calls), the review as
         # measured where judge-check ran it, every call once per attempt
-        n = attempts(rates["write-queries"][0])
+        n = attempts(rates[WRITE_QUERIES][0])
         review = measured.get(stage)
         if review is None:
             return Measured(calls * n, prompt * n, completion * n, 0.0), LEDGER_SOURCE

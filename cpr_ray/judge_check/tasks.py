@@ -1,27 +1,32 @@
-"""The build's own task for each judged stage, and the label each answer reaches.
+"""The build's own task for each gold set, and the label each answer reaches: the registry
+(`cpr_ray.stages`) names the task each gold set measures, and the task says its label.
 
-Six stages are whole task classes of a build. The seventh, `write-queries`, measures only the
-review step of `QueryWriter` (P3 step 3): extraction and rewriting write text no gold label can
-score, while the reviewer's accept/reject is a judgment like the others. `QueryReviewStep` runs
-that step through `QueryWriter.review` — the build's prompt, answer contract and call.
+Six gold sets measure whole task classes of a build. The seventh, `write-queries`, measures
+only the review step of `QueryWriter` (P3 step 3): extraction and rewriting write text no gold
+label can score, while the reviewer's accept/reject is a judgment like the others.
+`QueryReviewStep` runs that step through `QueryWriter.review` — the build's prompt, answer
+contract and call.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pyarrow as pa
 
+from cpr_ray import stages as registry
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.writing import QueryWriter, citing_paper
+from cpr_ray.stages import WRITE_QUERIES
 
 
 class QueryReviewStep(LLMTask):
     """The reviewer of `QueryWriter` alone, on a written problem and query. `derive` adds
     `accept` (every review boolean true) and `fails` (the ones that are false)."""
 
-    stage = "write-queries"
+    stage = WRITE_QUERIES
     key_columns = ("q_title", "q_abstract", "contexts", "problem", "query")
     output_schema = pa.schema(
         [
@@ -53,6 +58,10 @@ class QueryReviewStep(LLMTask):
             "fails", pa.array(fails, pa.list_(pa.string()))
         )
 
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        return None if row.get("accept") is None else ("accept" if row["accept"] else "reject")
+
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
@@ -73,42 +82,23 @@ class QueryReviewStep(LLMTask):
         )
 
 
-def make_task(stage: str, hold_out_flagged: bool = True) -> LLMTask:
-    """The build's own task for a judged stage."""
-    from cpr_ray.dataset.negatives import NegativeGrader
-    from cpr_ray.queries.dedup import SameProblemJudge, StrongestAnalogyJudge
-    from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
-    from cpr_ray.queries.usefulness import UsefulnessGrader
+def task_class(gold: str) -> type[LLMTask]:
+    """The build's task class a gold set measures (`cpr_ray.stages`)."""
+    if gold not in registry.GOLD:
+        raise ValueError(f"not a judged stage: {gold}")
+    cls: type[LLMTask] = registry.resolve(registry.GOLD[gold].cls)
+    return cls
 
-    if stage == "judge-analogy":
-        return AnalogyJudge(hold_out_flagged=hold_out_flagged)
-    tasks: dict[str, type[LLMTask]] = {
-        "judge-transfer": TransferVerifier,
-        "write-queries": QueryReviewStep,
-        "dedup": SameProblemJudge,
-        "strongest": StrongestAnalogyJudge,
-        "score-positives": UsefulnessGrader,
-        "judge-negatives": NegativeGrader,
-    }
-    if stage not in tasks:
-        raise ValueError(f"not a judged stage: {stage}")
-    return tasks[stage]()
+
+def make_task(stage: str, hold_out_flagged: bool = True) -> LLMTask:
+    """The build's own task for a gold set, with the build's `llm.hold_out_flagged_inputs`
+    where the task takes it (the analogy judge)."""
+    cls = task_class(stage)
+    if "hold_out_flagged" in inspect.signature(cls).parameters:
+        return cls(hold_out_flagged=hold_out_flagged)  # type: ignore[call-arg]
+    return cls()
 
 
 def judged_label(stage: str, row: dict[str, Any]) -> Any:
     """The label a derived row reached, in the gold's terms (None: no usable answer)."""
-    if row["status"] != "ok":
-        return None
-    if stage == "judge-analogy":
-        return row.get("decision")
-    if stage == "judge-transfer":
-        return "transfer" if row.get("verdict") == "transfer" else row.get("reject_reason")
-    if stage == "write-queries":
-        return None if row.get("accept") is None else ("accept" if row["accept"] else "reject")
-    if stage == "dedup":
-        same = row.get("same_problem")
-        return None if same is None else ("same" if same else "different")
-    if stage == "strongest":
-        # the index only where it names a candidate (`model_choice`), as a build reads it
-        return row.get("strongest_index") if row.get("model_choice") is not None else None
-    return row.get("usefulness")
+    return None if row["status"] != "ok" else task_class(stage).gold_label(row)

@@ -62,6 +62,13 @@ class LLMTask(ABC):
         """Decision columns computed from the answer columns (none by default)."""
         return table
 
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        """The label a derived row with a usable answer reached, in the terms of the gold set
+        `cpr judge-check` measures this task against (None: no usable label). A task measured
+        against one (`cpr_ray.stages`: its `gold`) says how."""
+        raise NotImplementedError(f"no gold set measures this task: {row.get('status')}")
+
     @abstractmethod
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage

@@ -12,25 +12,26 @@ topic-disjoint pairs and the universe rows. See ../shared/reference/PERF_NOTES.m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.table import Table
 
-from cpr_ray.config import Config, MiningConfig
+from cpr_ray.config import MiningConfig
 from cpr_ray.corpus.tables import bucket_plan
 from cpr_ray.errors import StorageError
 from cpr_ray.mining import mining_rules as rules
 from cpr_ray.runs.stage_runner import (
+    Manifest,
     Phases,
+    Reads,
     StageOutput,
     StageRun,
     console,
-    require_manifest,
-    run_stage,
+    entry,
 )
+from cpr_ray.stages import INGEST, MINE, VENUES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables import duckdb_sql as duck
@@ -50,9 +51,10 @@ PAPER_COLUMNS = [
 ]
 
 
-def _run_venues(run: StageRun, venues_uri: str) -> StageOutput:
+def run_venues(run: StageRun, reads: Reads) -> StageOutput:
+    """Select the top venues of every field from the ingested venues."""
     m = run.cfg.mining
-    venues = run.storage.read_parquet(venues_uri)
+    venues = run.storage.read_parquet(reads[INGEST]["tables"]["venues"]["uri"])
     top = rules.top_venues(
         venues,
         top_share=m.top_share,
@@ -85,20 +87,6 @@ def _run_venues(run: StageRun, venues_uri: str) -> StageOutput:
     )
 
 
-def venues(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Select the top venues of every field from the ingested venues."""
-    upstream = require_manifest(storage, "ingest")
-    return run_stage(
-        "venues",
-        cfg,
-        storage,
-        inputs={"ingest": upstream["run_id"]},
-        config_sections=("mining",),
-        fn=partial(_run_venues, venues_uri=upstream["tables"]["venues"]["uri"]),
-        force=force,
-    )
-
-
 # -- mine --------------------------------------------------------------------------------------
 
 
@@ -120,7 +108,7 @@ class _Corpus:
         return buckets.lance_schema(self.citations, self.storage, columns)
 
 
-def _corpus(storage: Storage, ingest_m: dict[str, Any]) -> _Corpus:
+def _corpus(storage: Storage, ingest_m: Manifest) -> _Corpus:
     plans = {name: bucket_plan(storage, ingest_m, name) for name in ("papers", "citations")}
     if plans["papers"].layout.num_buckets != plans["citations"].layout.num_buckets:
         raise StorageError("the papers and citations tables are bucketed differently: re-ingest")
@@ -284,8 +272,10 @@ def pair_statistics(pairs: pa.Table) -> dict[str, Any]:
     }
 
 
-def _run_mine(run: StageRun, ingest_m: dict[str, Any], venues_m: dict[str, Any]) -> StageOutput:
+def run_mine(run: StageRun, reads: Reads) -> StageOutput:
+    """Mine topic-disjoint citation pairs of base papers, and the pooling universe."""
     cfg, storage, m = run.cfg, run.storage, run.cfg.mining
+    ingest_m, venues_m = reads[INGEST], reads[VENUES]
     cpus = cfg.ingest.cpus_per_task
     work = join(run.out, "_work")
     phase = Phases()
@@ -420,19 +410,9 @@ def mining_summary(stats: dict[str, Any]) -> str:
     )
 
 
-def mine(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Mine topic-disjoint citation pairs of base papers, and the pooling universe."""
-    ingest_m = require_manifest(storage, "ingest")
-    venues_m = require_manifest(storage, "venues")
-    return run_stage(
-        "mine",
-        cfg,
-        storage,
-        inputs={"ingest": ingest_m["run_id"], "venues": venues_m["run_id"]},
-        config_sections=("mining",),
-        fn=partial(_run_mine, ingest_m=ingest_m, venues_m=venues_m),
-        force=force,
-    )
+# run (or skip) each stage and return its manifest
+venues = entry(VENUES)
+mine = entry(MINE)
 
 
 __all__ = ["venues", "mine", "pair_statistics"]

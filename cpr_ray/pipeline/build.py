@@ -1,5 +1,5 @@
-"""The ordered list of build stages and the run over them, so the CLI, the jobs, the refresh and
-the dry run run the same thing."""
+"""The run over the registry's stages (`cpr_ray.stages`) in build order, so the CLI, the jobs,
+the refresh and the dry run run the same thing."""
 
 from __future__ import annotations
 
@@ -9,43 +9,24 @@ from typing import Any
 
 from rich.table import Table
 
+from cpr_ray import stages as registry
 from cpr_ray.config import Config
-from cpr_ray.corpus.ingest import ingest
 from cpr_ray.corpus.inputs import discover_inputs
-from cpr_ray.dataset.export import export
-from cpr_ray.dataset.negatives import judge_negatives
-from cpr_ray.errors import ConfigError, StorageError
+from cpr_ray.errors import StorageError
 from cpr_ray.llm.answers import check_pins
-from cpr_ray.mining.mining_stages import mine, venues
-from cpr_ray.pooling.pool_stage import pool
-from cpr_ray.queries.positive_stages import STAGES as POSITIVE_STAGES
-from cpr_ray.queries.synthesis import synthesize_queries
 from cpr_ray.runs import failures
 from cpr_ray.runs.ray_runtime import user_errors_from_ray
+from cpr_ray.runs.stage_runner import Manifest, entry
+from cpr_ray.stages import INGEST, JUDGE_TRANSFER
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage
 
-StageFn = Callable[..., dict[str, Any]]
+StageFn = Callable[..., Manifest]
 
-STAGES: dict[str, StageFn] = {
-    "ingest": ingest,
-    "venues": venues,
-    "mine": mine,
-    **POSITIVE_STAGES,
-    "pool": pool,
-    "judge-negatives": judge_negatives,
-    "export": export,
-    "synthesize-queries": synthesize_queries,
-}
-
-
-def resolve_stages(names: Sequence[str] | None) -> list[str]:
-    if not names:
-        return list(STAGES)
-    unknown = [n for n in names if n not in STAGES]
-    if unknown:
-        raise ConfigError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(STAGES)}")
-    return [n for n in STAGES if n in names]
+# each registered stage's entry point, in build order (a benchmark wraps them to time each)
+STAGES: dict[str, StageFn] = {name: entry(name) for name in registry.STAGES}
+# the named stages in build order, all when none are named; an unknown name is refused
+resolve_stages = registry.select
 
 
 def check_root(storage: Storage) -> None:
@@ -74,12 +55,13 @@ def preflight(cfg: Config, storage: Storage, selected: Sequence[str]) -> dict[st
     verifier fails in seconds, not after Ray's start. Returns
     per-stage arguments (the shards found, so ingest reads exactly what was checked)."""
     check_root(storage)
+    registry.load_all()  # every stage's answer models, which the pins name
     check_pins(cfg.llm)
-    if "judge-transfer" in selected:
+    if JUDGE_TRANSFER in selected:
         cfg.llm.check_verifier()
-    if "ingest" not in selected:
+    if INGEST not in selected:
         return {}
-    return {"ingest": {"inputs": discover_inputs(cfg, storage)}}
+    return {INGEST: {"inputs": discover_inputs(cfg, storage)}}
 
 
 def run_build(
@@ -88,8 +70,8 @@ def run_build(
     *,
     force: bool = False,
     owner: leases.Owner | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Run the selected stages in pipeline order; returns each stage's manifest.
+) -> dict[str, Manifest]:
+    """Run the selected stages in build order; returns each stage's manifest.
 
     The build owns the root while it runs (`owner`: the lease its caller, a refresh, holds
     already): a root another build or refresh owns stops it before Ray starts, in one line
@@ -104,7 +86,7 @@ def run_build(
     selected = resolve_stages(stages)
     stage_args = preflight(cfg, storage, selected)
     secrets = failures.secret_names(cfg)
-    manifests: dict[str, dict[str, Any]] = {}
+    manifests: dict[str, Manifest] = {}
     with leases.owner(storage, "build") if owner is None else nullcontext(owner):
         for name in selected:
             with failures.recorded(storage, name, secrets), user_errors_from_ray():
@@ -114,7 +96,7 @@ def run_build(
     return manifests
 
 
-def manifests_table(manifests: dict[str, dict[str, Any]]) -> Table:
+def manifests_table(manifests: dict[str, Manifest]) -> Table:
     """What each stage published: its run, seconds, tables, rows and where they went."""
     table = Table(title="stages", title_justify="left")
     for col in ("stage", "run", "seconds", "table", "rows", "uri"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from cpr_ray.errors import ConfigError, StorageError
 from cpr_ray.llm.local_server import local_server
 from cpr_ray.pipeline.build import manifests_table, run_build
 from cpr_ray.runs.command_options import console
+from cpr_ray.runs.stage_runner import Manifest
+from cpr_ray.stages import EXPORT, SYNTHESIZE_QUERIES
 from cpr_ray.storage.store import Storage, join
 
 PLACEHOLDER_NOTICE = (
@@ -50,7 +53,7 @@ def run_dry_run(out: Path, overrides: list[str], *, force: bool = False) -> None
             )
         console.print(PLACEHOLDER_NOTICE)
     console.print(manifests_table(manifests))
-    export = manifests["export"]
+    export = manifests[EXPORT]
     if not export["tables"]["cpr-eval"]["rows"]:
         console.print(
             "CPR-eval of this dry run is empty (no query survived the LLM stages): nothing "
@@ -200,7 +203,7 @@ def _kept_results(cfg: Config, keep: str | None, key: str) -> dict[str, Any] | N
     return kept["results"] if kept and kept.get("key") == key else None
 
 
-def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
+def fine_tune(cfg: Config, manifests: Mapping[str, Manifest]) -> str | None:
     """The dry run's training step: MiniLM for a few steps on 2 CPU workers (the profile's
     `train:`), on the multi-query data synthesized from CPR-train's positives, or on CPR-train
     itself when synthesis gave none; returns the trained model, None when there is too little
@@ -209,9 +212,9 @@ def fine_tune(cfg: Config, manifests: dict[str, dict[str, Any]]) -> str | None:
     from cpr_ray.train.trainer import run_train
 
     model = minilm_path()
-    synthesis = manifests.get("synthesize-queries", {}).get("tables", {})
+    synthesis = manifests.get(SYNTHESIZE_QUERIES, {}).get("tables", {})
     synthesized = synthesis.get("multi-query", {"rows": 0, "uri": None})
-    export = manifests["export"]
+    export = manifests[EXPORT]
     need = cfg.train.batch_size
     if synthesized["rows"] >= need:
         data, fmt = synthesized["uri"], "triplets"

@@ -25,16 +25,20 @@ from contextlib import ExitStack
 from typing import Any
 
 from cpr_ray.config import Config
-from cpr_ray.corpus.apply_diffs import INGEST, RefreshRun, apply_diffs, remove_old_versions
+from cpr_ray.corpus.apply_diffs import RefreshRun, apply_diffs, remove_old_versions
 from cpr_ray.corpus.s2_api import S2DatasetsClient
 from cpr_ray.llm.spend import counted_from_here
 from cpr_ray.llm.spend_ledger import ledger_summary
-from cpr_ray.pipeline.build import STAGES, run_build
+from cpr_ray.pipeline.build import run_build
 from cpr_ray.runs import failures
 from cpr_ray.runs.ray_runtime import user_errors_from_ray
 from cpr_ray.runs.stage_runner import console, read_manifest
+from cpr_ray.stages import EXPORT, INGEST, STAGES
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage, join
+
+# what a refresh reruns once the corpus is brought up to date: every stage after ingest
+DOWNSTREAM: tuple[str, ...] = tuple(s for s in STAGES if s != INGEST)
 
 
 def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         downstream: dict[str, Any] = {}
         if cfg.refresh.downstream:
             with counted_from_here(storage, cfg.llm):  # the caps count this night's spend
-                manifests = run_build(cfg, [s for s in STAGES if s != INGEST], owner=owner)
+                manifests = run_build(cfg, DOWNSTREAM, owner=owner)
             downstream = {name: m["run_id"] for name, m in manifests.items()}
         readers = leases.readers(storage, join(storage.root, INGEST))
         cleaned: dict[str, int] | str = (
@@ -72,7 +76,7 @@ def refresh(cfg: Config, client: S2DatasetsClient | None = None) -> dict[str, An
         "llm_rows": {s: ledger_after.get(s, 0) - ledger_before.get(s, 0) for s in ledger_after},
         "downstream": downstream,
         "versions_removed": cleaned,
-        "export": (read_manifest(storage, "export") or {}).get("output"),
+        "export": (read_manifest(storage, EXPORT) or {}).get("output"),
     }
     _print_summary(summary)
     return summary

@@ -8,15 +8,16 @@ stored one, the projection of the build's LLM spend. Nothing here talks to Ray o
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rich.table import Table
 
 from cpr_ray.errors import StorageError
 from cpr_ray.judge_check.projection import STORED_REPORT
 from cpr_ray.runs.progress import Progress, read_progress
-from cpr_ray.runs.stage_runner import read_manifest
+from cpr_ray.runs.stage_runner import Manifest, read_manifest
+from cpr_ray.stages import STAGES
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage, join
 
@@ -25,7 +26,7 @@ from cpr_ray.storage.store import Storage, join
 class Snapshot:
     """One look at a root: each stage's manifest and progress, the owner, the projection."""
 
-    manifests: dict[str, dict[str, Any]]
+    manifests: dict[str, Manifest]
     progress: dict[str, Progress]
     owner: leases.Lease | None
     projected_usd: float | None
@@ -49,7 +50,8 @@ class Snapshot:
         return total
 
 
-def snapshot(storage: Storage, stages: list[str]) -> Snapshot:
+def snapshot(storage: Storage, stages: Sequence[str] = STAGES) -> Snapshot:
+    """The root now: the registered stages' manifests, every progress file, the owner."""
     manifests = {n: m for n in stages if (m := read_manifest(storage, n)) is not None}
     projected = None
     try:
@@ -66,8 +68,9 @@ def _duration(seconds: float | None) -> str:
     return str(dt.timedelta(seconds=round(seconds)))
 
 
-def watch_table(snap: Snapshot, stages: list[str]) -> Table:
-    """One row a stage: its state, the step under way, rows done of rows to do, ETA, spend."""
+def watch_table(snap: Snapshot, stages: Sequence[str] = STAGES) -> Table:
+    """One row a stage, in build order: its state, the step under way, rows done of rows to
+    do, ETA, spend."""
     who = f"{snap.owner.purpose} {snap.owner.id} on {snap.owner.host}" if snap.owner else None
     title = f"running: {who}" if who else "no build or refresh is running"
     table = Table(title=title, title_justify="left")

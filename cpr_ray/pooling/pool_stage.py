@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from math import ceil
 from typing import Any
 
@@ -37,8 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from cpr_ray.config import Config, PoolingConfig
-from cpr_ray.corpus.tables import INGEST, PinnedTable, bucket_plan, papers_by_id
+from cpr_ray.config import PoolingConfig
+from cpr_ray.corpus.tables import PinnedTable, bucket_plan, papers_by_id
 from cpr_ray.pooling.embeddings import (
     assemble_index,
     encode_missing,
@@ -73,24 +72,11 @@ from cpr_ray.pooling.universe_shards import (
 )
 from cpr_ray.retrieval.bm25 import BM25Retriever, CollectionStats
 from cpr_ray.retrieval.model_source import locate
-from cpr_ray.runs.stage_runner import (
-    Phases,
-    StageOutput,
-    StageRun,
-    console,
-    require_manifest,
-    run_stage,
-)
+from cpr_ray.runs.stage_runner import Phases, Reads, StageOutput, StageRun, console, entry
+from cpr_ray.stages import INGEST, JUDGE_ANALOGY, MINE, POOL, SCORE_POSITIVES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables.buckets import BucketPlan, read_lance_bucket, run_buckets
 
-STAGE = "pool"
-# argument -> (stage, table) it reads
-UPSTREAM = {
-    "positives_uri": ("score-positives", "positives"),
-    "judged_uri": ("judge-analogy", "judged"),
-    "universe_uri": ("mine", "universe"),
-}
 PAPER_COLUMNS = ["corpus_id", "title", "abstract", "publication_date", "year", "topics"]
 SEARCH_PHASES = ("search", "merge", "search_short", "merge_short")
 STATS_ROWS = 8192  # texts a bucket task tokenizes at once for BM25's statistics
@@ -507,24 +493,20 @@ def _publish(
     )
 
 
-def pool(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-    """Run (or skip) the pool stage over score-positives' positives; returns its manifest."""
-    manifests = {stage: require_manifest(storage, stage) for stage, _ in UPSTREAM.values()}
-    uris = {
-        arg: manifests[stage]["tables"][table]["uri"] for arg, (stage, table) in UPSTREAM.items()
-    }
+def run_pool(run: StageRun, reads: Reads) -> StageOutput:
+    """Pool candidates for score-positives' positives: judge-analogy's rejected citations
+    first, then the poolers' rankings over mine's universe, at ingest's pinned papers."""
     # one read of ingest's manifest: the pinned version and the bucket plan cannot disagree
-    ingest = require_manifest(storage, INGEST)
-    papers, papers_plan = PinnedTable.of(ingest, "papers"), bucket_plan(storage, ingest, "papers")
-    return run_stage(
-        STAGE,
-        cfg,
-        storage,
-        inputs={
-            **{stage: m["run_id"] for stage, m in manifests.items()},
-            "ingest": ingest["run_id"],
-        },
-        config_sections=("pooling",),
-        fn=partial(_pool, **uris, papers=papers, papers_plan=papers_plan),
-        force=force,
+    ingest = reads[INGEST]
+    return _pool(
+        run,
+        positives_uri=reads[SCORE_POSITIVES]["tables"]["positives"]["uri"],
+        judged_uri=reads[JUDGE_ANALOGY]["tables"]["judged"]["uri"],
+        universe_uri=reads[MINE]["tables"]["universe"]["uri"],
+        papers=PinnedTable.of(ingest, "papers"),
+        papers_plan=bucket_plan(run.storage, ingest, "papers"),
     )
+
+
+# run (or skip) pool and return its manifest
+pool = entry(POOL)

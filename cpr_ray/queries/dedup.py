@@ -27,6 +27,7 @@ from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.judges import format_contexts, format_mappings
 from cpr_ray.queries.writing import mask_citations
+from cpr_ray.stages import DEDUP
 
 
 class SameProblem(_Answer):
@@ -252,7 +253,7 @@ def keep_strongest(
 
 
 class SameProblemJudge(LLMTask):
-    stage = "dedup"
+    stage = DEDUP
     prompts = (prompts.load("dedup", "v3"),)
     key_columns = ("query_a", "query_b")
     prefix_columns = ("query_a",)
@@ -271,6 +272,11 @@ class SameProblemJudge(LLMTask):
             return self.empty_output(), out.status, out.error
         return {"same_problem": out.value.same_problem, "same_reason": out.value.reason}, "ok", None
 
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        same = row.get("same_problem")
+        return None if same is None else ("same" if same else "different")
+
 
 class StrongestAnalogyJudge(LLMTask):
     """Which cited paper of a same-problem group has the strongest analogy, one call per group
@@ -279,7 +285,7 @@ class StrongestAnalogyJudge(LLMTask):
     chosen cited id where the answer names a candidate; `keep_strongest` falls back to the
     ranking where it does not."""
 
-    stage = "dedup"
+    stage = DEDUP
     prompts = (prompts.load("strongest"), prompts.load("strongest_candidate"))
     key_columns = ("base_id", "q_title", "q_abstract", "candidates")
     prefix_columns = ("q_title", "q_abstract")
@@ -291,6 +297,11 @@ class StrongestAnalogyJudge(LLMTask):
             for r in table.select(["status", "strongest_index", "candidates"]).to_pylist()
         ]
         return table.append_column("model_choice", pa.array(picks, pa.int64()))
+
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        """The index only where it names a candidate (`model_choice`), as a build reads it."""
+        return row.get("strongest_index") if row.get("model_choice") is not None else None
 
     def render(self, row: dict[str, Any]) -> str:
         """The prompt: the citing paper, then each candidate through the candidate template.

@@ -24,6 +24,7 @@ from cpr_ray.queries.analogy import (
     transfer_problems,
     transfer_verified,
 )
+from cpr_ray.stages import JUDGE_ANALOGY, JUDGE_TRANSFER
 
 MAPPING = pa.struct([("q_object", pa.string()), ("d_object", pa.string()), ("role", pa.string())])
 RELATION = pa.struct(
@@ -97,7 +98,7 @@ class AnalogyJudge(LLMTask):
     pair's `input_flags` and `passed`, on every read.
     """
 
-    stage = "judge-analogy"
+    stage = JUDGE_ANALOGY
     prompts = (prompts.load("analogy", "v4"),)
     prefix_columns = ("q_title", "q_abstract", "q_topic")
     key_columns = (
@@ -140,6 +141,10 @@ class AnalogyJudge(LLMTask):
             "passed", analogy_passed(table, hold_out_flagged=self.hold_out_flagged)
         )
 
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        return row.get("decision")
+
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage
     ) -> tuple[dict[str, Any], Status, str | None]:
@@ -169,7 +174,7 @@ class TransferVerifier(LLMTask):
     """B.2: a second model checks the first judgment against the texts; `derive` adds
     `verified`."""
 
-    stage = "judge-transfer"
+    stage = JUDGE_TRANSFER
     prompts = (prompts.load("transfer", "v4"),)
     prefix_columns = ("q_title", "q_abstract")
     key_columns = (
@@ -198,6 +203,11 @@ class TransferVerifier(LLMTask):
     def derive(self, table: pa.Table) -> pa.Table:
         """`verified` from the cached verdict, so a changed rule needs no new call."""
         return table.append_column("verified", transfer_verified(table))
+
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        """A transfer, or the reason it was rejected."""
+        return "transfer" if row.get("verdict") == "transfer" else row.get("reject_reason")
 
     async def run(
         self, client: LLMClient, row: dict[str, Any], usage: Usage

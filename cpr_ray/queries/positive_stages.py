@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.config import Config
-from cpr_ray.corpus.tables import PinnedTable, paper_texts, pinned_papers
+from cpr_ray.corpus.tables import PinnedTable, paper_texts
 from cpr_ray.llm.spend_ledger import write_failures
 from cpr_ray.llm.step_runner import TaskRun, cached_note, endpoint_url, run_llm_task
 from cpr_ray.llm.task import without_answer_columns
@@ -28,7 +28,15 @@ from cpr_ray.queries.dedup import (
 from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader, grader_reference
 from cpr_ray.queries.writing import QueryWriter
-from cpr_ray.runs.stage_runner import StageOutput, StageRun, chained_stage, console
+from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, console, entry
+from cpr_ray.stages import (
+    DEDUP,
+    INGEST,
+    JUDGE_ANALOGY,
+    JUDGE_TRANSFER,
+    MINE,
+    WRITE_QUERIES,
+)
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import duckdb_sql as duck
 from cpr_ray.tables.schemas import passages
@@ -99,8 +107,10 @@ def _ok(table: pa.Table, column: str) -> pa.Array:
 # -- stage bodies ------------------------------------------------------------------------------
 
 
-def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageOutput:
-    pairs = _cap(run.cfg, run.storage.read_parquet(pairs_uri))
+def run_judge_analogy(run: StageRun, reads: Reads) -> StageOutput:
+    """Judge mine's pairs: analogy or not (§3.2 P2, App. B.1)."""
+    papers = PinnedTable.of(reads[INGEST], "papers")
+    pairs = _cap(run.cfg, run.storage.read_parquet(reads[MINE]["tables"]["pairs"]["uri"]))
     rows = _with_texts(
         run.storage,
         papers,
@@ -133,7 +143,9 @@ def _judge_analogy(run: StageRun, pairs_uri: str, papers: PinnedTable) -> StageO
     )
 
 
-def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
+def run_judge_transfer(run: StageRun, reads: Reads) -> StageOutput:
+    """Verify judge-analogy's analogies with a second model: transfer or reject (App. B.2)."""
+    analogies_uri = reads[JUDGE_ANALOGY]["tables"]["analogies"]["uri"]
     rows = without_answer_columns(run.storage.read_parquet(analogies_uri))
     result = run_llm_task(run, TransferVerifier(), rows, base_url=endpoint_url(run.cfg.llm))
     same = run.cfg.llm.same_verifier()
@@ -146,7 +158,9 @@ def _judge_transfer(run: StageRun, analogies_uri: str) -> StageOutput:
     return _publish(run, result, _ok(result.table, "verified"), "transfers", verifier)
 
 
-def _write_queries(run: StageRun, transfers_uri: str) -> StageOutput:
+def run_write_queries(run: StageRun, reads: Reads) -> StageOutput:
+    """Write a reviewed "How to …" query for each transfer (App. B.3)."""
+    transfers_uri = reads[JUDGE_TRANSFER]["tables"]["transfers"]["uri"]
     rows = without_answer_columns(run.storage.read_parquet(transfers_uri))
     d_fields = [
         ", ".join(x for x in (f, t) if x)
@@ -187,6 +201,11 @@ def _merged_stats(*parts: dict[str, Any]) -> dict[str, Any]:
             else:
                 out[key] = round(out.get(key, 0) + value, 6)
     return out
+
+
+def run_dedup(run: StageRun, reads: Reads) -> StageOutput:
+    """Keep one query per problem of a base paper: the strongest analogy (App. B.4)."""
+    return _dedup(run, reads[WRITE_QUERIES]["tables"]["queries"]["uri"])
 
 
 def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
@@ -269,7 +288,9 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
     )
 
 
-def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
+def run_score_positives(run: StageRun, reads: Reads) -> StageOutput:
+    """Grade each kept query's positive 0–3 and keep those that help (App. B.5)."""
+    queries_uri = reads[DEDUP]["tables"]["queries"]["uri"]
     rows = without_answer_columns(run.storage.read_parquet(queries_uri))
     mappings = [
         grader_reference(m, r)
@@ -293,24 +314,5 @@ def _score_positives(run: StageRun, queries_uri: str) -> StageOutput:
 # -- stage entry points --------------------------------------------------------------------------
 
 
-judge_analogy = chained_stage(
-    "judge-analogy", "mine", _judge_analogy, tables={"pairs_uri": "pairs"}, papers=pinned_papers
-)
-judge_transfer = chained_stage(
-    "judge-transfer", "judge-analogy", _judge_transfer, tables={"analogies_uri": "analogies"}
-)
-write_queries = chained_stage(
-    "write-queries", "judge-transfer", _write_queries, tables={"transfers_uri": "transfers"}
-)
-dedup = chained_stage("dedup", "write-queries", _dedup, tables={"queries_uri": "queries"})
-score_positives = chained_stage(
-    "score-positives", "dedup", _score_positives, tables={"queries_uri": "queries"}
-)
-
-STAGES = {
-    "judge-analogy": judge_analogy,
-    "judge-transfer": judge_transfer,
-    "write-queries": write_queries,
-    "dedup": dedup,
-    "score-positives": score_positives,
-}
+# run (or skip) judge-analogy and return its manifest
+judge_analogy = entry(JUDGE_ANALOGY)

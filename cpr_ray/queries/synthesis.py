@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from cpr_ray.config import SynthesisConfig
-from cpr_ray.corpus.tables import PinnedTable, papers_by_id, pinned_papers
+from cpr_ray.corpus.tables import PinnedTable, papers_by_id
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer, normalized
 from cpr_ray.llm.client import LLMClient, Status, Usage
@@ -31,11 +31,12 @@ from cpr_ray.llm.step_runner import endpoint_url, run_llm_task
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.qd_metrics import cross_encoder_scorer, qd_report
 from cpr_ray.queries.writing import MAX_QUERY_WORDS, QUERY_CHARS, WORD_CHARS
-from cpr_ray.runs.stage_runner import StageOutput, StageRun, chained_stage, console
+from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, console, entry
+from cpr_ray.stages import EXPORT, INGEST
+from cpr_ray.stages import SYNTHESIZE_QUERIES as STAGE
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables.schemas import paper_text
 
-STAGE = "synthesize-queries"
 MULTI_QUERY = pa.schema(
     [
         ("query", pa.string()),
@@ -222,7 +223,11 @@ def qd_metrics(
     return out
 
 
-def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTable) -> StageOutput:
+def run_synthesis(run: StageRun, reads: Reads) -> StageOutput:
+    """Synthesize multi-query training data from the export's queries (its `synthesis:`)."""
+    train_uri = reads[EXPORT]["tables"]["cpr-train"]["uri"]
+    eval_uri = reads[EXPORT]["tables"]["cpr-eval"]["uri"]
+    papers = PinnedTable.of(reads[INGEST], "papers")
     cfg = run.cfg.synthesis
     train = run.storage.read_parquet(train_uri, ["query_id", "query", "positive_id"])
     build = pa.concat_tables(
@@ -262,11 +267,5 @@ def _synthesize(run: StageRun, train_uri: str, eval_uri: str, papers: PinnedTabl
     )
 
 
-synthesize_queries = chained_stage(
-    STAGE,
-    "export",
-    _synthesize,
-    tables={"train_uri": "cpr-train", "eval_uri": "cpr-eval"},
-    config_sections=("llm", "synthesis"),
-    papers=pinned_papers,
-)
+# run (or skip) synthesize-queries and return its manifest
+synthesize_queries = entry(STAGE)

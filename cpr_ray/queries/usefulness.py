@@ -15,6 +15,7 @@ from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.judges import format_mappings, format_relations
+from cpr_ray.stages import SCORE_POSITIVES
 
 
 class Usefulness(_Answer):
@@ -57,11 +58,15 @@ class UsefulnessGrader(LLMTask):
     which may not apply, never an earlier judge's word. A negative's gets no block and no note
     (B.6), not an empty one, so nothing hints that a mapping was ever expected."""
 
-    stage = "score-positives"
+    stage = SCORE_POSITIVES
     prompts = (prompts.load("usefulness", "v2"), prompts.load("usefulness_reference", "v1"))
     key_columns = ("query", "passage", "mappings")
     prefix_columns = ("query",)
     output_schema = pa.schema([("usefulness", pa.int8())])
+
+    @staticmethod
+    def gold_label(row: dict[str, Any]) -> Any:
+        return row.get("usefulness")
 
     def render(self, row: dict[str, Any]) -> str:
         reference = row["mappings"] or ""

@@ -23,6 +23,7 @@ from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Outcome, Status, Usage
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.judges import format_contexts
+from cpr_ray.stages import WRITE_QUERIES
 
 
 class ProblemStatement(_Answer):
@@ -285,7 +286,7 @@ def citing_paper(row: Mapping[str, Any]) -> dict[str, str]:
 
 
 class QueryWriter(LLMTask):
-    stage = "write-queries"
+    stage = WRITE_QUERIES
     prompts = (
         prompts.load("extract", "v2"),
         prompts.load("rewrite", "v2"),

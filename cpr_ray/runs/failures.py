@@ -19,7 +19,7 @@ import re
 import socket
 import traceback
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +28,7 @@ from ray.exceptions import RayTaskError
 
 from cpr_ray.errors import UserError
 from cpr_ray.runs.ray_runtime import traceback_writer, user_error_in, user_message
-from cpr_ray.runs.stage_runner import code_version
+from cpr_ray.runs.stage_runner import Manifest, code_version
 from cpr_ray.storage.store import Storage, join
 
 FOLDER = "_logs"
@@ -195,7 +195,7 @@ def _time(iso: str) -> dt.datetime:
     return dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
 
 
-def last_failures(storage: Storage, manifests: dict[str, dict[str, Any]]) -> list[Failure]:
+def last_failures(storage: Storage, manifests: Mapping[str, Manifest]) -> list[Failure]:
     """Each stage's latest failure that no success followed (its `.ok.json`, or for a root
     written before those, its published manifest's end), oldest first."""
     folder = join(storage.root, FOLDER)

@@ -4,6 +4,9 @@ A stage writes into a fresh run folder ``{root}/{stage}/runs/{run_id}/`` that no
 then publishes ``{root}/{stage}/_MANIFEST.json`` last. Object stores have no atomic rename, so
 the manifest *is* the commit: readers follow it to the run folder, a crash before it leaves only
 an orphan folder, and a stage whose manifest records the same inputs and config is skipped.
+
+Stages are declared in the registry (`cpr_ray.stages`); `run_registered` runs one from its entry
+there: the manifests of the stages it reads are its inputs and its body's arguments.
 """
 
 from __future__ import annotations
@@ -12,16 +15,18 @@ import datetime as dt
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 from rich.console import Console
+from typing_extensions import Required, TypedDict  # pydantic reads only these on 3.11
 
-from cpr_ray import __version__
+from cpr_ray import __version__, stages
 from cpr_ray.config import Config, LLMConfig
 from cpr_ray.runs import prometheus as metrics
 from cpr_ray.runs.progress import ProgressWriter
@@ -34,11 +39,56 @@ MANIFEST = "_MANIFEST.json"
 console = Console(stderr=True)
 
 
+@with_config(ConfigDict(extra="allow"))  # fields of a newer version read too
+class TableRecord(TypedDict, total=False):
+    """One table a stage published: where, in which format, how many rows; a Lance table also
+    the version readers pin and its key-bucket layout."""
+
+    uri: Required[str]
+    format: str
+    rows: int
+    version: int | None
+    layout: dict[str, Any]
+
+
+@with_config(ConfigDict(extra="allow"))
+class Manifest(TypedDict, total=False):
+    """A stage's published manifest, ``{root}/{stage}/_MANIFEST.json``: the commit of its run.
+
+    A typed record over the JSON object itself, so what is read is what was written, byte for
+    byte (`read_manifest` checks the type of every field present; `write_manifest` writes it).
+    `run_stage` writes every field; a reader needs only those it reads, so a manifest written
+    by hand (a test's upstream, an index's source) reads too. `inputs` are what a rerun
+    compares to skip; `lease` the root's lease generation it was published under; `corpus`
+    and `refreshed` (ingest's alone) the S2 releases a refresh applied, and when."""
+
+    stage: str
+    run_id: str
+    output: str
+    tables: dict[str, TableRecord]
+    stats: dict[str, Any]
+    complete: bool
+    inputs: dict[str, Any]
+    config_hash: str
+    code_version: str
+    started: str
+    seconds: float
+    storage_retries: int
+    lease: dict[str, Any] | None
+    corpus: dict[str, Any]
+    refreshed: str
+
+
+_MANIFEST = TypeAdapter(Manifest)
+# the published manifests of the stages a stage reads, by stage
+Reads = Mapping[str, Manifest]
+
+
 @dataclass
 class StageOutput:
-    """What a stage function returns: its tables (name -> URI, rows, format) and statistics."""
+    """What a stage function returns: its tables and statistics."""
 
-    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tables: dict[str, TableRecord] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     # False when some rows are missing for a reason a rerun may fix (an LLM call that failed in
     # transport): published so the build can go on, but never skipped as final by a rerun
@@ -105,18 +155,31 @@ def manifest_uri(storage: Storage, stage: str) -> str:
     return join(storage.root, stage, MANIFEST)
 
 
-def read_manifest(storage: Storage, stage: str) -> dict[str, Any] | None:
+def read_manifest(storage: Storage, stage: str) -> Manifest | None:
     """The stage's published manifest; None when there is none, or when it was written under a
-    lease already taken over (`leases.superseded`): the stage runs again."""
+    lease already taken over (`leases.superseded`): the stage runs again. One that is not a
+    manifest (a hand edit, another program's file) stops with one line naming it."""
     uri = manifest_uri(storage, stage)
     try:
-        manifest = storage.read_json(uri)
+        raw = storage.read_json(uri)
     except FileNotFoundError:
         return None
-    return None if leases.superseded(storage, manifest, uri) else manifest
+    try:
+        _MANIFEST.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise StorageError(f"{uri} is no stage manifest: {where}: {first['msg']}") from None
+    manifest: Manifest = raw  # checked above; the object itself, so a rewrite keeps its bytes
+    return None if leases.superseded(storage, dict(manifest), uri) else manifest
 
 
-def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
+def write_manifest(storage: Storage, manifest: Manifest) -> None:
+    """Publish `manifest` as its stage's commit (the one writer: the root's lease owner)."""
+    storage.write_json(manifest_uri(storage, manifest["stage"]), dict(manifest))
+
+
+def require_manifest(storage: Storage, stage: str) -> Manifest:
     """A stage's published manifest, for a stage that reads its tables.
 
     A Lance table the manifest records at a version (the corpus) must still be at it: a newer
@@ -140,41 +203,31 @@ def require_manifest(storage: Storage, stage: str) -> dict[str, Any]:
     return manifest
 
 
-def chained_stage(
-    name: str,
-    upstream: str,
-    body: Callable[..., StageOutput],
-    *,
-    tables: dict[str, str],
-    config_sections: tuple[str, ...] = ("llm",),
-    papers: Callable[[Storage], tuple[Any, str]] | None = None,
-) -> Callable[..., dict[str, Any]]:
-    """The entry point of a stage that reads tables of one upstream stage (and, with `papers`,
-    the pinned papers table): `tables` maps each keyword `body` takes to the upstream table whose
-    URI it gets. Its inputs — what a rerun compares to skip — are the upstream run and the pinned
-    ingest run, so every such stage is skipped and invalidated the same way."""
-
-    def stage(cfg: Config, storage: Storage, *, force: bool = False) -> dict[str, Any]:
-        manifest = require_manifest(storage, upstream)
-        kwargs: dict[str, Any] = {kw: manifest["tables"][t]["uri"] for kw, t in tables.items()}
-        inputs = {upstream: manifest["run_id"]}
-        if papers is not None:
-            kwargs["papers"], inputs["ingest"] = papers(storage)
-        return run_stage(
-            name,
-            cfg,
-            storage,
-            inputs=inputs,
-            config_sections=config_sections,
-            fn=partial(body, **kwargs),
-            force=force,
-        )
-
-    stage.__name__ = name.replace("-", "_")
-    stage.__doc__ = (
-        f"Run (or skip) the {name} stage over {upstream}'s {', '.join(tables.values())}."
+def run_registered(
+    name: str, cfg: Config, storage: Storage, *, force: bool = False, **args: Any
+) -> Manifest:
+    """Run (or skip) the registered stage `name` (`cpr_ray.stages`): the published manifests of
+    the stages it reads are handed to its body, and their runs are its inputs (or what its
+    `prepare` computes from `args`, for a stage that reads no stage's output)."""
+    declared = stages.stage(name)
+    reads = {upstream: require_manifest(storage, upstream) for upstream in declared.reads}
+    inputs: dict[str, Any] = {upstream: m["run_id"] for upstream, m in reads.items()}
+    if declared.prepare is not None:
+        inputs, args = stages.resolve(declared.prepare)(cfg, storage, force=force, **args)
+    return run_stage(
+        name,
+        cfg,
+        storage,
+        inputs=inputs,
+        config_sections=declared.config_sections,
+        fn=partial(stages.resolve(declared.run), reads=reads, **args),
+        force=force,
     )
-    return stage
+
+
+def entry(name: str) -> Callable[..., Manifest]:
+    """`run_registered` for one stage, as its module offers it: ``mine(cfg, storage)``."""
+    return partial(run_registered, name)
 
 
 def run_stage(
@@ -186,7 +239,7 @@ def run_stage(
     fn: Callable[[StageRun], StageOutput],
     *,
     force: bool = False,
-) -> dict[str, Any]:
+) -> Manifest:
     """Run `fn` unless a published manifest already matches `inputs` and the config sections.
 
     Ray starts (or is joined) here, for the first stage that runs: a rerun that finds every
@@ -235,7 +288,7 @@ def run_stage(
         raise
     seconds = round(time.time() - started, 2)
     retries = storage_retries() - retries_before
-    manifest = {
+    manifest: Manifest = {
         "stage": name,
         "run_id": run_id,
         "output": out,
@@ -253,7 +306,7 @@ def run_stage(
     # the manifest records the lease's generation renewed right now
     manifest["lease"] = leases.fence(storage)
     # one writer: only the root's lease owner publishes, so an unconditional write loses nothing
-    storage.write_json(manifest_uri(storage, name), manifest)
+    write_manifest(storage, manifest)
     metrics.stage_published(name, result.tables)
     progress.finish("done")
     _remove_old_runs(storage, name, keep=run_id)

@@ -24,11 +24,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.corpus.tables import INGEST, PinnedTable
+from cpr_ray.corpus.tables import PinnedTable
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.evaluate.loaders.beir import beir_texts
 from cpr_ray.retrieval.base import document_texts
 from cpr_ray.runs.stage_runner import manifest_uri, require_manifest
+from cpr_ray.stages import INGEST
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables.table_files import find_table, read_jsonl
@@ -123,7 +124,7 @@ def _lance_table(storage: Storage, uri: str) -> PinnedTable | None:
     if storage.exists(join(uri, "_versions")):
         return PinnedTable(uri)
     root = Storage(storage.cfg.model_copy(update={"root": uri}))
-    if storage.is_file(manifest_uri(root, "ingest")):
+    if storage.is_file(manifest_uri(root, INGEST)):
         return PinnedTable.of(require_manifest(root, INGEST), "papers")
     return None
 
