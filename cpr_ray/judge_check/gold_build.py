@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cpr_ray import stages
 from cpr_ray.judge_check.first_pages import read_first_page_file
 from cpr_ray.judge_check.gold import (
     EXCLUSIONS,
@@ -48,15 +49,6 @@ from cpr_ray.judge_check.gold import (
     NOT_TAKEN,
     PURPOSES,
     kept,
-)
-from cpr_ray.stages import (
-    DEDUP,
-    JUDGE_ANALOGY,
-    JUDGE_NEGATIVES,
-    JUDGE_TRANSFER,
-    SCORE_POSITIVES,
-    STRONGEST,
-    WRITE_QUERIES,
 )
 
 CITATIONS_TSV = "act-sdp-test.tsv"
@@ -321,7 +313,7 @@ def written_cases(
             left["topics not different"] += 1
             continue
         given = dict(line["input"])
-        if stage == JUDGE_TRANSFER:
+        if stage == stages.JUDGE_TRANSFER:
             name = citations[line["unique_id"]].d_first_author
             given["contexts"] = [c.replace(MASK, name) for c in given["contexts"]]
         case_id = line["id"]
@@ -350,7 +342,7 @@ def written_cases(
             "purpose": line["purpose"],
             "topics": topics,
             "citing_sentence": "real" if line["input"].get("contexts") else "none",
-            "input": ids | given if stage == JUDGE_TRANSFER else given,
+            "input": ids | given if stage == stages.JUDGE_TRANSFER else given,
             "expected": expected,
             "readings": [
                 {"reader": "first", "expected": line["expected"], "why": line["why"]},
@@ -368,7 +360,7 @@ def written_cases(
 
 def citing_sentence(stage: str, case: dict[str, Any]) -> dict[str, Any]:
     """A shipped case with its `citing_sentence` field (stages that read citing sentences)."""
-    if stage not in (JUDGE_ANALOGY, JUDGE_TRANSFER, WRITE_QUERIES):
+    if stage not in (stages.JUDGE_ANALOGY, stages.JUDGE_TRANSFER, stages.WRITE_QUERIES):
         return case
     if "citing_sentence" in case:
         return case
@@ -406,9 +398,9 @@ def trimmed(
 
 def _label(stage: str, case: dict[str, Any]) -> Any:
     e = case["expected"]
-    if stage == JUDGE_ANALOGY:
+    if stage == stages.JUDGE_ANALOGY:
         return e["decision"]
-    if stage == JUDGE_TRANSFER:
+    if stage == stages.JUDGE_TRANSFER:
         return "transfer" if e["verdict"] == "transfer" else e["reject_reason"]
     return "accept" if e.get("accept") else "reject"
 
@@ -456,8 +448,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         + read_jsonl(labels / "analogy-second-B.jsonl"),
         "unique_id",
     )
-    new = {JUDGE_ANALOGY: analogy_cases(citations, first, second, hand, topic_hand)}
-    for stage, name in ((JUDGE_TRANSFER, "transfer"), (WRITE_QUERIES, "queries")):
+    new = {stages.JUDGE_ANALOGY: analogy_cases(citations, first, second, hand, topic_hand)}
+    for stage, name in ((stages.JUDGE_TRANSFER, "transfer"), (stages.WRITE_QUERIES, "queries")):
         new[stage] = written_cases(
             stage,
             read_jsonl(labels / f"{name}-first.jsonl"),
@@ -482,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{stage}: {len(cases)} real cases from the citation set "
             f"(left out: {dict(left) or 'none'}), {len(kept_cases)} of {len(shipped)} shipped kept"
         )
-    for stage in (DEDUP, STRONGEST, SCORE_POSITIVES, JUDGE_NEGATIVES):
+    for stage in (stages.DEDUP, stages.STRONGEST, stages.SCORE_POSITIVES, stages.JUDGE_NEGATIVES):
         path = args.out / f"{stage}.jsonl"
         write_jsonl(path, [citing_sentence(stage, c) for c in read_jsonl(path)])
     license_text = (args.citations / LICENSE).read_text(encoding="utf-8")

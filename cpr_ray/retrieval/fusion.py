@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,41 +29,27 @@ Id = TypeVar("Id", bound=Hashable)
 RRF_K = 60
 
 
-@overload
-def reciprocal_rank_fusion(
-    rankings: Sequence[Sequence[Id]],
-    *,
-    k: int = ...,
-    weights: Sequence[float] | None = ...,
-    top_n: int | None = ...,
-    with_scores: Literal[False] = ...,
-) -> list[Id]: ...
-
-
-@overload
-def reciprocal_rank_fusion(
-    rankings: Sequence[Sequence[Id]],
-    *,
-    k: int = ...,
-    weights: Sequence[float] | None = ...,
-    top_n: int | None = ...,
-    with_scores: Literal[True],
-) -> list[tuple[Id, float]]: ...
-
-
 def reciprocal_rank_fusion(
     rankings: Sequence[Sequence[Id]],
     *,
     k: int = RRF_K,
     weights: Sequence[float] | None = None,
     top_n: int | None = None,
-    with_scores: bool = False,
-) -> list[Id] | list[tuple[Id, float]]:
-    """Fuse best-first rankings; ties go to the better best rank, then to first appearance.
+) -> list[Id]:
+    """Fuse best-first rankings (`fused_scores`' order, without the scores)."""
+    return [doc for doc, _ in fused_scores(rankings, k=k, weights=weights, top_n=top_n)]
 
-    A document repeated inside one ranking counts at its first (best) rank only. With
-    `with_scores`, (document, fused score) pairs.
-    """
+
+def fused_scores(
+    rankings: Sequence[Sequence[Id]],
+    *,
+    k: int = RRF_K,
+    weights: Sequence[float] | None = None,
+    top_n: int | None = None,
+) -> list[tuple[Id, float]]:
+    """(document, fused score) pairs of best-first rankings, best first; ties go to the better
+    best rank, then to first appearance. A document repeated inside one ranking counts at its
+    first (best) rank only."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     if weights is not None and len(weights) != len(rankings):
@@ -82,8 +68,7 @@ def reciprocal_rank_fusion(
             best[doc] = min(best.get(doc, rank), rank)
             seen.setdefault(doc, len(seen))
     fused = sorted(score, key=lambda d: (-score[d], best[d], seen[d]))
-    fused = fused if top_n is None else fused[:top_n]
-    return [(d, score[d]) for d in fused] if with_scores else fused
+    return [(d, score[d]) for d in (fused if top_n is None else fused[:top_n])]
 
 
 @dataclass(frozen=True)
@@ -163,9 +148,7 @@ class Fusion(FusionConfig):
         d_rank = {d: r for r, (d, _) in enumerate(dense, start=1)}
         b_rank = {d: r for r, (d, _) in enumerate(bm25, start=1)}
         if self.method == "rrf":
-            fused = reciprocal_rank_fusion(
-                [[d for d, _ in dense], [d for d, _ in bm25]], k=self.k, with_scores=True
-            )
+            fused = fused_scores([[d for d, _ in dense], [d for d, _ in bm25]], k=self.k)
         else:
             score: dict[Any, float] = {}
             for side, w in ((dense, self.weight), (bm25, 1.0 - self.weight)):
