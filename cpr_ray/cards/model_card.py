@@ -123,7 +123,7 @@ class ProcedureFacts:
             lr=tc.lr,
             warmup_steps=tc.warmup_steps,
             min_lr_ratio=tc.min_lr_ratio,
-            betas=tuple(tc.betas),
+            betas=(tc.betas[0], tc.betas[1]),
             eps=tc.eps,
             weight_decay=tc.weight_decay,
             max_grad_norm=tc.max_grad_norm,

@@ -181,7 +181,8 @@ def reserver(
     tag = f"{tag}-{uuid.uuid4().hex[:6]}"
     if not shared:
         return Reserver(room_usd, storage, journal, tag, wait_s)
-    actor = _ReserverActor.options(scheduling_strategy=on_this_node()).remote(
-        room_usd, storage, journal, tag, wait_s
-    )
+    # mypy does not apply class decorators: ray.remote made _ReserverActor an ActorClass
+    actor = _ReserverActor.options(  # type: ignore[attr-defined]
+        scheduling_strategy=on_this_node()
+    ).remote(room_usd, storage, journal, tag, wait_s)
     return SharedReserver(actor)

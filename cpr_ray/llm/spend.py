@@ -29,11 +29,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, stage_name
+from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, LLMStage, stage_name
 from cpr_ray.errors import SpendCapError
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables.compaction import read_parts
@@ -175,7 +176,7 @@ class Budget:
     def open(cls, cfg: LLMConfig, storage: Storage, stage: str) -> Budget | None:
         """The stage's budget, or None when no cap applies to it (its ledger is not read)."""
         stage = stage_name(stage)
-        options = cfg.stages.get(stage)
+        options = cfg.stages.get(cast(LLMStage, stage))  # another name has no options: None
         stage_cap = options.max_usd if options else None
         if stage not in BUILD_LLM_STAGES or (cfg.max_usd is None and stage_cap is None):
             return None
@@ -232,6 +233,7 @@ class Budget:
                 if self.refresh
                 else f"every LLM answer in the ledgers of {self.root}"
             )
+        assert cap is not None  # `left` holds only the caps that are set
         raise SpendCapError(
             f"{self.stage}: stopped at the spend cap: {_usd(spent)} spent ({whose}, at "
             f"llm.prices; {_usd(new)} by this run) against {key}={_usd(cap)}. Nothing was "

@@ -129,6 +129,10 @@ class Encoder(nn.Module):
     """Tokenised texts -> one vector per text: dense (b, hidden), L2-normalised when `normalize`,
     or SPLADE (b, vocabulary)."""
 
+    # a transformers model, or PEFT's wrapper of one: its config, save_pretrained and heads are
+    # theirs, which nn.Module's attribute typing (Tensor | Module) does not know
+    backbone: Any
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -392,10 +396,10 @@ class DenseEncoder(_TextEncoder):
         super().__init__(replace(spec.resolved(), pooling=model.pooling), model)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._encode([self.spec.query_prefix + t for t in texts])
+        return self._encode([(self.spec.query_prefix or "") + t for t in texts])
 
     def encode_docs(self, texts: Sequence[str]) -> np.ndarray:
-        return self._encode([self.spec.doc_prefix + t for t in texts])
+        return self._encode([(self.spec.doc_prefix or "") + t for t in texts])
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -415,15 +419,15 @@ class SpladeEncoder(_TextEncoder):
         super().__init__(spec, Encoder.load(spec, "splade"))
 
     def encode_queries(self, texts: Sequence[str]) -> sp.csr_matrix:
-        return self._encode([self.spec.query_prefix + t for t in texts])
+        return self._encode([(self.spec.query_prefix or "") + t for t in texts])
 
     def encode_docs(self, texts: Sequence[str]) -> sp.csr_matrix:
-        return self._encode([self.spec.doc_prefix + t for t in texts])
+        return self._encode([(self.spec.doc_prefix or "") + t for t in texts])
 
     def _encode(self, texts: list[str]) -> sp.csr_matrix:
         parts, order = self._embed(texts)
         encoded = sp.vstack(
-            [sp.csr_matrix((0, self.dim), dtype=np.float32)]
+            [sp.csr_matrix(np.zeros((0, self.dim), np.float32))]
             + [sp.csr_matrix(p, dtype=np.float32) for p in parts],
             format="csr",
         )

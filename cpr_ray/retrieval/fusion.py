@@ -151,7 +151,7 @@ class Fusion:
         depth = self.side_depth(top_n)
 
         def keep(docs: Sequence[Any], scores: Sequence[float], floor: float) -> list:
-            out = []
+            out: list[tuple[Any, float]] = []
             for d, s in zip(docs, scores):
                 if len(out) == depth:
                     break

@@ -198,6 +198,7 @@ class Storage:
             if self._lance_version(uri) != before:
                 return self.open_lance(uri)
             time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _lance_version(self, uri: str) -> int | None:
         """The latest version of the Lance table at `uri`; None: no table there yet."""
@@ -315,10 +316,11 @@ class Storage:
         """`read` once more when S3 broke off an answer mid-body (a reset connection), which
         pyarrow's, boto3's and Lance's clients pass up instead of retrying; at most
         `storage.max_retries` times. Only for reads: a write may have landed."""
+        retried: tuple[type[Exception], ...] = (OSError, ValueError, *boto_errors())
         for attempt in range(self.cfg.max_retries + 1):
             try:
                 return read()
-            except (OSError, ValueError, *boto_errors()) as exc:
+            except retried as exc:
                 if attempt == self.cfg.max_retries or not broken_off(exc):
                     raise
                 sent_again()
@@ -442,7 +444,7 @@ class Storage:
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
         try:
-            yield stream  # type: ignore[misc]
+            yield stream
         except BaseException:
             stream.close()
             loc.fs.delete_file(tmp)

@@ -20,7 +20,6 @@ block may mix frozen and trainable ones; only the trainable ones need one dtype)
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -37,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.futures import Future
 
 METADATA_FILE = ".metadata"  # DCP's index of a checkpoint, written by rank 0
 
@@ -118,8 +118,8 @@ def load_sharded(
     set_state_dict(
         model,
         optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
+        model_state_dict=model_state,  # dcp.load filled these in place
+        optim_state_dict=optimizer_state,
         options=options,
     )
 
