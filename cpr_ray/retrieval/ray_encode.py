@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -99,7 +99,7 @@ class EncodeDocs:
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column("text").to_pylist()
         rest = batch.drop_columns(["text"])
-        if self.kind == "dense":
+        if isinstance(self.encoder, DenseEncoder):  # kind "dense"
             emb = self.encoder.encode_docs(texts)  # (b, d)
             flat = pa.array(emb.reshape(-1), type=pa.float32())
             encoded = rest.append_column(
@@ -186,6 +186,7 @@ def encode_dataset(
     memory = actor_memory(
         model_shape(spec), spec, kind, options.batch_size, on_gpu=options.num_gpus > 0
     )
+    resources: dict[str, Any] = {"resources": dict(options.resources)} if options.resources else {}
     return ds.map_batches(
         EncodeDocs,
         fn_constructor_kwargs={"spec": spec, "kind": kind, "parts": parts},
@@ -199,7 +200,7 @@ def encode_dataset(
         num_cpus=options.num_cpus,
         num_gpus=options.num_gpus,
         memory=memory,
-        **({"resources": dict(options.resources)} if options.resources else {}),
+        **resources,
     )
 
 
@@ -229,6 +230,7 @@ def encode_with_ray(
     # another the short ones, where one block per call balances them as actors free up
     options = replace(options, batch_size=min(options.batch_size, per_block))
     ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options, start_all=True)
+    batch: pa.Table  # what iter_batches yields for batch_format="pyarrow"
     if kind == "dense":
         out: np.ndarray | None = None
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
