@@ -316,12 +316,14 @@ class Storage:
         """`read` once more when S3 broke off an answer mid-body (a reset connection), which
         pyarrow's, boto3's and Lance's clients pass up instead of retrying; at most
         `storage.max_retries` times. Only for reads: a write may have landed."""
-        retried: tuple[type[Exception], ...] = (OSError, ValueError, *boto_errors())
         for attempt in range(self.cfg.max_retries + 1):
             try:
                 return read()
-            except retried as exc:
-                if attempt == self.cfg.max_retries or not broken_off(exc):
+            except Exception as exc:
+                # botocore's errors imported only once a read failed
+                retried: tuple[type[Exception], ...] = (OSError, ValueError, *boto_errors())
+                last = attempt == self.cfg.max_retries
+                if last or not isinstance(exc, retried) or not broken_off(exc):
                     raise
                 sent_again()
                 time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
