@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 DRY_RUN_OUT ?= cpr-dry-run
 PYTEST_ARGS ?=
 
-.PHONY: install browser dry-run test lint docs clean
+.PHONY: install browser dry-run test lint check docs clean
 
 # infra/image/install.sh installs the package, dev extras and the pinned torch into the venv: the
 # same script, at the versions of the same lock (infra/image/cpu.lock; `bash infra/image/lock.sh`
@@ -41,8 +41,16 @@ browser:
 test: install browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+LINTED := cpr_ray tests benchmarks jobs
+
 lint: install
-	$(VENV)/bin/ruff check cpr_ray tests benchmarks jobs
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+# what CI runs before the tests (.ci/run): lint, then mypy on cpr_ray at the strictness
+# pyproject.toml's [tool.mypy] states
+check: lint
+	$(VENV)/bin/mypy
 
 # the docs site (mkdocs.yml, docs/) into site/: --strict makes a broken link or a stale
 # configuration reference (docs/hooks.py) fail the build; NO_MKDOCS_2_WARNING quiets

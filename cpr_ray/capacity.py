@@ -133,15 +133,22 @@ def placement_demands(bundles: list[dict[str, float]], strategy: str) -> list[di
     from ray.autoscaler._private.resource_demand_scheduler import (
         placement_groups_to_resource_demands,
     )
-    from ray.core.generated.common_pb2 import Bundle, PlacementStrategy
-    from ray.core.generated.gcs_pb2 import PlacementGroupTableData
+
+    # protobuf's generated modules make their classes at import and ship no stubs
+    from ray.core.generated.common_pb2 import (  # type: ignore[attr-defined]
+        Bundle,
+        PlacementStrategy,
+    )
+    from ray.core.generated.gcs_pb2 import PlacementGroupTableData  # type: ignore[attr-defined]
 
     pg = PlacementGroupTableData(
         strategy=PlacementStrategy.Value(strategy),
         bundles=[Bundle(unit_resources=b) for b in bundles],
     )
     demands, strict_spread = placement_groups_to_resource_demands([pg])
-    return [dict(d) for d in demands] + [b for group in strict_spread for b in group]
+    # Ray types amounts as numbers.Real, which mypy does not take a float for, nor the reverse
+    every = [*demands, *(b for group in strict_spread for b in group)]
+    return [{k: float(v) for k, v in d.items()} for d in every]
 
 
 def unplaceable(
@@ -161,10 +168,11 @@ def unplaceable(
         _default_utilization_scorer,
         node_availability_summary=NodeAvailabilitySummary(node_availabilities={}),
     )
-    left = []
+    left: list[dict[str, float]] = []
     for demand in demands:
-        _, residual = get_nodes_for(dict(node_types), {}, HEAD_GROUP, 1000, [dict(demand)], scorer)
-        left += residual
+        asked: dict[str, Any] = dict(demand)  # Ray's numbers.Real, which a float is at run time
+        _, residual = get_nodes_for(dict(node_types), {}, HEAD_GROUP, 1000, [asked], scorer)
+        left += [{k: float(v) for k, v in r.items()} for r in residual]
     return left
 
 
@@ -231,7 +239,7 @@ def _kubelet_reserved_cpu(vcpus: int) -> float:
     """kube-reserved CPU on the EKS AMI: 6% of the first core, 1% of the second, 0.5% of the
     next two, 0.25% of the rest (amazon-eks-ami's bootstrap)."""
     steps = [(1, 0.06), (1, 0.01), (2, 0.005), (math.inf, 0.0025)]
-    reserved, left = 0.0, vcpus
+    reserved, left = 0.0, float(vcpus)
     for cores, share in steps:
         used = min(left, cores)
         reserved += used * share

@@ -133,7 +133,7 @@ def migrate(card: str) -> list[Evaluation]:
                     variant=match.group(2),
                     protocol=protocol,
                     n_queries=int(queries.replace(",", "")),
-                    metrics={m: v for m, v in metrics.items() if v[0] is not None},
+                    metrics={m: (v, lo, hi) for m, (v, lo, hi) in metrics.items() if v is not None},
                     seconds=_number(seconds),
                     id=f"card-row-{i + 1}",
                 )
@@ -149,12 +149,12 @@ def migrate(card: str) -> list[Evaluation]:
             mine = found[at].model_index_result()
             if (mine["task"], mine["dataset"]) == (entry.get("task"), entry.get("dataset")):
                 shown = found[at].metrics
-                metrics = {
+                updated = {
                     m["type"]: (m["value"], *shown.get(m["type"], (0, None, None))[1:])
                     for m in entry.get("metrics") or []
                     if m.get("type") in METRIC_NAMES
                 }
-                found[at] = dataclasses.replace(found[at], metrics=metrics)
+                found[at] = dataclasses.replace(found[at], metrics=updated)
                 break
     return found
 

@@ -120,7 +120,7 @@ class ProcedureFacts:
             tc,
             hard_negatives_max=int(data.get("max_negatives", 0)),
             hard_negatives_mean=float(data.get("mean_negatives", 0.0)),
-            betas=tuple(tc.betas),
+            betas=(tc.betas[0], tc.betas[1]),
             steps=int(summary["steps"]),
             lora=summary.get("lora"),
             bf16=bf16,

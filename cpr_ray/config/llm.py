@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -289,7 +289,8 @@ class LLMConfig(_Section):
 
     def pin_for(self, stage: str) -> dict[str, bool | int | str]:
         """The answer fields a stage pins (see LLMStageConfig.pin)."""
-        return self.stages.get(stage_name(stage), LLMStageConfig()).pin
+        # a name outside LLMStage finds no override, as the default below says
+        return self.stages.get(cast(LLMStage, stage_name(stage)), LLMStageConfig()).pin
 
     def same_verifier(self) -> bool:
         """Whether judge-transfer would ask the analogy judge's own model."""
@@ -309,7 +310,7 @@ class LLMConfig(_Section):
 
     def for_stage(self, stage: str) -> tuple[str, float, int]:
         """(model, temperature, max_tokens) of a stage, overrides applied."""
-        o = self.stages.get(stage_name(stage), LLMStageConfig())
+        o = self.stages.get(cast(LLMStage, stage_name(stage)), LLMStageConfig())
         return (
             o.model or self.model,
             self.temperature if o.temperature is None else o.temperature,

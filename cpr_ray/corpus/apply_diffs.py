@@ -452,7 +452,7 @@ def plan(run: RefreshRun, release: str) -> tuple[str, list[dict[str, DiffStep]]]
             if (s.from_release, s.to_release) not in order:
                 order.append((s.from_release, s.to_release))
     order.sort(key=lambda pair: pair[1])
-    grouped = []
+    grouped: list[dict[str, DiffStep]] = []
     for pair in order:
         grouped.append(
             {

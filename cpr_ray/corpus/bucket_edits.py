@@ -31,7 +31,7 @@ from lance.fragment import RowIdSequence, write_fragments
 
 from cpr_ray.storage.store import Storage
 from cpr_ray.tables import duckdb_sql as duck
-from cpr_ray.tables.buckets import BucketLayout, BucketPlan
+from cpr_ray.tables.buckets import BucketLayout, BucketPlan, planned_fragment
 
 ROW_ID, ROW_ADDR = "_rowid", "_rowaddr"
 
@@ -60,7 +60,7 @@ def bucket_scanners(
     return [
         (
             ds.scanner(
-                fragments=[ds.get_fragment(i) for i in ids],
+                fragments=[planned_fragment(ds, i) for i in ids],
                 columns=list(dict.fromkeys([*columns, p.layout.key])),
                 filter=where,
                 with_row_id=True,
@@ -190,7 +190,7 @@ def _mark_deleted(
         if fragment_id not in own:
             mixed[fragment_id] = offsets
             continue
-        marked = ds.get_fragment(fragment_id).delete_rows(offsets)
+        marked = planned_fragment(ds, fragment_id).delete_rows(offsets)
         if marked is None:
             removed.append(fragment_id)
         else:
@@ -215,7 +215,7 @@ def commit(p: BucketPlan, storage: Storage, edits: Sequence[BucketEdit]) -> Buck
         for fragment_id, offsets in e.mixed.items():
             mixed[fragment_id].extend(offsets)
     for fragment_id, offsets in mixed.items():
-        marked = ds.get_fragment(fragment_id).delete_rows(offsets)
+        marked = planned_fragment(ds, fragment_id).delete_rows(offsets)
         if marked is None:
             removed.append(fragment_id)
         else:

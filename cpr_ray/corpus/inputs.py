@@ -32,6 +32,8 @@ class InputSet:
 
 
 def _input_sets(cfg: Config) -> list[InputSet]:
+    cfg.require("input")  # a config error in one line, not an AttributeError
+    assert cfg.input is not None  # require raised otherwise
     s2, oa = cfg.input.s2, cfg.input.openalex
     return [
         InputSet("papers", join(s2, "papers"), True),
@@ -93,6 +95,7 @@ def _uri(is_s3: bool, path: str) -> str:
 
 def snapshot_label(cfg: Config, works: InputSet) -> str:
     """Which OpenAlex snapshot the topics came from: config, else the newest partition date."""
+    assert cfg.input is not None  # `works` was found from it (discover_inputs)
     if cfg.input.openalex_snapshot:
         return cfg.input.openalex_snapshot
     dates = sorted(

@@ -87,7 +87,7 @@ def _line_table(data: bytes, uri: str) -> pa.Table:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         # rare: decode line by line so only the bad lines are set aside, with their reason
-        pairs = []
+        pairs: list[tuple[str, str | None]] = []
         for raw in data.split(b"\n"):
             try:
                 pairs.append((raw.decode("utf-8"), None))

@@ -5,6 +5,7 @@ unpublished (the edits themselves: `release_step`, `bucket_edits`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from cpr_ray.corpus.ingest import KEPT_INPUTS
@@ -68,6 +69,11 @@ class Corpus:
             recorded = self.recorded_version(name)
             ds = self.table(name)
             if recorded is not None and ds.version != recorded:
-                self.commit(name, lambda t, v=recorded: t.checkout_version(v).restore())
+                self.commit(name, partial(_restore, version=recorded))
                 restored.append(f"{name} {ds.version} → {recorded}")
         return restored
+
+
+def _restore(ds: lance.LanceDataset, version: int) -> None:
+    """`ds` put back to `version`, committed as its next version (Lance's restore)."""
+    ds.checkout_version(version).restore()

@@ -67,7 +67,9 @@ def bucket_plan(storage: Storage, ingest_manifest: Manifest, name: str) -> bucke
             "cpr build --stages ingest --force"
         )
     layout = buckets.BucketLayout.from_dict(table["layout"])
-    return buckets.plan(layout, storage, table["uri"], table["version"])
+    version = table.get("version")
+    assert version is not None  # the ingest records a Lance table's version with its layout
+    return buckets.plan(layout, storage, table["uri"], version)
 
 
 def papers_by_id(

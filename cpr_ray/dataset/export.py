@@ -45,7 +45,14 @@ from cpr_ray.dataset.split import (
     eval_papers,
 )
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, console, entry
+from cpr_ray.runs.stage_runner import (
+    Reads,
+    StageOutput,
+    StageRun,
+    TableRecord,
+    console,
+    entry,
+)
 from cpr_ray.stages import EXPORT as STAGE
 from cpr_ray.stages import INGEST, JUDGE_NEGATIVES, POOL
 from cpr_ray.storage.store import join
@@ -258,7 +265,7 @@ def _export(
         )
     corpus = corpus_table(found, ds.open_licenses)
 
-    tables: dict[str, dict[str, Any]] = {}
+    tables: dict[str, TableRecord] = {}
     for name, table in ((EVAL_TABLE, cpr_eval), (TRAIN_TABLE, cpr_train), (CORPUS_TABLE, corpus)):
         uri = join(run.out, file_name(name))
         run.storage.write_parquet(table, uri)

@@ -98,6 +98,7 @@ def write_beir(storage: Storage, export: str, out: str) -> dict[str, Any]:
         corpus_uri, ["corpus_id", "title", "abstract", "year", "field", "domain"]
     )
     known = corpus.column("corpus_id").combine_chunks()
+    assert bench.domains is not None  # load_cpr gives each query its domain
     eval_rows = [
         _query(
             qid,

@@ -227,7 +227,8 @@ def plot_benchmark(results: Sequence[dict[str, Any]]) -> bytes:
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cats) + 2), 4.5))
     x = np.arange(len(cats))
     for i, r in enumerate(results):
-        blocks = [(r[key] or {}).get(g, {}).get(metric) for g in groups] + [r[metric]]
+        per_group = (r[key] or {}) if key else {}  # no key: no groups, only "all"
+        blocks = [per_group.get(g, {}).get(metric) for g in groups] + [r[metric]]
         vals = [b["value"] if b else np.nan for b in blocks]
         lo = [max(0.0, b["value"] - b["ci_low"]) if b else 0 for b in blocks]
         hi = [max(0.0, b["ci_high"] - b["value"]) if b else 0 for b in blocks]

@@ -165,6 +165,7 @@ def _run_part(
     timer.add("rewrite_s", t)
 
     t = time.perf_counter()
+    assert ev.retriever is not None  # settings.check required it
     retriever = retriever or make_retriever(
         ev.retriever, cfg.encoder.model, RetrieverOptions.from_config(cfg)
     )
@@ -211,6 +212,7 @@ def run_eval(
     timer = Timer()
     started = time.perf_counter()
     storage = storage or Storage(cfg.storage)
+    assert ev.benchmark is not None and ev.data is not None  # settings.check required them
     with leases.reading(storage, ev.data):
         parts = load_benchmark(ev.benchmark, storage, ev.data, subset=ev.subset, seed=ev.seed)
     timer.add("load_s", started)
@@ -232,7 +234,7 @@ def run_eval(
         robustness["without_same_topic"] = summarize(reduced, reduced_ranked, opts)
     rerank_stats: dict[str, int] = {}
     for r in rerankers.values():  # counters of each distinct reranker object, summed
-        stats = getattr(r, "stats", None)
+        stats: Any = getattr(r, "stats", None)
         for key, value in (stats.as_dict() if hasattr(stats, "as_dict") else {}).items():
             rerank_stats[key] = rerank_stats.get(key, 0) + value
     timer.add("metrics_s", t)

@@ -57,7 +57,7 @@ def query_scores(
     gain: Gain = "exponential",
 ) -> QueryScores:
     keep = np.array([any(g >= 1 for g in rel.values()) for rel in bench.qrels], dtype=bool)
-    idx = np.flatnonzero(keep)
+    idx = np.flatnonzero(keep).tolist()
     j: Judged = judge([ranked[i] for i in idx], [bench.qrels[i] for i in idx])
     sizes = bench.pool_sizes()[idx]
     rnd = random_expectation(sizes, _pool_grades(bench, keep), j.n_relevant, j.ideal_grades, gain)

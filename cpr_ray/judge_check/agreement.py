@@ -286,8 +286,8 @@ def one_miss_step(gold: Sequence[Hashable]) -> float:
     counts = Counter(gold)
     if len(counts) < 2:
         return 1.0
-    rare = min(counts, key=counts.get)
-    common = max((k for k in counts if k != rare), key=counts.get)
+    rare = min(counts, key=counts.__getitem__)
+    common = max((k for k in counts if k != rare), key=counts.__getitem__)
     i = list(gold).index(rare)
     missed = [*gold[:i], common, *gold[i + 1 :]]
     return round(1.0 - cohen_kappa(gold, missed), 4)

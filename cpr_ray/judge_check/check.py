@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,9 @@ def measure(stage: str, results: Sequence[CaseResult], rate: BaseRate | None) ->
     unusable = sum(g is None for g in got)
     binary = None
     if stage != STRONGEST:
-        binary = binary_report([kept(stage, g) for g in gold], [kept(stage, g) for g in got], rate)
+        truth = [k for k in (kept(stage, g) for g in gold) if k is not None]
+        assert len(truth) == n  # every gold case has a label, and this stage a binary
+        binary = binary_report(truth, [kept(stage, g) for g in got], rate)
         headline, ci = binary["kappa"], binary["kappa_ci"]
     else:
 
@@ -281,7 +283,7 @@ def without_pins(llm: LLMConfig) -> LLMConfig:
 MIN_SIDE = 10  # cases a gated binary needs on each side, or its interval says nothing
 
 
-def degenerate_gates(cases: dict[str, Sequence[GoldCase]], limit: int | None) -> str | None:
+def degenerate_gates(cases: Mapping[str, Sequence[GoldCase]], limit: int | None) -> str | None:
     """Why a gate over these cases would mean nothing (None: it means something): a sample
     (`--limit`) measures the sample, and a stage with too few cases on one side of its gated
     label can be passed by a judge that answers one class (κ is even defined as 1.0 on one)."""
@@ -401,9 +403,10 @@ def check_judges(
             for stage in stages:
                 results[stage] = run_stage(stage, cases[stage], llm, url)
     else:
+        assert llm.base_url is not None  # not embedded
         for stage in stages:
             results[stage] = run_stage(stage, cases[stage], llm, llm.base_url)
-    report_stages = []
+    report_stages: list[dict[str, Any]] = []
     for stage in stages:
         if stage == JUDGE_TRANSFER and report_stages and report_stages[0]["stage"] == JUDGE_ANALOGY:
             rates[stage] = analogy_precision_rate(report_stages[0]) or rates[stage]

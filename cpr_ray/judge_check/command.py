@@ -44,7 +44,7 @@ def judge_config(
         profile = "dry-run"
     # the pins the settings hold, read with no endpoint (where pins are allowed)
     bare = load_config(profile, config, [*overrides, "llm.base_url=null"])
-    pinned = sorted(s for s, o in bare.llm.stages.items() if o.pin)
+    pinned: list[str] = sorted(s for s, o in bare.llm.stages.items() if o.pin)
     return load_config(profile, config, overrides, unpin_for_endpoint=True), pinned
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict
 
 from cpr_ray.config import DatasetConfig
 from cpr_ray.judge_check.projection import Volumes, per_row, volumes
@@ -94,10 +95,20 @@ INSTANCES: dict[str, tuple[str, int]] = {
 # batch of 8k tokens, CUDA graphs, NCCL buffers): an allowance, not a measurement
 OVERHEAD_GIB = 2.5
 
+
+class Reference(TypedDict):
+    """A measured throughput the fleet's sizing scales from."""
+
+    tokens_per_s: float
+    params_b: float
+    gpu: str
+    source: str
+
+
 # Throughput reference: Qwen3-32B bf16 on one A100 SXM 80GB, vLLM without tuning, ShareGPT
 # prompts at high concurrency: 1,731 total (prompt + completion) tokens/s. GPUStack performance
 # lab, "Optimizing Qwen3-32B Throughput on NVIDIA A100 GPUs", baseline column.
-REFERENCE = {
+REFERENCE: Reference = {
     "tokens_per_s": 1731.0,
     "params_b": 32.8,
     "gpu": "A100-80G",

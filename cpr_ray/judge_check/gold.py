@@ -542,7 +542,7 @@ def _only(expected: dict[str, Any], keys: set[str]) -> None:
 
 def _one_of(obj: dict[str, Any], key: str, allowed: Sequence[str]) -> str:
     value = obj.get(key)
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"expected {key} must be one of {', '.join(allowed)}, got {value!r}")
     return value
 

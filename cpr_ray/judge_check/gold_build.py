@@ -202,7 +202,8 @@ def analogy_cases(
     topic_hand: dict[str, dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
     """The real analogy cases, and why the other rows were left out (counts)."""
-    cases, left = [], Counter()
+    cases: list[dict[str, Any]] = []
+    left: Counter[str] = Counter()
     for uid in sorted(first, key=lambda u: int(u.removeprefix("CCT"))):
         f, s, c = first[uid], second.get(uid), citations[uid]
         if s is None:
@@ -303,7 +304,8 @@ def written_cases(
     Their author wrote the cited reference as `[CITATION]`: the query review reads sentences so
     masked in a build, but the verifier reads them as S2 gives them, so its cases get the cited
     first author's name there, as the analogy cases do."""
-    cases, left = [], Counter()
+    cases: list[dict[str, Any]] = []
+    left: Counter[str] = Counter()
     for line in first:
         other = second.get(line["id"])
         if other is None:

@@ -104,7 +104,8 @@ def items(label: str, parts: list[str], width: int = 80) -> list[str]:
     """`parts` joined by commas after `label`, in lines of at most `width` characters, never
     splitting a part (a label and its count stay together)."""
     pieces = [p + "," for p in parts[:-1]] + parts[-1:]
-    lines, words = [], []
+    lines: list[str] = []
+    words: list[str] = []
     for piece in pieces:
         prefix = label if not lines else " " * len(label)
         if words and len(prefix) + len(" ".join([*words, piece])) > width:

@@ -45,7 +45,8 @@ class QueryReviewStep(LLMTask):
 
     def derive(self, table: pa.Table) -> pa.Table:
         names = ("problem_only", "grounded", "well_formed")
-        accept, fails = [], []
+        accept: list[bool | None] = []
+        fails: list[list[str] | None] = []
         for row in table.to_pylist():
             if row["status"] != "ok":
                 accept.append(None)

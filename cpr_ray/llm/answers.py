@@ -114,7 +114,7 @@ def _allows(rule: Any, value: Any) -> bool:
 
 def _narrow(prop: dict[str, Any], rule: Any) -> dict[str, Any]:
     """A property's schema under one branch's rule for it."""
-    label = {k: prop[k] for k in ("title", "description") if k in prop}
+    label: dict[str, Any] = {k: prop[k] for k in ("title", "description") if k in prop}
     if isinstance(rule, Items):
         out = copy.deepcopy(prop)
         out["minItems"] = max(rule.min, prop.get("minItems", 0))

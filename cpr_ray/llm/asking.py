@@ -8,6 +8,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import pyarrow as pa
 import ray
@@ -152,7 +153,11 @@ def ask_pool(
             batch_format="pyarrow",
             num_cpus=ACTOR_CPUS,
         )
-        stream = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0))
+        # Any: iter_batches gives a generator (closed below) of pa.Tables for "pyarrow", which
+        # Ray types as an Iterator of every batch format
+        stream: Any = iter(
+            ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
+        )
         try:
             yield (t.cast(schema) for t in stream if t.num_rows)
         finally:

@@ -326,6 +326,7 @@ class LLMClient:
             usage.completion_tokens += reply.completion_tokens
             usage.cached_prompt_tokens += reply.cached_prompt_tokens
             text = reply.text
+            problem: str | None
             if reply.finish_reason == "length":
                 value, problem = (
                     None,

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 import ray
+from ray.actor import ActorHandle
 
 from cpr_ray.runs.ray_runtime import on_this_node
 
@@ -62,7 +63,7 @@ class ClusterRateLimiter:
 
     def __init__(self, requests_per_second: float | None, tokens_per_minute: int | None):
         self.rps, self.tpm = requests_per_second, tokens_per_minute
-        self._actor = None
+        self._actor: ActorHandle | None = None
 
     @property
     def name(self) -> str:
@@ -70,7 +71,8 @@ class ClusterRateLimiter:
 
     def start(self) -> ClusterRateLimiter:
         """Create the shared actor once (driver side); later calls reuse it."""
-        self._actor = _LimiterActor.options(
+        # mypy does not apply class decorators: ray.remote made _LimiterActor an ActorClass
+        self._actor = _LimiterActor.options(  # type: ignore[attr-defined]
             name=self.name, get_if_exists=True, scheduling_strategy=on_this_node()
         ).remote(self.rps, self.tpm)
         return self

@@ -220,5 +220,8 @@ def reserver(
     args = (room_usd, storage, journal, tag, wait_s, fleet_usd_per_s)
     if not shared:
         return Reserver(*args)
-    actor = _ReserverActor.options(scheduling_strategy=on_this_node()).remote(*args)
+    # mypy does not apply class decorators: ray.remote made _ReserverActor an ActorClass
+    actor = _ReserverActor.options(  # type: ignore[attr-defined]
+        scheduling_strategy=on_this_node()
+    ).remote(*args)
     return SharedReserver(actor)

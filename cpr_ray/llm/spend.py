@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, stage_name
+from cpr_ray.config import BUILD_LLM_STAGES, LLMConfig, LLMStage, stage_name
 from cpr_ray.config.llm import FleetConfig
 from cpr_ray.errors import SpendCapError
 from cpr_ray.storage.store import Storage, join
@@ -251,7 +252,7 @@ class Budget:
     def open(cls, cfg: LLMConfig, storage: Storage, stage: str) -> Budget | None:
         """The stage's budget, or None when no cap applies to it (its ledger is not read)."""
         stage = stage_name(stage)
-        options = cfg.stages.get(stage)
+        options = cfg.stages.get(cast(LLMStage, stage))  # another name has no options: None
         stage_cap = options.max_usd if options else None
         if stage not in BUILD_LLM_STAGES or (cfg.max_usd is None and stage_cap is None):
             return None
@@ -309,6 +310,7 @@ class Budget:
                 if self.refresh
                 else f"every LLM answer in the ledgers of {self.root}"
             )
+        assert cap is not None  # `left` holds only the caps that are set
         priced = "llm.prices and the fleet's node-hours" if self.fleet else "llm.prices"
         raise SpendCapError(
             f"{self.stage}: stopped at the spend cap: {_usd(spent)} spent ({whose}, at "

@@ -213,7 +213,7 @@ def fine_tune(cfg: Config, manifests: Mapping[str, Manifest]) -> str | None:
 
     model = minilm_path()
     synthesis = manifests.get(SYNTHESIZE_QUERIES, {}).get("tables", {})
-    synthesized = synthesis.get("multi-query", {"rows": 0, "uri": None})
+    synthesized = synthesis.get("multi-query", {"rows": 0, "uri": ""})
     export = manifests[EXPORT]
     need = cfg.train.batch_size
     if synthesized["rows"] >= need:

@@ -84,9 +84,9 @@ def watch_table(snap: Snapshot, stages: Sequence[str] = STAGES) -> Table:
             table.add_row(stage, state, p.step or "", rows, _duration(p.eta_s()), f"{p.usd:,.2f}")
         elif m is not None:
             cost = m.get("stats", {}).get("cost_usd")
-            rows = sum(t.get("rows", 0) for t in m.get("tables", {}).values())
+            published = sum(t.get("rows", 0) for t in m.get("tables", {}).values())
             usd = "" if cost is None else f"{cost:,.2f}"
-            table.add_row(stage, "done", m["run_id"], f"{rows:,}", "", usd)
+            table.add_row(stage, "done", m["run_id"], f"{published:,}", "", usd)
         else:
             table.add_row(stage, "pending" if snap.running else "", "", "", "", "")
     return table

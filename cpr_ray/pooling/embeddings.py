@@ -42,8 +42,9 @@ from cpr_ray.storage.store import Storage, StorageConfig, join
 
 def vector_store(storage: Storage, plan: PoolerPlan) -> VectorStore:
     """Where the pooler's encoder keeps its document vectors, shared by every run of the build."""
-    assert plan.spec is not None and plan.kind in ("dense", "splade"), f"{plan.name}: no vectors"
-    return VectorStore(storage, plan.spec, plan.kind)
+    kind = plan.kind
+    assert plan.spec is not None and kind != "bm25", f"{plan.name}: no vectors"
+    return VectorStore(storage, plan.spec, kind)
 
 
 def key_column(template: str) -> str:
@@ -189,7 +190,12 @@ def assemble_index(
         _, first = np.unique(table["key"].to_numpy(), return_index=True)
         table = table.take(pa.array(first))  # one row per text
         positions = universe.positions(table["corpus_id"].to_numpy())
-    if table is None or table.num_rows != len(universe) or (positions < 0).any():
+    if (
+        table is None
+        or positions is None  # (set with the table)
+        or table.num_rows != len(universe)
+        or np.any(positions < 0)
+    ):
         raise StorageError(
             f"embedding store {vector_store(storage, plan).uri} holds "
             f"{0 if table is None else table.num_rows:,} of {len(universe):,} document texts "

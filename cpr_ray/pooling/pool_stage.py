@@ -221,7 +221,8 @@ def _search(
         actor = ray.remote(PoolerSearch).options(
             memory=max(p.memory for p in parts), **plan.pool.ray_resources()
         )
-        actors = [
+        # Any: Ray types a handle as `ActorHandle[T] | type[T]`, whose methods lack `.remote`
+        actors: list[Any] = [
             actor.remote(plan, run.storage.cfg, parts[a].docs, parts[a].index) for a in range(n)
         ]
         try:
@@ -262,15 +263,16 @@ def _indexes(
     for plan in encoding:
         if plan.store_key in routed:
             continue
-        out = join(run.out, "_work", "vectors", plan.store_key)
-        refs = [
+        folder = join(run.out, "_work", "vectors", plan.store_key)
+        routes = [
             _route.options(memory=bytes_memory(size)).remote(
-                storage.cfg, plan.kind, uri, out, shards
+                storage.cfg, plan.kind, uri, folder, shards
             )
             for uri, size in store_parts(storage, plan)
         ]
-        routed[plan.store_key] = (out, sum(ray.get(refs), np.zeros((shards, 2), np.int64)))
-    refs, bytes_per_doc = {}, {}
+        routed[plan.store_key] = (folder, sum(ray.get(routes), np.zeros((shards, 2), np.int64)))
+    refs: dict[tuple[str, int], ray.ObjectRef] = {}
+    bytes_per_doc: dict[str, float] = {}
     for plan in encoding:
         vectors, sizes = routed[plan.store_key]
         bytes_per_doc[plan.name] = sizes[:, 1].sum() / max(1, sizes[:, 0].sum())
@@ -298,13 +300,15 @@ def _indexes(
             Shard([docs], join(run.out, "index", plan.name, f"shard-{s:05d}"), memory)
             for s, docs in snap.shards.items()
         ]
-        docs = sum(int(b["documents"]) for b in mine)
+        documents = sum(int(b["documents"]) for b in mine)
         first = mine[0] if mine else {}
-        fig: dict[str, Any] = {"index": first.get("index"), "documents": docs, "shards": len(mine)}
+        fig: dict[str, Any] = {"index": first.get("index"), "documents": documents}
+        fig["shards"] = len(mine)
         if plan.kind == "dense":
             fig["dim"] = first.get("dim")
         else:
-            fig["nonzeros_per_doc"] = round(sum(b["nonzeros"] for b in mine) / max(1, docs), 1)
+            nonzeros = sum(b["nonzeros"] for b in mine)
+            fig["nonzeros_per_doc"] = round(nonzeros / max(1, documents), 1)
         fig["search_actor_memory_mib"] = memory // MiB
         figures[plan.name] = fig
     return out, figures

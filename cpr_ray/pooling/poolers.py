@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,9 @@ from cpr_ray.retrieval.vector_store import store_key
 from cpr_ray.sections import derive
 from cpr_ray.storage.store import Storage, StorageConfig, join
 
+if TYPE_CHECKING:
+    from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
+
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
 SPARSE = "sparse.parquet"
 
@@ -40,7 +43,7 @@ class PoolerPlan:
     """One configured pooler with the resources its encoder and search actors reserve."""
 
     name: str
-    kind: str  # dense | splade | bm25
+    kind: Literal["dense", "splade", "bm25"]
     template: str  # document text from {title} and {abstract}
     spec: EncoderSpec | None  # None for bm25
     # its encoder actors (the pooler's `encoder:` section's); its search actors reserve the
@@ -50,8 +53,9 @@ class PoolerPlan:
     @property
     def store_key(self) -> str:
         """The key of its vector store: poolers that differ only in query settings share one."""
-        assert self.spec is not None and self.kind != "bm25", f"{self.name}: keeps no vectors"
-        return store_key(self.spec, self.kind)
+        kind = self.kind
+        assert self.spec is not None and kind != "bm25", f"{self.name}: keeps no vectors"
+        return store_key(self.spec, kind)
 
 
 def plans(cfg: PoolingConfig) -> list[PoolerPlan]:
@@ -116,13 +120,16 @@ class PoolerSearch:
         # query vectors by block (first id, last id, rows): every shard sees the same blocks,
         # so each is encoded once per pass, not once per shard (bounded by the queries)
         self._encoded: dict[tuple[str, str, int], Any] = {}
+        self.encoder: DenseEncoder | SpladeEncoder
         if plan.kind == "dense":
             from cpr_ray.retrieval.encoder import DenseEncoder
 
+            assert plan.spec is not None  # plans() gives every vector pooler its model
             self.encoder = DenseEncoder(plan.spec)
         elif plan.kind == "splade":
             from cpr_ray.retrieval.encoder import SpladeEncoder
 
+            assert plan.spec is not None
             self.encoder = SpladeEncoder(plan.spec)
         self.load(docs_uris, index_uri)
 
@@ -142,11 +149,13 @@ class PoolerSearch:
 
             # an actor that asked Ray for a GPU searches on it, or refuses to start (a CPU
             # faiss build would search on the CPU without a word)
+            assert index_uri is not None  # a vector pooler's shard comes with its index
             self.index = VectorIndex.load(
                 st, index_uri, device="cuda" if plan.pool.gpus_per_actor else "cpu"
             )
             self._check_order(index_uri, self.index.ids)
         elif plan.kind == "splade":
+            assert index_uri is not None
             table = st.read_parquet(join(index_uri, SPARSE))
             self._check_order(index_uri, table["corpus_id"].to_numpy())
             self._docs_t = sparse_rows(table, self.encoder.dim).T.tocsr()  # (V, N)
@@ -177,6 +186,7 @@ class PoolerSearch:
             return SHARD_HITS.empty_table()
         if self.plan.kind == "dense":
             queries = self._queries(batch)  # (c, d)
+            assert self.index is not None  # load() holds a dense shard's index
             hits = index_hits(
                 self.index, self.universe, queries, QueryBatch.build(self.universe, batch)
             )

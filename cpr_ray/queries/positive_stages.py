@@ -28,7 +28,14 @@ from cpr_ray.queries.dedup import (
 from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader, grader_reference
 from cpr_ray.queries.writing import QueryWriter
-from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, console, entry
+from cpr_ray.runs.stage_runner import (
+    Reads,
+    StageOutput,
+    StageRun,
+    TableRecord,
+    console,
+    entry,
+)
 from cpr_ray.stages import (
     DEDUP,
     INGEST,
@@ -237,7 +244,7 @@ def _dedup(run: StageRun, queries_uri: str) -> StageOutput:
     pairs_uri = join(run.out, "comparisons.parquet")
     run.storage.write_parquet(result.table, pairs_uri)
     n_failures = write_failures(run.storage, result.table, join(run.out, "failures.parquet"))
-    tables = {
+    tables: dict[str, TableRecord] = {
         "queries": {"uri": rows_uri, "format": "parquet", "rows": kept.num_rows},
         "comparisons": {"uri": pairs_uri, "format": "parquet", "rows": pairs.num_rows},
     }

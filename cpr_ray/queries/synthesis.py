@@ -134,16 +134,16 @@ class QuerySynthesizer(LLMTask):
             queries = [getattr(out.value, k) for k in QUERY_KINDS]
             return {"kinds": list(QUERY_KINDS), "queries": queries}, "ok", None
         prompt = self.prompts[0].render(query=row["query"], n=str(self.paraphrases))
-        out = await client.ask(
+        said = await client.ask(
             self.stage,
             prompt,
             Paraphrases,
             usage=usage,
             check=lambda a: synthesized_problems(a.paraphrases, seed=row["query"]),
         )
-        if out.value is None:
-            return self.empty_output(), out.status, out.error
-        found = out.value.paraphrases
+        if said.value is None:
+            return self.empty_output(), said.status, said.error
+        found = said.value.paraphrases
         return {"kinds": ["paraphrase"] * len(found), "queries": found}, "ok", None
 
 

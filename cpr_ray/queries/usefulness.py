@@ -13,6 +13,7 @@ from pydantic import Field
 from cpr_ray.llm import prompts
 from cpr_ray.llm.answers import _Answer
 from cpr_ray.llm.client import LLMClient, Status, Usage
+from cpr_ray.llm.prompts import Prompt
 from cpr_ray.llm.task import LLMTask
 from cpr_ray.queries.judges import format_mappings, format_relations
 from cpr_ray.stages import SCORE_POSITIVES
@@ -59,7 +60,10 @@ class UsefulnessGrader(LLMTask):
     (B.6), not an empty one, so nothing hints that a mapping was ever expected."""
 
     stage = SCORE_POSITIVES
-    prompts = (prompts.load("usefulness", "v2"), prompts.load("usefulness_reference", "v1"))
+    prompts: tuple[Prompt, ...] = (
+        prompts.load("usefulness", "v2"),
+        prompts.load("usefulness_reference", "v1"),
+    )
     key_columns = ("query", "passage", "mappings")
     prefix_columns = ("query",)
     output_schema = pa.schema([("usefulness", pa.int8())])

@@ -26,8 +26,12 @@ PAD = -1  # fills a padded matrix of document positions past each row's end
 
 @runtime_checkable
 class Retriever(Protocol):
-    name: str
-    model: str | None
+    # read-only: a retriever may narrow them (BM25's model is always None)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str | None: ...
 
     def index(self, texts: Sequence[str]) -> None: ...
 

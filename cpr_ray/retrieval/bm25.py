@@ -47,7 +47,8 @@ class CollectionStats:
     @classmethod
     def total(cls, parts: Iterable[CollectionStats]) -> CollectionStats:
         """The statistics of a collection from those of its disjoint parts."""
-        documents, length, df = 0, 0, {}
+        documents, length = 0, 0
+        df: dict[str, int] = {}
         for p in parts:
             documents, length = documents + p.documents, length + p.length
             for term, n in p.df.items():
@@ -117,19 +118,21 @@ class BM25Retriever:
                 f"BM25: none of the {len(texts):,} documents has a word to index (each is empty, "
                 "English stop words or one-letter tokens)"
             )
-        self._bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        self._bm25 = bm25 = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
         if stats is None:
-            self._bm25.index(tokens, show_progress=False)
+            bm25.index(tokens, show_progress=False)
         else:
-            self._index_with(tokens, stats)
+            self._index_with(bm25, tokens, stats)
         self._n_docs = len(texts)
 
-    def _index_with(self, tokens: bm25s.tokenization.Tokenized, stats: CollectionStats) -> None:
+    def _index_with(
+        self, bm25: bm25s.BM25, tokens: bm25s.tokenization.Tokenized, stats: CollectionStats
+    ) -> None:
         """bm25s's own index steps (`BM25.build_index_from_ids`), fed the collection's number
         of documents, average length and document frequencies instead of these documents':
         the same functions on the same values, so each (term, document) score is bit for bit
         the one an index over the whole collection holds, and so is each query's sum."""
-        bm25, vocab = self._bm25, tokens.vocab
+        vocab = tokens.vocab
         local = _calculate_doc_freqs(tokens.ids, vocab.values(), show_progress=False)
         idf = _build_idf_array(
             {i: stats.df.get(term, 0) for term, i in vocab.items()},

@@ -129,6 +129,10 @@ class Encoder(nn.Module):
     """Tokenised texts -> one vector per text: dense (b, hidden), L2-normalised when `normalize`,
     or SPLADE (b, vocabulary)."""
 
+    # a transformers model, or PEFT's wrapper of one: its config, save_pretrained and heads are
+    # theirs, which nn.Module's attribute typing (Tensor | Module) does not know
+    backbone: Any
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -177,7 +181,8 @@ class Encoder(nn.Module):
     @classmethod
     def _from_pretrained(cls, spec: EncoderSpec, splade: bool) -> Encoder:
         tokenizer, backbone = pretrained(spec, masked_lm=splade)
-        pooling, max_length = ("splade" if splade else spec.pooling), spec.max_length
+        pooling: str = "splade" if splade else spec.pooling
+        max_length = spec.max_length
         prompts: tuple[str | None, str | None] = (None, None)
         if not splade:
             with loading_errors(spec):
@@ -392,10 +397,10 @@ class DenseEncoder(_TextEncoder):
         super().__init__(spec.resolved().with_updates(pooling=model.pooling), model)
 
     def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._encode([self.spec.query_prefix + t for t in texts])
+        return self._encode([(self.spec.query_prefix or "") + t for t in texts])
 
     def encode_docs(self, texts: Sequence[str]) -> np.ndarray:
-        return self._encode([self.spec.doc_prefix + t for t in texts])
+        return self._encode([(self.spec.doc_prefix or "") + t for t in texts])
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
@@ -417,15 +422,15 @@ class SpladeEncoder(_TextEncoder):
         super().__init__(spec, Encoder.load(spec, "splade"))
 
     def encode_queries(self, texts: Sequence[str]) -> sp.csr_matrix:
-        return self._encode([self.spec.query_prefix + t for t in texts])
+        return self._encode([(self.spec.query_prefix or "") + t for t in texts])
 
     def encode_docs(self, texts: Sequence[str]) -> sp.csr_matrix:
-        return self._encode([self.spec.doc_prefix + t for t in texts])
+        return self._encode([(self.spec.doc_prefix or "") + t for t in texts])
 
     def _encode(self, texts: list[str]) -> sp.csr_matrix:
         parts, order = self._embed(texts)
         encoded = sp.vstack(
-            [sp.csr_matrix((0, self.dim), dtype=np.float32)]
+            [sp.csr_matrix(np.zeros((0, self.dim), np.float32))]
             + [sp.csr_matrix(p, dtype=np.float32) for p in parts],
             format="csr",
         )

@@ -29,10 +29,12 @@ def make_retriever(
             raise ValueError("bm25 takes no --model")
         return BM25Retriever(k1=opts.k1, b=opts.b)
     if name == "hybrid":
+        from cpr_ray.retrieval.bm25 import BM25Retriever
         from cpr_ray.retrieval.hybrid import HybridRetriever
+        from cpr_ray.retrieval.neural import DenseRetriever
 
-        dense = make_retriever("dense", model, opts)
-        return HybridRetriever(dense, make_retriever("bm25", None, opts), opts.fusion, opts.seed)
+        dense = DenseRetriever(opts.encoder_spec(model or DEFAULT_DENSE_MODEL), opts)
+        return HybridRetriever(dense, BM25Retriever(k1=opts.k1, b=opts.b), opts.fusion, opts.seed)
     if name in ("dense", "splade"):
         from cpr_ray.retrieval.neural import DenseRetriever, SpladeRetriever
 

@@ -181,16 +181,21 @@ class VectorIndex:
             raise ValueError(f"allowed must have one entry per row ({len(self)}), {allowed.shape}")
         bits = np.packbits(allowed, bitorder="little")
         selector = faiss.IDSelectorBitmap(len(allowed), faiss.swig_ptr(bits))
+        # faiss's stub types SearchParameters*() without the keyword arguments its wrapper
+        # accepts (faiss/__init__.py: class_wrappers.handle_SearchParameters), which also keeps
+        # the selector referenced; hence the ignores below
         if self._ivf is None:  # the CPU index: GPU indexes take no selector
             scores, rows = self._index.search(
-                queries, k, params=faiss.SearchParameters(sel=selector)
+                queries,
+                k,
+                params=faiss.SearchParameters(sel=selector),  # type: ignore[call-arg]
             )
             return scores, rows
-        params = faiss.SearchParametersIVF(sel=selector, nprobe=self.nprobe)
+        params = faiss.SearchParametersIVF(sel=selector, nprobe=self.nprobe)  # type: ignore[call-arg]
         scores, rows = self._index.search(queries, k, params=params)
         short = (rows < 0).sum(axis=1) > max(0, k - int(allowed.sum()))
         if short.any():  # the probed lists held too few allowed rows: probe every list
-            everything = faiss.SearchParametersIVF(sel=selector, nprobe=self._ivf.nlist)
+            everything = faiss.SearchParametersIVF(sel=selector, nprobe=self._ivf.nlist)  # type: ignore[call-arg]
             s2, r2 = self._index.search(np.ascontiguousarray(queries[short]), k, params=everything)
             scores[short], rows[short] = s2, r2
         return scores, rows

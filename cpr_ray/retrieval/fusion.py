@@ -116,9 +116,9 @@ class Fusion(FusionConfig):
     def sides(
         self,
         dense_docs: Sequence[Any],
-        dense_scores: Sequence[float],
+        dense_scores: Sequence[float] | np.ndarray,
         bm25_docs: Sequence[Any],
-        bm25_scores: Sequence[float],
+        bm25_scores: Sequence[float] | np.ndarray,
         top_n: int,
         excluded: Collection[Any] = (),
     ) -> tuple[list[tuple[Any, float]], list[tuple[Any, float]]]:
@@ -127,8 +127,10 @@ class Fusion(FusionConfig):
         cut to the side depth. A caller fetches ``side_depth(top_n) + len(excluded)`` per side."""
         depth = self.side_depth(top_n)
 
-        def keep(docs: Sequence[Any], scores: Sequence[float], floor: float) -> list:
-            out = []
+        def keep(
+            docs: Sequence[Any], scores: Sequence[float] | np.ndarray, floor: float
+        ) -> list[tuple[Any, float]]:
+            out: list[tuple[Any, float]] = []
             for d, s in zip(docs, scores):
                 if len(out) == depth:
                     break

@@ -172,8 +172,8 @@ def model_json(spec: EncoderSpec, filename: str) -> Any | None:
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
-        path = hf_hub_download(spec.model, filename, revision=spec.revision)
-        return json.loads(Path(path).read_text())
+        fetched = hf_hub_download(spec.model, filename, revision=spec.revision)
+        return json.loads(Path(fetched).read_text())
     except LocalEntryNotFoundError:  # offline and never fetched: unknown, not absent
         raise
     except EntryNotFoundError:

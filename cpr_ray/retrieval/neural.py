@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from cpr_ray.retrieval.base import PAD, top_k_rows
 from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
 from cpr_ray.retrieval.faiss_index import VectorIndex
-from cpr_ray.retrieval.ray_encode import encode_with_ray
+from cpr_ray.retrieval.ray_encode import Kind, encode_with_ray
 from cpr_ray.retrieval.spec import EncoderSpec, RetrieverOptions
 
 QUERY_CHUNK = 256
@@ -31,7 +31,7 @@ def _ray_is_up() -> bool:
 
 class _Neural:
     name = "neural"
-    kind = "dense"
+    kind: Kind = "dense"
 
     def __init__(self, spec: EncoderSpec, options: RetrieverOptions | None = None) -> None:
         self.spec = spec
@@ -82,7 +82,9 @@ class DenseRetriever(_Neural):
         todo = [i for i, r in enumerate(rows) if r < 0]
         out = np.empty((len(queries), self.docs.shape[1]), dtype=np.float32)
         if todo:
-            out[todo] = self.encoder.encode_queries([queries[i] for i in todo])
+            encoder = self.encoder
+            assert isinstance(encoder, DenseEncoder)  # kind "dense"
+            out[todo] = encoder.encode_queries([queries[i] for i in todo])
         known = [i for i, r in enumerate(rows) if r >= 0]
         out[known] = self.docs[[rows[i] for i in known]]
         return out
@@ -117,11 +119,16 @@ class SpladeRetriever(_Neural):
         self.docs = sp.csr_matrix(self._encode_docs(texts), dtype=np.float32)  # (N, V)
         self._docs_t = self.docs.T.tocsr()  # (V, N) for query-by-corpus products
 
+    def _encode_queries(self, queries: Sequence[str]) -> sp.csr_matrix:
+        encoder = self.encoder
+        assert isinstance(encoder, SpladeEncoder)  # kind "splade"
+        return encoder.encode_queries(list(queries))
+
     def _similarity(self, q: sp.csr_matrix) -> np.ndarray:
         return np.asarray((q @ self._docs_t).todense(), dtype=np.float32)  # (c, N)
 
     def score(self, queries: Sequence[str], pools: np.ndarray) -> np.ndarray:
-        q = self.encoder.encode_queries(list(queries))
+        q = self._encode_queries(queries)
         out = np.full(pools.shape, -np.inf, dtype=np.float32)
         for s in range(0, q.shape[0], SPARSE_QUERY_CHUNK):
             cand = pools[s : s + SPARSE_QUERY_CHUNK]
@@ -131,7 +138,7 @@ class SpladeRetriever(_Neural):
         return out
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        q = self.encoder.encode_queries(list(queries))
+        q = self._encode_queries(queries)
         k = min(k, self.docs.shape[0])
         parts = [
             top_k_rows(self._similarity(q[s : s + SPARSE_QUERY_CHUNK]), k)

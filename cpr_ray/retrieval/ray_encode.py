@@ -89,7 +89,7 @@ class EncodeDocs:
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column("text").to_pylist()
         rest = batch.drop_columns(["text"])
-        if self.kind == "dense":
+        if isinstance(self.encoder, DenseEncoder):  # kind "dense"
             emb = self.encoder.encode_docs(texts)  # (b, d)
             flat = pa.array(emb.reshape(-1), type=pa.float32())
             encoded = rest.append_column(
@@ -217,6 +217,7 @@ def encode_with_ray(
     # another the short ones, where one block per call balances them as actors free up
     options = options.model_copy(update={"batch_rows": min(options.batch_rows, per_block)})
     ds = encode_dataset(ray.data.from_arrow(blocks), spec, kind, options, start_all=True)
+    batch: pa.Table  # what iter_batches yields for batch_format="pyarrow"
     if kind == "dense":
         out: np.ndarray | None = None
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):

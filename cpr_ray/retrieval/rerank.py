@@ -87,6 +87,8 @@ class TournamentReranker:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.spec = spec or TournamentSpec()
+        self._choose_many: Callable[[list[Any]], Sequence[Any]]
+        self._score_many: Callable[[list[Any]], Sequence[Any]]
         if isinstance(judge, BatchTournamentJudge):
             self._choose_many, self._score_many = judge.choose_many, judge.score_many
         elif isinstance(judge, TournamentJudge):

@@ -249,13 +249,13 @@ def run_tournaments(
         alive = [sorted(k, key=orders[qi].__getitem__) for qi, k in enumerate(kept)]
     score_requests = [ScoreRequest(qi, queries[qi], c) for qi, cur in enumerate(alive) for c in cur]
     scores: list[dict[Any, float | None]] = [{} for _ in queries]
-    for req, value in zip(score_requests, _answers(score_many, score_requests)):
-        st = stats[req.query_index]
+    for sreq, value in zip(score_requests, _answers(score_many, score_requests)):
+        st = stats[sreq.query_index]
         st.score_calls += 1
         valid = None if isinstance(value, BaseException) else _valid_score(value, spec)
         if valid is None:
             st.score_failures += 1
-        scores[req.query_index][req.doc] = valid
+        scores[sreq.query_index][sreq.doc] = valid
     rankings = []
     for qi, cands in enumerate(candidates):
         s, order = scores[qi], orders[qi]

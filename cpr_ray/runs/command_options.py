@@ -192,7 +192,8 @@ def with_flags(table: Sequence[Flag]) -> Callable[[Callable[..., Any]], Callable
             kind = flag_type(f)
             decl = f"{f.option}/--no-{f.option[2:]}" if kind is bool else f.option
             text = escape(flag_help(f))  # typer renders rich markup: "[eval.top_k]" is text
-            annotation = Annotated[kind | None, typer.Option(decl, help=text)]
+            # a type made at run time, for typer to read: not a static annotation
+            annotation = Annotated[kind | None, typer.Option(decl, help=text)]  # type: ignore[valid-type]
             added.append(
                 inspect.Parameter(
                     f.dest, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation

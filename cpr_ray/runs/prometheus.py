@@ -70,6 +70,12 @@ def _metrics() -> dict[str, Counter | Gauge]:
     return made
 
 
+def _gauge(name: str) -> Gauge:
+    gauge = _metrics()[name]
+    assert isinstance(gauge, Gauge), f"{name} is a counter"  # names are this module's
+    return gauge
+
+
 def _lost(exc: Exception) -> None:
     side_failure(
         "metrics",
@@ -82,7 +88,9 @@ def _lost(exc: Exception) -> None:
 def _inc(name: str, value: float, tags: Mapping[str, str]) -> None:
     if value > 0:  # a counter refuses 0
         try:
-            _metrics()[name].inc(value, tags=dict(tags))
+            counter = _metrics()[name]
+            assert isinstance(counter, Counter), f"{name} is a gauge"  # names are this module's
+            counter.inc(value, tags=dict(tags))
         except Exception as exc:  # noqa: BLE001 - live metrics never stop a run
             _lost(exc)
 
@@ -104,7 +112,7 @@ def _set(name: str, value: float, tags: Mapping[str, str]) -> None:
             _refresher = threading.Thread(target=_refresh, name="cpr-metrics", daemon=True)
             _refresher.start()
     try:
-        _metrics()[name].set(value, tags=dict(tags))
+        _gauge(name).set(value, tags=dict(tags))
     except Exception as exc:  # noqa: BLE001 - live metrics never stop a run
         _lost(exc)
 
@@ -118,7 +126,7 @@ def _refresh() -> None:
             values = list(_gauges.items())
         for (name, tags), value in values:
             try:
-                _metrics()[name].set(value, tags=dict(tags))
+                _gauge(name).set(value, tags=dict(tags))
             except Exception as exc:  # noqa: BLE001 - the thread lives on
                 _lost(exc)
 

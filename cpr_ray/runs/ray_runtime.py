@@ -79,13 +79,13 @@ def ensure_ray(cfg: RayConfig, *, log_to_driver: bool = False) -> None:
         return
     quiet_ray_console()
     runtime_env = {"env_vars": {k: os.environ[k] for k in QUIET_ENV}}
-    quiet = {"logging_level": logging.WARNING, "runtime_env": runtime_env}
+    quiet: dict[str, Any] = {"logging_level": logging.WARNING, "runtime_env": runtime_env}
     if cfg.address or os.environ.get("RAY_ADDRESS"):
         ray.init(
             address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=log_to_driver, **quiet
         )
         return
-    kwargs: dict[str, object] = {"include_dashboard": False}
+    kwargs: dict[str, Any] = {"include_dashboard": False}
     if cfg.num_cpus:
         kwargs["num_cpus"] = cfg.num_cpus
     if cfg.object_store_memory_mb:

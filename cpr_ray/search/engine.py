@@ -356,22 +356,25 @@ class SearchIndex:
         hits: list[list[tuple[int, float, int | None, int | None]]] = [[] for _ in queries]
         groups: dict[frozenset[str], list[int]] = defaultdict(list)
         if one_scan:
+            assert q is not None  # encoded above: every mode but BM25, or fields inferred
             own, found = self._inferred_one_scan(q, replace(opts, k=opts.k + extra))
             source = "inferred"
             for i, h in enumerate(found):
                 kept = [(r, s) for r, s in h if r not in drop[i]][: opts.k]
                 hits[i] = [(r, s, n, None) for n, (r, s) in enumerate(kept, start=1)]
         elif inferred:
+            assert q is not None
             own, source = self.infer_fields(q, opts.infer_field_k), "inferred"
         for i, f in enumerate([] if one_scan else own):
-            excluded = set(opts.exclude_fields)
+            skipped = set(opts.exclude_fields)
             if opts.other_fields_only and f is not None:
-                excluded.add(f)
-            groups[frozenset(excluded)].append(i)
+                skipped.add(f)
+            groups[frozenset(skipped)].append(i)
         for excluded, members in groups.items():
             allowed = self.mask(excluded, opts.before)
             texts = [queries[i].query for i in members]
             if mode == "hybrid":
+                assert q is not None
                 fetch = opts.fusion.side_depth(opts.k) + extra
                 d_rows, d_scores = self.dense(q[members], fetch, allowed)
                 b_rows, b_scores = self.lexical(texts, fetch, allowed)
@@ -388,6 +391,7 @@ class SearchIndex:
                     hits[i] = [(f.doc, f.score, f.dense_rank, f.bm25_rank) for f in fused]
                 continue
             if mode == "dense":
+                assert q is not None
                 rows, scores = self.dense(q[members], opts.k + extra, allowed)
             else:
                 rows, scores = self.lexical(texts, opts.k + extra, allowed)

@@ -197,11 +197,11 @@ def search_command(
                 raise InputError("give one query, or --queries FILE")
             cfg = given.load(extra={"search.index": index})
             storage = Storage(cfg.storage)
-            asked = (
-                [Query("q1", query)]
-                if query is not None
-                else read_queries(storage.read_text(queries), queries)
-            )
+            if query is not None:
+                asked = [Query("q1", query)]
+            else:
+                assert queries is not None  # one of the two, as checked above
+                asked = read_queries(storage.read_text(queries), queries)
             opts = search_options(
                 cfg,
                 k=k,

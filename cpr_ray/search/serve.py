@@ -403,7 +403,9 @@ def build_app(cfg: Config):
             query = Query("q1", request.query)  # a blank one: 422, as /search says it
             return await self._call("explain_one", query, request.corpus_id, request.query_field)
 
-    return SearchIngress.bind(SearchReplica.bind(config_json), config_json)
+    # mypy does not apply class decorators: serve.deployment made both classes Deployments
+    replica = SearchReplica.bind(config_json)  # type: ignore[attr-defined]
+    return SearchIngress.bind(replica, config_json)  # type: ignore[attr-defined]
 
 
 def app_builder(args: dict[str, Any]):

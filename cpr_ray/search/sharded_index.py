@@ -237,6 +237,7 @@ def encode_to_parts(
         task = bar.add_task(label, total=n, flight=0)
         ds = encode_dataset(ray.data.from_arrow(blocks), spec, "dense", options, parts=parts)
         done = 0
+        batch: pa.Table  # what iter_batches yields for batch_format="pyarrow"
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             for record in batch.to_pylist():
                 pieces.append(Piece(record["uri"], record["lo"], record["hi"]))
@@ -303,9 +304,12 @@ def build_index(cfg: Config, storage: Storage | None = None) -> dict[str, Any]:
         first = storage.parquet_file(new[0].uri).schema_arrow.field("embedding")
         dim = first.type.list_size
     else:
+        # nothing to encode: every document is reused, so a previous generation exists
+        assert previous is not None
         dim = previous["dim"]
     old = []
     if (keep >= 0).any():
+        assert previous is not None  # only a previous generation's vectors are reused
         for shard in previous["shards"]:
             old += shard_pieces(storage, join(out_uri, shard["path"], VECTORS))
     vectors = StoredVectors(storage, table["vid"].to_numpy(), keep >= 0, old, new, dim)

@@ -368,6 +368,8 @@ def _record_takeover(storage: Storage, old: Lease, new: Lease) -> None:
     """Say when (by the store's clock: its time of our takeover write) `old` stopped owning
     the root, so readers ignore what its holder still publishes after (`superseded`)."""
     taken_at = storage.written_at(owner_uri(storage))
+    if taken_at is None:  # deleted between our takeover write and this read: not ours any more
+        raise LeaseLost(f"the lease on {storage.root} vanished right after this run took it over")
     record = {"by": new.id, "generation": old.generation, "taken_at": taken_at.isoformat()}
     storage.write_text(_superseded_uri(storage, old.id), json.dumps(record))
 

@@ -198,6 +198,7 @@ class Storage:
             if self._lance_version(uri) != before:
                 return self.open_lance(uri)
             time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _lance_version(self, uri: str) -> int | None:
         """The latest version of the Lance table at `uri`; None: no table there yet."""
@@ -318,8 +319,11 @@ class Storage:
         for attempt in range(self.cfg.max_retries + 1):
             try:
                 return read()
-            except (OSError, ValueError, *boto_errors()) as exc:
-                if attempt == self.cfg.max_retries or not broken_off(exc):
+            except Exception as exc:
+                # botocore's errors imported only once a read failed
+                retried: tuple[type[Exception], ...] = (OSError, ValueError, *boto_errors())
+                last = attempt == self.cfg.max_retries
+                if last or not isinstance(exc, retried) or not broken_off(exc):
                     raise
                 sent_again()
                 time.sleep(random.uniform(0, min(UPDATE_BACKOFF_S * 2**attempt, 2.0)))
@@ -442,7 +446,7 @@ class Storage:
         except OSError as exc:
             raise StorageError(_explain(loc, exc)) from None
         try:
-            yield stream  # type: ignore[misc]
+            yield stream
         except BaseException:
             stream.close()
             loc.fs.delete_file(tmp)

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.fs as pafs
 import ray
-from lance.fragment import write_fragments
+from lance.fragment import LanceFragment, write_fragments
 
 from cpr_ray.storage.store import Storage, join
 
@@ -138,7 +138,9 @@ def run_buckets(
 ) -> list[T]:
     """`fn(k)` for every bucket k, one Ray task each (`fn` shipped once), in bucket order;
     `memory`: the bytes each task asks Ray for."""
-    task = ray.remote(num_cpus=num_cpus, **({"memory": memory} if memory else {}))(_call)
+    memory_option: dict[str, Any] = {"memory": memory} if memory else {}
+    # Any: Ray's remote-function types take an argument's type, not the ObjectRef passed for it
+    task: Any = ray.remote(num_cpus=num_cpus, **memory_option)(_call)
     ref = ray.put(fn)
     return ray.get([task.remote(ref, k) for k in range(num_buckets)])
 
@@ -194,6 +196,15 @@ def plan(layout: BucketLayout, storage: Storage, uri: str, version: int) -> Buck
     return BucketPlan(layout, uri, version, by_bucket, mixed, mixed_rows, rows)
 
 
+def planned_fragment(ds: lance.LanceDataset, fragment_id: int) -> LanceFragment:
+    """A fragment a plan named, of the table version the plan was made at: one missing there
+    means the plan and the version disagree, a bug said here rather than as None later."""
+    found = ds.get_fragment(fragment_id)
+    if found is None:
+        raise ValueError(f"{ds.uri} at version {ds.version} has no fragment {fragment_id}")
+    return found
+
+
 def lance_schema(p: BucketPlan, storage: Storage, columns: list[str]) -> pa.Schema:
     ds = storage.open_lance(p.uri, p.version)
     return pa.schema([ds.schema.field(c) for c in columns])
@@ -217,7 +228,7 @@ def read_lance_bucket(
         if where and predicate is not where:
             predicate = f"({predicate}) AND ({where})"
         scanner = ds.scanner(
-            fragments=[ds.get_fragment(i) for i in ids], columns=columns, filter=predicate
+            fragments=[planned_fragment(ds, i) for i in ids], columns=columns, filter=predicate
         )
         parts.append(scanner.to_table())
     return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()

@@ -41,7 +41,8 @@ def peft_config(lora: LoRAConfig) -> Any:
     targets = lora.target_modules
     return LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        # peft types it int but only divides by it (scale = alpha / r): a float is meant
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]
         lora_dropout=lora.dropout,
         target_modules=targets if isinstance(targets, str) else list(targets),
         exclude_modules=NOT_TARGETED,
@@ -78,7 +79,8 @@ def load_adapter_state(encoder: Encoder, state: dict[str, torch.Tensor]) -> None
     the same settings; a missing or unknown adapter weight raises."""
     from peft import set_peft_model_state_dict
 
-    result = set_peft_model_state_dict(encoder.backbone, state)
+    # torch's _IncompatibleKeys, which peft's annotation leaves as a namedtuple mypy cannot read
+    result: Any = set_peft_model_state_dict(encoder.backbone, state)
     missing = [k for k in result.missing_keys if ".lora_" in k]  # the base weights are not
     if missing or result.unexpected_keys:
         raise RuntimeError(

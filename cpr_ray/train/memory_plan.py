@@ -369,7 +369,7 @@ def plan_memory(
     wb = 2 if weight_dtype in ("float16", "bfloat16") else 4
     autocast = device == "cuda" and train.bf16
     tokens = per_forward * length
-    shape = {"device": device, "weight_bytes": wb, "autocast": autocast}
+    shape: dict[str, Any] = {"device": device, "weight_bytes": wb, "autocast": autocast}
     full, checkpointed = _activations(
         arch, train, tokens, length, weight_copies=autocast and wb == 4, **shape
     )

@@ -20,7 +20,6 @@ block may mix frozen and trainable ones; only the trainable ones need one dtype)
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -36,7 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.futures import Future
 
 METADATA_FILE = ".metadata"  # DCP's index of a checkpoint, written by rank 0
 
@@ -55,7 +55,7 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def shard(model: nn.Module, device: torch.device, bf16: bool) -> FSDPModule:
+def shard(model: nn.Module, device: torch.device, bf16: bool) -> nn.Module:
     """`model` sharded over every worker of the default process group, on `device`.
 
     fully_shard moves each unit's parameters to the device as it shards them, so a GPU never
@@ -69,7 +69,10 @@ def shard(model: nn.Module, device: torch.device, bf16: bool) -> FSDPModule:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in transformer_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy)
-    return fully_shard(model, mesh=mesh, mp_policy=policy)
+    sharded = fully_shard(model, mesh=mesh, mp_policy=policy)
+    # the module itself, its class now mixing FSDPModule into its own: still an nn.Module
+    assert isinstance(sharded, nn.Module)
+    return sharded
 
 
 def full_state_dict(model: nn.Module, *, trainable_only: bool = False) -> dict[str, Any]:
@@ -118,8 +121,8 @@ def load_sharded(
     set_state_dict(
         model,
         optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
+        model_state_dict=model_state,  # dcp.load filled these in place
+        optim_state_dict=optimizer_state,
         options=options,
     )
 

@@ -298,6 +298,7 @@ class ContrastiveStep:
         out = self.loss_of(embeddings[: len(queries)], embeddings[len(queries) :], batch)
         out.loss.backward()  # the batch loss's gradient w.r.t. every embedding
         grads = embeddings.grad
+        assert grads is not None  # the backward above filled it (embeddings require a grad)
         no_sync = getattr(self.model, "no_sync", None)  # DDP: reduce once, after the last
         for i, (chunk, state) in enumerate(zip(chunks, states)):
             last = i == len(chunks) - 1

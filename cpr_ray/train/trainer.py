@@ -163,6 +163,7 @@ def train_worker(config: dict[str, Any]) -> None:
     tc = plan.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    assert tc.cpus_per_worker is not None  # _placed sets it before the workers start
     torch.set_num_threads(max(1, int(tc.cpus_per_worker)))
     storage = Storage(plan.storage)
     examples = Examples(storage.read_parquet(join(plan.out, EXAMPLES_FILE)), plan.negatives)
@@ -229,7 +230,7 @@ def train_worker(config: dict[str, Any]) -> None:
                     prefixes=plan.prefixes,
                 )
 
-        peaks = [_peak_memory_mb()]
+        peaks: list[float | None] = [_peak_memory_mb()]
         if world > 1:
             peaks = [None] * world
             dist.all_gather_object(peaks, _peak_memory_mb())
@@ -284,6 +285,7 @@ def _trainer(
 def worker_resources(tc: TrainConfig) -> dict[str, float]:
     """What each Ray Train worker reserves (`cpus_per_worker` placed, see `_placed`): its CPUs,
     a GPU with `use_gpu`, and the custom resources that keep it on the GPU node type."""
+    assert tc.cpus_per_worker is not None  # _placed sets it first
     resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
     if tc.use_gpu:
         resources["GPU"] = 1

@@ -120,7 +120,7 @@ def load_cpr(
 
     keep = np.array([r is None for r in reasons])
     query_ids = [str(q) for q in table.column("query_id").to_pylist()]
-    rejects = [{"query_id": query_ids[i], "reason": reasons[i]} for i in np.flatnonzero(~keep)]
+    rejects = [{"query_id": q, "reason": r} for q, r in zip(query_ids, reasons) if r is not None]
     repeats = np.bincount(row_of[~first], minlength=n)[keep]
     if repeats.any():
         rejects.append(

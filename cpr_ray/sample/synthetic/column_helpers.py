@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 
-def _constant(value: object, dtype: pl.DataType, n: int) -> pl.Series:
+def _constant(value: object, dtype: pl.DataType | type[pl.DataType], n: int) -> pl.Series:
     return pl.select(pl.repeat(pl.lit(value, dtype=dtype), n)).to_series()
 
 

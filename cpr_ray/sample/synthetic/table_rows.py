@@ -116,11 +116,13 @@ def _topic_structs(tax: _Taxonomy, topics: np.ndarray, scores: np.ndarray) -> pa
 def _topic_lists(tax: _Taxonomy, topics: np.ndarray, scores: np.ndarray) -> pl.Series:
     present = topics >= 0
     offsets = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
-    return pl.from_arrow(
+    lists = pl.from_arrow(
         pa.ListArray.from_arrays(
             pa.array(offsets), _topic_structs(tax, topics[present], scores[present])
         )
     )
+    assert isinstance(lists, pl.Series)  # from an Arrow array, not a table
+    return lists
 
 
 @dataclass(frozen=True)

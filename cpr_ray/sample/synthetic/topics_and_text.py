@@ -3,9 +3,10 @@ sentences per field, and the timestamps records carry."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Literal
 
 import numpy as np
 import polars as pl
@@ -66,7 +67,7 @@ def _sentences(
     return [_fill(rng, templates[rng.integers(len(templates))], words) for _ in range(n)]
 
 
-def _node(kind: str, ids: Sequence[int], names: Sequence[str]) -> pa.StructArray:
+def _node(kind: str, ids: Iterable[int], names: Sequence[str]) -> pa.StructArray:
     return pa.StructArray.from_arrays(
         [pa.array([f"https://openalex.org/{kind}{i}" for i in ids]), pa.array(names)],
         names=["id", "display_name"],
@@ -139,7 +140,7 @@ def _field_abbreviations() -> pl.Series:
 
 
 def _timestamps(
-    rng: np.random.Generator, start: str, days: int, unit: str, suffix: str
+    rng: np.random.Generator, start: str, days: int, unit: Literal["ms", "us"], suffix: str
 ) -> pl.Series:
     """A pool of ISO timestamps in [start, start + days); tables draw rows from it."""
     ticks = rng.integers(0, days * 86_400 * (1000 if unit == "ms" else 1_000_000), _TIMESTAMPS)

@@ -21,6 +21,7 @@ from cpr_ray.train.examples import RAW
 def text_keys(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """int64 key per text: equal texts, equal keys (polars' vectorised 64-bit hash)."""
     series = pl.from_arrow(one_chunk(texts).cast(pa.string()))
+    assert isinstance(series, pl.Series)  # from an Arrow array, not a table
     return pa.array(series.hash(seed=0).to_numpy().view(np.int64), pa.int64())
 
 
