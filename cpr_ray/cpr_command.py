@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -226,8 +227,11 @@ def stats(
         return
     if manifests:
         console.print(stages_table(manifests))
+    # the terminal's width as the shell states it (COLUMNS first): rich's console falls back to
+    # 80 columns wherever it takes its stream for a dumb terminal
+    width = shutil.get_terminal_size().columns
     for name, m in manifests.items():
-        console.print(summary_line(name, m, console.width), soft_wrap=True, highlight=False)
+        console.print(summary_line(name, m, width), soft_wrap=True, highlight=False)
     if ledger:
         table = Table(title="LLM ledger (all runs)", title_justify="left", box=box.SIMPLE_HEAD)
         cols = (
