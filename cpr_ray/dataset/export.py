@@ -45,14 +45,7 @@ from cpr_ray.dataset.split import (
     eval_papers,
 )
 from cpr_ray.errors import ConfigError, InputError
-from cpr_ray.runs.stage_runner import (
-    Reads,
-    StageOutput,
-    StageRun,
-    TableRecord,
-    console,
-    entry,
-)
+from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, TableRecord, console, entry
 from cpr_ray.stages import EXPORT as STAGE
 from cpr_ray.stages import INGEST, JUDGE_NEGATIVES, POOL
 from cpr_ray.storage.store import join

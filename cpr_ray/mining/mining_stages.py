@@ -22,15 +22,7 @@ from cpr_ray.config import MiningConfig
 from cpr_ray.corpus.tables import bucket_plan
 from cpr_ray.errors import StorageError
 from cpr_ray.mining import mining_rules as rules
-from cpr_ray.runs.stage_runner import (
-    Manifest,
-    Phases,
-    Reads,
-    StageOutput,
-    StageRun,
-    console,
-    entry,
-)
+from cpr_ray.runs.stage_runner import Manifest, Phases, Reads, StageOutput, StageRun, console, entry
 from cpr_ray.stages import INGEST, MINE, VENUES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets

@@ -28,14 +28,7 @@ from cpr_ray.queries.dedup import (
 from cpr_ray.queries.judges import AnalogyJudge, TransferVerifier
 from cpr_ray.queries.usefulness import KEEP_USEFULNESS, UsefulnessGrader, grader_reference
 from cpr_ray.queries.writing import QueryWriter
-from cpr_ray.runs.stage_runner import (
-    Reads,
-    StageOutput,
-    StageRun,
-    TableRecord,
-    console,
-    entry,
-)
+from cpr_ray.runs.stage_runner import Reads, StageOutput, StageRun, TableRecord, console, entry
 from cpr_ray.stages import (
     DEDUP,
     INGEST,
