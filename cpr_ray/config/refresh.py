@@ -51,6 +51,13 @@ class RefreshConfig(_Section):
         description="After the corpus, rerun the build's later stages (they pay only for what "
         "changed); false applies the diffs only.",
     )
+    incremental: bool = Field(
+        True,
+        description="The later stages reuse what the last run computed for every row the diff "
+        "does not reach (mined rows, LLM answers, vectors, candidate lists) and compute only the "
+        "rows it reaches; the result equals a full rerun's. false recomputes every row (a "
+        "build's cost), e.g. to check a refresh against one.",
+    )
     rebucket_share: float = Field(
         0.05,
         ge=0,
