@@ -89,23 +89,17 @@ def eligible_base_papers(
     year_max: int,
     require_context: bool,
     seed: int,
-    per_field_cap: int | None,
     threads: int = 1,
 ) -> pa.Table:
     """Papers of top venues in the year range with an abstract (and a citing sentence, if
     `require_context`), each labelled with its venue's field and a seeded sampling key.
 
-    `has_context` lists `citing_id`s with at least one citation that has a citing sentence. With
-    `per_field_cap`, only the first `cap` papers per field in sampling order are returned: the
-    partial top-k a bucket contributes to the global per-field sample.
+    `has_context` lists `citing_id`s with at least one citation that has a citing sentence.
+    Row-wise: a paper's row depends on its own row, its own citations and its venue's, which is
+    what lets a refresh recompute only the papers a diff reaches (`cap_per_bucket` then takes
+    the part of them the per-field draw needs).
     """
     context_rule = "AND c.citing_id IS NOT NULL" if require_context else ""
-    cap = (
-        "QUALIFY row_number() OVER (PARTITION BY t.field_id ORDER BY sample_key, p.corpus_id) "
-        f"<= {int(per_field_cap)}"
-        if per_field_cap
-        else ""
-    )
     sql = f"""
     SELECT p.corpus_id, t.field_id, t.field, t.domain_id, t.domain, p.venue_id, p.year,
            p.publication_date, list_transform(p.topics, lambda x: x.id) AS topic_ids,
@@ -120,9 +114,26 @@ def eligible_base_papers(
       AND p.abstract_length > 0
       AND p.topics IS NOT NULL AND len(p.topics) > 0
       {context_rule}
-    {cap}
     """
     return duck.query(sql, threads, papers=papers, top=top, has_context=has_context)
+
+
+def cap_per_bucket(
+    eligible: pa.Table, per_field_cap: int | None, num_buckets: int, *, threads: int = 1
+) -> pa.Table:
+    """The first `per_field_cap` eligible papers per key bucket (`corpus_id % num_buckets`) and
+    field in sampling order: what each bucket of the build contributes to the per-field draw
+    (the draw is the same from them as from every eligible paper; the per-field report counts
+    them). The build caps one bucket at a time, a refresh its whole kept eligible set at once:
+    both through here, so both report alike."""
+    if not per_field_cap:
+        return eligible
+    sql = f"""
+    SELECT * FROM eligible
+    QUALIFY row_number() OVER (PARTITION BY corpus_id % {int(num_buckets)}, field_id
+                               ORDER BY sample_key, corpus_id) <= {int(per_field_cap)}
+    """
+    return duck.query(sql, threads, eligible=eligible)
 
 
 def sample_per_field(

@@ -21,13 +21,14 @@ from rich.table import Table
 from cpr_ray.config import MiningConfig
 from cpr_ray.corpus.tables import bucket_plan
 from cpr_ray.errors import StorageError
+from cpr_ray.mining import mine_incremental as incremental
 from cpr_ray.mining import mining_rules as rules
 from cpr_ray.runs.stage_runner import Manifest, Phases, Reads, StageOutput, StageRun, console, entry
 from cpr_ray.stages import INGEST, MINE, VENUES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables import duckdb_sql as duck
-from cpr_ray.tables.buckets import BUCKET, read_parquet_bucket, run_buckets, write_partitions
+from cpr_ray.tables.buckets import read_parquet_bucket, run_buckets, write_partitions
 
 PAPER_COLUMNS = [
     "corpus_id",
@@ -107,12 +108,16 @@ def _corpus(storage: Storage, ingest_m: Manifest) -> _Corpus:
     return _Corpus(storage, plans["papers"], plans["citations"])
 
 
+# the citations of top-venue papers: what puts a cited paper in the pooling universe
+TOP_CITES_SQL = """
+SELECT c.citing_id, c.cited_id FROM citations c
+JOIN papers p ON p.corpus_id = c.citing_id JOIN top t ON t.venue_id = p.venue_id
+"""
 UNIVERSE_IDS_SQL = """
 SELECT DISTINCT id, CAST(id % {n} AS INTEGER) AS _bucket FROM (
     SELECT p.corpus_id AS id FROM papers p JOIN top t ON t.venue_id = p.venue_id
     UNION ALL
-    SELECT c.cited_id FROM citations c
-    JOIN papers p ON p.corpus_id = c.citing_id JOIN top t ON t.venue_id = p.venue_id
+    SELECT cited_id FROM top_cites
 )
 """
 
@@ -120,31 +125,41 @@ SELECT DISTINCT id, CAST(id % {n} AS INTEGER) AS _bucket FROM (
 @dataclass(frozen=True)
 class _EligibleAndIds:
     """Pass 1, one bucket of citing papers: its eligible base papers (capped per field) go back
-    to the driver; the ids of the pooling universe it finds are written to their own buckets."""
+    to the driver; the ids of the pooling universe it finds are written to their own buckets.
+    What a refresh keeps of the bucket goes to `state_uri`: every eligible paper, uncapped, and
+    the citations of its top-venue papers (`mine_incremental`)."""
 
     corpus: _Corpus
     top: pa.Table
     mining: MiningConfig
     ids_uri: str
+    state_uri: str
 
     def __call__(self, k: int) -> pa.Table:
+        storage, n = self.corpus.storage, self.corpus.papers.layout.num_buckets
         papers = self.corpus.papers_of(k)
         citations = self.corpus.citations_of(k, ["citing_id", "cited_id", "context_source"])
         with_context = citations.filter(rules.has_citing_sentence(citations)).select(["citing_id"])
-        ids = duck.query(
-            UNIVERSE_IDS_SQL.format(n=self.corpus.papers.layout.num_buckets),
-            papers=papers,
+        top_cites = duck.query(
+            TOP_CITES_SQL,
+            papers=papers.select(["corpus_id", "venue_id"]),
             citations=citations.select(["citing_id", "cited_id"]),
             top=self.top.select(["venue_id"]),
+        ).cast(incremental.TOP_CITES_SCHEMA)
+        ids = duck.query(
+            UNIVERSE_IDS_SQL.format(n=n),
+            papers=papers.select(["corpus_id", "venue_id"]),
+            top_cites=top_cites,
+            top=self.top.select(["venue_id"]),
         )
-        write_partitions(ids, self.ids_uri, self.corpus.storage, str(k))
-        return rules.eligible_base_papers(
-            papers,
-            self.top,
-            with_context,
-            per_field_cap=self.mining.base_per_field,
-            **rules.eligibility(self.mining),
+        write_partitions(ids, self.ids_uri, storage, str(k))
+        eligible = rules.eligible_base_papers(
+            papers, self.top, with_context, **rules.eligibility(self.mining)
         )
+        part = f"part-{k:05d}.parquet"
+        storage.write_parquet(eligible, join(self.state_uri, "eligible", part))
+        storage.write_parquet(top_cites, join(self.state_uri, "top_cites", part))
+        return rules.cap_per_bucket(eligible, self.mining.base_per_field, n)
 
 
 CANDIDATE_SQL = """
@@ -196,6 +211,7 @@ SELECT p.corpus_id, p.year, p.publication_date, p.field_id, p.domain_id,
        p.venue_id IN (SELECT venue_id FROM top) AS in_top_venue
 FROM papers p JOIN (SELECT DISTINCT id FROM ids) i ON i.id = p.corpus_id
 WHERE p.abstract_length > 0 AND p.publication_date IS NOT NULL
+ORDER BY p.corpus_id
 """
 
 
@@ -265,48 +281,140 @@ def pair_statistics(pairs: pa.Table) -> dict[str, Any]:
 
 
 def run_mine(run: StageRun, reads: Reads) -> StageOutput:
-    """Mine topic-disjoint citation pairs of base papers, and the pooling universe."""
+    """Mine topic-disjoint citation pairs of base papers, and the pooling universe: in full, or
+    (a refresh with the last run's kept state and a record of the corpus changes since) only
+    for the rows the changes reach (`mine_incremental`); both publish the same tables."""
     cfg, storage, m = run.cfg, run.storage, run.cfg.mining
     ingest_m, venues_m = reads[INGEST], reads[VENUES]
-    cpus = cfg.ingest.cpus_per_task
-    work = join(run.out, "_work")
     phase = Phases()
 
     with phase("plan"):
         corpus = _corpus(storage, ingest_m)
         n = corpus.papers.layout.num_buckets
         top = storage.read_parquet(venues_m["tables"]["top_venues"]["uri"])
-        mixed = {name: getattr(corpus, name) for name in ("papers", "citations")}
-        console.print(
-            f"  reading the corpus in its {n} key buckets; rows in fragments that mix buckets "
-            "(an earlier refresh's, scanned by every bucket): "
-            + ", ".join(f"{name} {p.mixed_rows:,} of {p.rows:,}" for name, p in mixed.items())
-        )
+        kept = incremental.previous(cfg, storage, ingest_m, n)
+        if isinstance(kept, str):
+            mixed = {name: getattr(corpus, name) for name in ("papers", "citations")}
+            console.print(
+                f"  mining every row ({kept}): the corpus in its {n} key buckets; rows in "
+                "fragments that mix buckets (an earlier refresh's, scanned by every bucket): "
+                + ", ".join(f"{name} {p.mixed_rows:,} of {p.rows:,}" for name, p in mixed.items())
+            )
+        else:
+            console.print(
+                f"  mining the rows the corpus changes reach since ingest run "
+                f"{kept.manifest['inputs'][INGEST]}, from run {kept.manifest['run_id']}'s kept "
+                f"state: {len(kept.changes.papers):,} papers and the citations of "
+                f"{len(kept.changes.citing):,} changed"
+            )
+    if isinstance(kept, str):
+        mined = _mine_every_row(run, corpus, top, phase)
+        mined.said["why"] = kept
+    else:
+        try:
+            mined = incremental.mine(
+                storage,
+                m,
+                corpus.papers,
+                corpus.citations,
+                top,
+                kept,
+                run.out,
+                cfg.ingest.cpus_per_task,
+                phase,
+            )
+        except (StorageError, OSError, pa.ArrowInvalid) as exc:  # a kept file damaged or gone
+            why = (
+                f"run {kept.manifest['run_id']}'s kept state is unreadable: "
+                + (str(exc).splitlines() or [type(exc).__name__])[0]
+            )
+            console.print(f"  mining every row ({why})")
+            for folder in ("state", "universe"):  # what the attempt wrote: not mixed into it
+                storage.delete_dir(join(run.out, folder))
+            mined = _mine_every_row(run, corpus, top, phase)
+            mined.said["why"] = why
+
+    pairs_all, base = mined.pairs_all, mined.base
+    n_pairs = pairs_all.num_rows
+    without_context = n_pairs - (pc.sum(pairs_all["has_context"]).as_py() or 0)
+    pairs = (
+        pairs_all if m.keep_pairs_without_context else pairs_all.filter(pairs_all["has_context"])
+    )
+    pairs_uri = join(run.out, "pairs.parquet")
+    storage.write_parquet(pairs, pairs_uri)
+    base_uri = join(run.out, "base_papers.parquet")
+    storage.write_parquet(base, base_uri)
+
+    stats = pair_statistics(pairs)
+    stats.update(
+        {
+            "base_papers": base.num_rows,
+            "eligible_per_field": {
+                r["field"]: {"eligible": r["eligible"], "drawn": r["drawn"]}
+                for r in mined.report.to_pylist()
+            },
+            "universe": mined.universe_rows,
+            "cross_topic_citations": n_pairs,
+            "pairs_without_context": without_context,
+            "pairs_without_context_dropped": 0 if m.keep_pairs_without_context else without_context,
+            "phase_seconds": phase.seconds,
+            "incremental": mined.said,
+        }
+    )
+    stats_uri = join(run.out, "stats.json")
+    run.storage.write_json(stats_uri, stats)
+    _print_mining(stats)
+    return StageOutput(
+        tables={
+            "pairs": {"uri": pairs_uri, "format": "parquet", "rows": pairs.num_rows},
+            "base_papers": {"uri": base_uri, "format": "parquet", "rows": base.num_rows},
+            "universe": {
+                "uri": join(run.out, "universe"),
+                "format": "parquet",
+                "rows": mined.universe_rows,
+            },
+            # what the next refresh's mine starts from (rows: the eligible base papers)
+            "state": {
+                "uri": join(run.out, "state"),
+                "format": "parquet",
+                "rows": sum(r["eligible"] for r in mined.report.to_pylist()),
+                "layout": {"state_version": incremental.STATE_VERSION, "num_buckets": n},
+            },
+        },
+        stats=stats,
+    )
+
+
+def _mine_every_row(
+    run: StageRun, corpus: _Corpus, top: pa.Table, phase: Phases
+) -> incremental.Mined:
+    """The build's mine: every bucket of the corpus read, in three passes (module docstring);
+    what a refresh will start from is kept under the run's `state` folder."""
+    storage, m = run.storage, run.cfg.mining
+    n = corpus.papers.layout.num_buckets
+    cpus = run.cfg.ingest.cpus_per_task
+    work, state_uri = join(run.out, "_work"), join(run.out, "state")
 
     with phase("base_papers"):
         # pass 1 per bucket of citing papers: eligible (capped per field) + universe ids
         console.print("  base papers: eligibility per bucket, then the same number per field")
         ids_uri = join(work, "universe_ids")
-        eligible_parts = run_buckets(n, _EligibleAndIds(corpus, top, m, ids_uri), cpus)
+        eligible_parts = run_buckets(n, _EligibleAndIds(corpus, top, m, ids_uri, state_uri), cpus)
         eligible = pa.concat_tables(eligible_parts)
         base, report = rules.sample_per_field(eligible, m.base_per_field)
 
     with phase("candidates"):
         # pass 2: citations of base papers (with their text), to the buckets of the cited
         console.print(f"  pairs: citations of {base.num_rows:,} base papers, topic-disjoint")
-        candidates_uri = join(work, "candidates")
+        candidates_uri = join(state_uri, "candidates")
+        storage.make_dirs(candidates_uri)
         run_buckets(n, _Candidates(corpus, base, candidates_uri), cpus)
 
     with phase("pairs_universe"):
         # pass 3 per bucket of cited papers: topic-disjoint pairs, and the pooling universe
         console.print("  pooling universe: top-venue papers and what they cite")
         universe_uri = join(run.out, "universe")
-        candidates_schema = duck.query(
-            CANDIDATE_SQL.format(n=n),
-            citations=corpus.citations_schema([*CANDIDATE_COLUMNS, "is_influential"]).empty_table(),
-            base=base.schema.empty_table(),
-        ).schema
-        candidates_schema = candidates_schema.remove(candidates_schema.get_field_index(BUCKET))
+        candidates_schema = incremental.candidate_schema(storage, corpus.citations, base.schema)
         found = run_buckets(
             n,
             _PairsAndUniverse(
@@ -318,47 +426,9 @@ def run_mine(run: StageRun, reads: Reads) -> StageOutput:
             "SELECT * FROM pairs ORDER BY base_id, cited_id",
             pairs=pa.concat_tables([p for p, _ in found]),
         ).cast(rules.PAIR_SCHEMA)
-        universe_rows = sum(u for _, u in found)
-        n_pairs = pairs_all.num_rows
-        without_context = n_pairs - (pc.sum(pairs_all["has_context"]).as_py() or 0)
-        pairs = (
-            pairs_all
-            if m.keep_pairs_without_context
-            else pairs_all.filter(pairs_all["has_context"])
-        )
-        pairs_uri = join(run.out, "pairs.parquet")
-        storage.write_parquet(pairs, pairs_uri)
-
-    base_uri = join(run.out, "base_papers.parquet")
-    storage.write_parquet(base, base_uri)
+        incremental.write_state(storage, state_uri, {"pairs_all": pairs_all, "top_venues": top}, n)
     storage.delete_dir(work)
-
-    stats = pair_statistics(pairs)
-    stats.update(
-        {
-            "base_papers": base.num_rows,
-            "eligible_per_field": {
-                r["field"]: {"eligible": r["eligible"], "drawn": r["drawn"]}
-                for r in report.to_pylist()
-            },
-            "universe": universe_rows,
-            "cross_topic_citations": n_pairs,
-            "pairs_without_context": without_context,
-            "pairs_without_context_dropped": 0 if m.keep_pairs_without_context else without_context,
-            "phase_seconds": phase.seconds,
-        }
-    )
-    stats_uri = join(run.out, "stats.json")
-    run.storage.write_json(stats_uri, stats)
-    _print_mining(stats)
-    return StageOutput(
-        tables={
-            "pairs": {"uri": pairs_uri, "format": "parquet", "rows": pairs.num_rows},
-            "base_papers": {"uri": base_uri, "format": "parquet", "rows": base.num_rows},
-            "universe": {"uri": universe_uri, "format": "parquet", "rows": universe_rows},
-        },
-        stats=stats,
-    )
+    return incremental.Mined(base, report, pairs_all, sum(u for _, u in found), {"path": "full"})
 
 
 def _print_mining(stats: dict[str, Any]) -> None:

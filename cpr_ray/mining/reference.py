@@ -77,7 +77,6 @@ def mine_whole(
         papers,
         top,
         with_context,
-        per_field_cap=None,
         threads=threads,
         **rules.eligibility(m),
     )
