@@ -4,6 +4,7 @@ import gzip
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from cpr_ray.mining import mining_rules as rules
@@ -117,6 +118,25 @@ def test_equal_number_per_field_with_a_seed():
     assert {r["field_id"]: r["drawn"] for r in report5.to_pylist()} == {11: 5, 17: 5, 26: 5}
     # a prefix of the same seeded order: 5 drawn are among the 9 drawn
     assert set(drawn5["corpus_id"].to_pylist()) <= set(drawn["corpus_id"].to_pylist())
+
+
+def test_the_draw_from_each_buckets_cap_is_the_draw_from_every_eligible_paper():
+    """What lets a bucket (a build) or a refresh (its kept eligible set, all buckets at once)
+    hand the per-field draw only each bucket's first `cap` papers: the drawn papers are the
+    same, and a paper that leaves lets the next of its field in, whichever bucket holds it."""
+    eligible = _eligible({11: 60, 17: 7, 26: 33})
+    whole, _ = rules.sample_per_field(eligible, 5)
+    capped = rules.cap_per_bucket(eligible, 5, 4)
+    per_bucket = capped.group_by(["field_id"]).aggregate([("corpus_id", "count")])
+    assert max(per_bucket["corpus_id_count"].to_pylist()) <= 5 * 4 < eligible.num_rows
+    drawn, _ = rules.sample_per_field(capped, 5)
+    assert drawn.equals(whole)
+    first = whole["corpus_id"][0].as_py()
+    left = eligible.filter(pc.not_equal(eligible["corpus_id"], first))
+    redrawn, _ = rules.sample_per_field(rules.cap_per_bucket(left, 5, 4), 5)
+    assert redrawn.equals(rules.sample_per_field(left, 5)[0])
+    assert first not in redrawn["corpus_id"].to_pylist() and redrawn.num_rows == whole.num_rows
+    assert rules.cap_per_bucket(eligible, None, 4) is eligible
 
 
 def test_another_seed_draws_another_sample():
