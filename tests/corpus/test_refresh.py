@@ -32,6 +32,7 @@ from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.cpr_command import app
 from cpr_ray.errors import InputError, StorageError
 from cpr_ray.llm.spend_ledger import ledger_summary
+from cpr_ray.mining.mining_stages import mine
 from cpr_ray.pipeline.build import run_build
 from cpr_ray.pipeline.refresh import refresh
 from cpr_ray.runs.stage_runner import read_manifest, require_manifest
@@ -497,6 +498,45 @@ def test_mining_after_a_refresh_reads_its_one_bucket_fragments_and_equals_whole_
     assert_equals_whole_table_mining(
         storage, scenario["cfg"]["full"], require_manifest(storage, "mine")
     )
+
+
+@pytest.mark.slow
+def test_the_refreshs_mine_reads_what_the_step_reached_and_equals_a_full_mine(scenario, tmp_path):
+    """The refresh's mine started from what the build's mine kept and recomputed only the
+    papers the step changed (a cited paper of a pair revised, another deleted, new citations of
+    base papers) and their neighbours; a full mine of the same refreshed corpus
+    (`refresh.incremental: false`, on a copy of the root) publishes the same pairs, base papers,
+    universe parts and statistics, row for row."""
+    storage, plan = scenario["storage"]["full"], scenario["plan"]
+    refreshed = require_manifest(storage, "mine")
+    said = refreshed["stats"]["incremental"]
+    assert said["path"] == "incremental", said
+    papers = require_manifest(storage, "ingest")["tables"]["papers"]["rows"]
+    assert plan.changed_papers & {d for _, d in plan.changed_pairs}  # a cited paper of a pair
+    assert said["changed_papers"] >= len(plan.changed_papers | plan.deleted_papers)
+    assert 0 < said["papers_read"] < papers / 10  # not the corpus
+
+    cfg = scenario["cfg"]["full"]
+    root = copy_build(Path(cfg.storage.root), tmp_path / "copy")
+    full_cfg = cfg.model_copy(
+        update={
+            "storage": cfg.storage.model_copy(update={"root": str(root)}),
+            "refresh": cfg.refresh.model_copy(update={"incremental": False}),
+        }
+    )
+    full = mine(full_cfg, Storage(full_cfg.storage), force=True)
+    assert full["stats"]["incremental"] == {"path": "full", "why": "refresh.incremental is false"}
+    for name in ("pairs", "base_papers"):
+        got, want = (pq.read_table(m["tables"][name]["uri"]) for m in (refreshed, full))
+        assert got.equals(want), name
+    got, want = (Path(m["tables"]["universe"]["uri"]) for m in (refreshed, full))
+    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
+    for part in want.iterdir():
+        assert pq.read_table(got / part.name).equals(pq.read_table(part)), part.name
+    assert refreshed["tables"]["universe"]["rows"] == full["tables"]["universe"]["rows"]
+    assert {
+        k: v for k, v in refreshed["stats"].items() if k not in ("phase_seconds", "incremental")
+    } == {k: v for k, v in full["stats"].items() if k not in ("phase_seconds", "incremental")}
 
 
 @pytest.mark.slow
