@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.config import Config
-from cpr_ray.corpus import records, release_step
+from cpr_ray.corpus import corpus_changes, records, release_step
 from cpr_ray.corpus.ingest import build_venues
 from cpr_ray.corpus.inputs import TEXT_SUFFIXES
 from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, rows_schema
@@ -60,6 +60,9 @@ class StepReport:
     source: str = "s2"  # s2 | openalex
     records: dict[str, dict[str, int]] = field(default_factory=dict)
     changes: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the folder of the ids the step changed and how many files its tasks wrote there
+    # (`corpus_changes`); None: a commit that changes no row (a rewrite into buckets)
+    changed_ids: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,7 +70,20 @@ class StepReport:
             "source": self.source,
             "records": self.records,
             "changes": self.changes,
+            corpus_changes.RECORD_KEY: self.changed_ids,
         }
+
+    def start_record(self, run: RefreshRun, manifest: Manifest, state: dict[str, Any]) -> str:
+        """The step's record folder (`corpus_changes`), emptied of what a killed try wrote:
+        named for the step's place in the history, which a retried step keeps."""
+        uri = join(manifest["output"], "changes", f"{len(state['applied']) + 1:05d}")
+        run.storage.delete_dir(uri)
+        self.changed_ids = {"uri": uri, "files": 0}
+        return uri
+
+    def recorded(self, files: int) -> None:
+        assert self.changed_ids is not None
+        self.changed_ids["files"] += files
 
 
 @dataclass
@@ -139,12 +155,14 @@ def _apply_papers(
     run: RefreshRun,
     corpus: Corpus,
     sides: release_step.PaperSides,
+    report: StepReport,
     new_keys: release_step.NewKeys | None = None,
 ) -> dict[str, int]:
-    """Rebuild and write every paper the records touch (or `new_keys` relink), one task per
-    touched bucket."""
+    """Rebuild and write every paper the records touch (or `new_keys` relink), a few touched
+    buckets a task."""
     n = _key_buckets(run, corpus)
-    layout, counts = release_step.apply_papers(
+    assert report.changed_ids is not None
+    layout, counts, files = release_step.apply_papers(
         run.cfg,
         run.storage,
         _plan(run, corpus, "papers"),
@@ -153,8 +171,10 @@ def _apply_papers(
         new_keys=new_keys,
         keys_uri=corpus.manifest["tables"]["openalex_keys"]["uri"],
         key_buckets=n,
+        record=report.changed_ids["uri"],
     )
     corpus.layouts["papers"] = layout
+    report.recorded(files)
     return counts
 
 
@@ -232,6 +252,8 @@ def _corpus_state(run: RefreshRun, manifest: Manifest) -> dict[str, Any]:
         "release": base,
         "applied": [],
         "openalex_snapshot": manifest["stats"].get("openalex_snapshot"),
+        # what `corpus_changes.changes_between` counts the first step's changes from
+        "ingest_run_id": manifest["run_id"],
     }
 
 
@@ -265,10 +287,12 @@ def _commit(
             "layout": corpus.bucket_layout(name).as_dict(),
         }
     tables["venues"] = {**tables["venues"], "uri": venues_uri, "rows": venues.num_rows}
-    if report.label:
-        state = {**state, "applied": [*state["applied"], report.as_dict()]}
     base_run = manifest["output"].rstrip("/").rsplit("/", 1)[1]
-    stamp = f"{base_run}+{state['release']}+{len(state['applied'])}"
+    applied = [*state["applied"], report.as_dict()] if report.label else state["applied"]
+    stamp = f"{base_run}+{state['release']}+{len(applied)}"
+    if report.label:  # the run id each step published: what `corpus_changes` counts from
+        applied[-1]["run_id"] = stamp
+        state = {**state, "applied": applied}
     new: Manifest = {
         **manifest,
         "tables": tables,
@@ -366,11 +390,12 @@ def _apply_step(
     found = _stage(run, corpus, step_dir, steps, report, paper_sides)
     sides = release_step.PaperSides(*(found[key] for key in paper_sides))
     console.print(f"  {report.label}: papers")
-    papers = _apply_papers(run, corpus, sides)
+    papers = _apply_papers(run, corpus, sides, report)
     staged = _stage(run, corpus, step_dir, steps, report, CITATION_SIDES)
     citations, gone_citations = (staged[key] for key in CITATION_SIDES)
     console.print(f"  {report.label}: citations")
-    layout, cited = release_step.apply_citations(
+    assert report.changed_ids is not None
+    layout, cited, files = release_step.apply_citations(
         run.cfg,
         run.storage,
         _plan(run, corpus, "citations"),
@@ -378,8 +403,10 @@ def _apply_step(
         gone_citations,
         _schemas(1),
         _gone_ids(run.storage, sides.gone_papers),
+        report.changed_ids["uri"],
     )
     corpus.layouts["citations"] = layout
+    report.recorded(files)
     return {"papers": papers, "citations": cited}
 
 
@@ -407,6 +434,7 @@ def _openalex(
     label = f"openalex updated_date {pinned} → {newest}"
     console.print(f"  {label}: {len(files)} new works shard(s)")
     report = StepReport(label, source="openalex")
+    report.start_record(run, manifest, state)
     n = _key_buckets(run, corpus)
     keys_uri = manifest["tables"]["openalex_keys"]["uri"]
     step = ParseWorks(records.SPECS["works"], n, run.cfg.ingest.raw_line_limit)
@@ -426,7 +454,7 @@ def _openalex(
     parsed_keys = release_step.Staged(parsed, staged.rows_by_bucket)
     keys = release_step.stage_new_keys(run.cfg, run.storage, parsed_keys, join(work, "keys"), n)
     report.changes = {
-        "papers": _apply_papers(run, corpus, release_step.PaperSides(), keys),
+        "papers": _apply_papers(run, corpus, release_step.PaperSides(), report, keys),
         "citations": dict(NO_CHANGES),
     }
     state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
@@ -496,6 +524,7 @@ def apply_diffs(run: RefreshRun) -> Applied:
     for group in steps:
         one = next(iter(group.values()))
         report = StepReport(f"{one.from_release} → {one.to_release}")
+        report.start_record(run, manifest, state)
         report.changes = _apply_step(run, corpus, group, report)
         state = {**state, "release": one.to_release}
         manifest = _commit(run, manifest, corpus, state, report)

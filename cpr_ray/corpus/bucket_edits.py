@@ -148,6 +148,29 @@ def edit_bucket(
     )
 
 
+def changed_keys(
+    current: pa.Table, rows: pa.Table, gone: pa.Table, on: Sequence[str]
+) -> tuple[pa.Table, pa.Table]:
+    """The keys (`on` columns) an edit of `current` rows by `rows` and `gone` (`edit_bucket`)
+    really changes: those of `rows` that are new or differ in any column from the current row
+    with their keys, and those of current rows it deletes (in `gone`, not written again). A row
+    written as it was is no change."""
+    keys, cols = ", ".join(on), ", ".join(rows.column_names)
+    written = duck.query(
+        f"SELECT DISTINCT {keys} FROM (SELECT {cols} FROM rows EXCEPT SELECT {cols} FROM cur)",
+        rows=rows,
+        cur=current.select(rows.column_names).cast(rows.schema),
+    )
+    deleted = duck.query(
+        f"""SELECT DISTINCT {keys} FROM cur
+        SEMI JOIN gone USING ({keys}) ANTI JOIN rows USING ({keys})""",
+        cur=current.select(list(on)),
+        gone=gone.select(list(on)),
+        rows=rows.select(list(on)),
+    )
+    return written, deleted
+
+
 def _write(
     p: BucketPlan,
     storage: Storage,

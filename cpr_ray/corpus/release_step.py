@@ -34,14 +34,15 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import ray
 
 from cpr_ray.config import Config
-from cpr_ray.corpus import bucket_edits, linking, updates
+from cpr_ray.corpus import bucket_edits, corpus_changes, linking, updates
 from cpr_ray.corpus.parsing import ParseRecords, parsed_batches
 from cpr_ray.corpus.s2_api import FileFetcher
 from cpr_ray.corpus.s2orc import recover_contexts
 from cpr_ray.corpus.shards import ReadShards
-from cpr_ray.storage.store import Storage
+from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables import duckdb_sql as duck
 from cpr_ray.tables.buckets import (
@@ -174,19 +175,88 @@ def _on(i: int, *, chosen: Sequence[int], fn: Callable[[int], T]) -> T:
     return fn(chosen[i])
 
 
+def task_groups(chosen: Sequence[int], weight: dict[int, int], tasks: int) -> list[list[int]]:
+    """`chosen` buckets in at most `tasks` runs of consecutive ones, of about equal weight (a
+    bucket weighs 1, its fixed cost, plus `weight`, its staged rows): a step touching thousands
+    of buckets with little to do in each pays a few task starts, not thousands."""
+    if not chosen:
+        return []
+    w = [1 + weight.get(k, 0) for k in chosen]
+    target = sum(w) / max(1, min(tasks, len(chosen)))
+    groups: list[list[int]] = [[]]
+    held = 0.0
+    for k, wk in zip(chosen, w):
+        if groups[-1] and held + wk / 2 > target:
+            groups.append([])
+            held = 0.0
+        groups[-1].append(k)
+        held += wk
+    return groups
+
+
+@dataclass(frozen=True)
+class EditedBuckets:
+    """What one edit task hands back: its buckets' edits (fragment metadata and counts) and
+    whether it wrote a file of the ids it changed (`corpus_changes`), never rows."""
+
+    edits: tuple[bucket_edits.BucketEdit, ...]
+    record_files: int
+
+
+Edit = Callable[..., tuple[bucket_edits.BucketEdit, pa.Table]]
+
+
+def _edit_group(
+    i: int,
+    *,
+    groups: Sequence[Sequence[int]],
+    fn: Callable[[int], tuple[bucket_edits.BucketEdit, pa.Table]],
+    storage: Storage,
+    record: str,
+    name: str,
+) -> EditedBuckets:
+    edits, changed = [], [corpus_changes.RECORD.empty_table()]
+    for k in groups[i]:
+        edit, ids = fn(k)
+        edits.append(edit)
+        changed.append(ids)
+    ids = pa.concat_tables(changed)
+    if ids.num_rows:  # named for its first bucket: a retried task rewrites its own file
+        storage.write_parquet(ids, join(record, f"{name}-{groups[i][0]:06d}.parquet"))
+    return EditedBuckets(tuple(edits), int(ids.num_rows > 0))
+
+
 def _edit_buckets(
     cfg: Config,
     storage: Storage,
     p: BucketPlan,
     chosen: Sequence[int],
-    edit: Callable[..., bucket_edits.BucketEdit],
-) -> tuple[buckets.BucketLayout, dict[str, int]]:
-    """`edit(k, p=, storage=, fragment_rows=)` for each chosen bucket k, one task each, then
-    one commit of every bucket's edit: the new layout and the rows changed."""
+    weight: dict[int, int],
+    edit: Edit,
+    record: str,
+    name: str,
+) -> tuple[buckets.BucketLayout, dict[str, int], int]:
+    """`edit(k, p=, storage=, fragment_rows=)` for each chosen bucket k, a few buckets a task
+    (`task_groups`: about two tasks a CPU of the cluster), each task writing the ids its
+    buckets changed under `record`; then one commit of every bucket's edit: the new layout,
+    the rows changed and the record files written."""
     fn = partial(edit, p=p, storage=storage, fragment_rows=cfg.ingest.lance_fragment_rows)
-    task = partial(_on, chosen=list(chosen), fn=fn)
-    edits = run_buckets(len(chosen), task, cfg.ingest.cpus_per_task, _memory(cfg))
-    return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits)
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    groups = task_groups(chosen, weight, max(1, int(2 * cpus / cfg.ingest.cpus_per_task)))
+    task = partial(_edit_group, groups=groups, fn=fn, storage=storage, record=record, name=name)
+    done = run_buckets(len(groups), task, cfg.ingest.cpus_per_task, _memory(cfg))
+    edits = [e for d in done for e in d.edits]
+    files = sum(d.record_files for d in done)
+    return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits), files
+
+
+def _weight(staged: Sequence[Staged]) -> dict[int, int]:
+    """Staged rows per bucket, over every side."""
+    out: dict[int, int] = {}
+    for s in staged:
+        for k, n in s.rows_by_bucket.items():
+            out[k] = out.get(k, 0) + n
+    return out
 
 
 def _read(storage: Storage, staged: Staged | None, k: int, schema: pa.Schema) -> pa.Table:
@@ -284,9 +354,9 @@ def _papers_bucket(
     keys_uri: str,
     key_buckets: int,
     fragment_rows: int,
-) -> bucket_edits.BucketEdit:
+) -> tuple[bucket_edits.BucketEdit, pa.Table]:
     """Bucket k of the papers table: its papers the step updates, re-abstracts, relinks or
-    deletes, rebuilt from their records and current rows."""
+    deletes, rebuilt from their records and current rows; and the ids it changed."""
     papers = _read(storage, sides.papers, k, schemas["papers"])
     abstracts = _read(storage, sides.abstracts, k, schemas["abstracts"])
     forget = _ids(_read(storage, sides.gone_abstracts, k, schemas["abstracts"])["corpus_id"])
@@ -298,7 +368,8 @@ def _papers_bucket(
     ids = ids.unique()
     wanted = pa.concat_arrays([ids, gone]).unique()
     if not len(wanted):  # a bucket the relink visits and finds nothing in: no read, no write
-        return bucket_edits.BucketEdit(k, counts={"inserted": 0, "updated": 0, "deleted": 0})
+        edit = bucket_edits.BucketEdit(k, counts={"inserted": 0, "updated": 0, "deleted": 0})
+        return edit, corpus_changes.RECORD.empty_table()
     names = storage.open_lance(p.uri, p.version).schema.names
     found = bucket_edits.current_rows(p, storage, k, pc.field("corpus_id").isin(wanted), names)
     current = found.filter(pc.is_in(found["corpus_id"], ids)).select(names)
@@ -308,15 +379,16 @@ def _papers_bucket(
     works = _key_rows(storage, keys_uri, linking.s2_keys(paper_rec, key_buckets), schemas["works"])
     rows = updates.rebuilt_papers(paper_rec, abstract_rec, works, key_buckets)
     rows = rows.filter(pc.invert(pc.is_in(rows["corpus_id"], gone)))
-    return bucket_edits.edit_bucket(
-        p,
-        storage,
-        k,
-        found,
-        rows,
-        pa.table({"corpus_id": gone}),
-        on=["corpus_id"],
-        fragment_rows=fragment_rows,
+    gone_rows = pa.table({"corpus_id": gone})
+    edit = bucket_edits.edit_bucket(
+        p, storage, k, found, rows, gone_rows, on=["corpus_id"], fragment_rows=fragment_rows
+    )
+    written, deleted = bucket_edits.changed_keys(found, rows, gone_rows, ["corpus_id"])
+    return edit, pa.concat_tables(
+        [
+            corpus_changes.record_rows(written["corpus_id"], corpus_changes.PAPER),
+            corpus_changes.record_rows(deleted["corpus_id"], corpus_changes.DELETED),
+        ]
     )
 
 
@@ -343,11 +415,12 @@ def apply_papers(
     new_keys: NewKeys | None = None,
     keys_uri: str,
     key_buckets: int,
-) -> tuple[buckets.BucketLayout, dict[str, int]]:
+    record: str,
+) -> tuple[buckets.BucketLayout, dict[str, int], int]:
     """The papers table with a step's paper and abstract records applied (and the papers whose
-    identifiers are among `new_keys` linked again, each bucket finding its own): one task per
-    touched bucket (every bucket, given new keys), one commit. Returns the new layout and
-    counts."""
+    identifiers are among `new_keys` linked again, each bucket finding its own): the touched
+    buckets (every bucket, given new keys) a few a task, one commit; the ids changed written
+    under `record`. Returns the new layout, counts and record files written."""
     relink = new_keys is not None and new_keys.staged.kept > 0
     chosen = touched_buckets(p.layout.num_buckets, sides.all(), every=relink)
     return _edit_buckets(
@@ -355,6 +428,7 @@ def apply_papers(
         storage,
         p,
         chosen,
+        _weight(sides.all()),
         partial(
             _papers_bucket,
             sides=sides,
@@ -363,6 +437,8 @@ def apply_papers(
             keys_uri=keys_uri,
             key_buckets=key_buckets,
         ),
+        record,
+        "papers",
     )
 
 
@@ -379,9 +455,10 @@ def _citations_bucket(
     schemas: dict[str, pa.Schema],
     gone_papers: pa.Array,
     fragment_rows: int,
-) -> bucket_edits.BucketEdit:
+) -> tuple[bucket_edits.BucketEdit, pa.Table]:
     """Bucket k of the citations table: the step's citation records upserted (keeping a citing
-    sentence S2ORC recovered), deleted citations and those from or to deleted papers removed."""
+    sentence S2ORC recovered), deleted citations and those from or to deleted papers removed;
+    and the citing ids whose rows it changed."""
     records = _read(storage, citations, k, schemas["citations"])
     gone = _read(storage, gone_citations, k, schemas["citations"]).select(CITATION_KEY)
     gone = gone.cast(pa.schema([(c, pa.int64()) for c in CITATION_KEY]))
@@ -410,9 +487,12 @@ def _citations_bucket(
         rows = duck.query(
             "SELECT * FROM rows ANTI JOIN gone USING (citing_id, cited_id)", rows=rows, gone=gone
         ).cast(rows.schema)
-    return bucket_edits.edit_bucket(
+    edit = bucket_edits.edit_bucket(
         p, storage, k, found, rows, gone, on=CITATION_KEY, fragment_rows=fragment_rows
     )
+    written, deleted = bucket_edits.changed_keys(found, rows, gone, CITATION_KEY)
+    citing = pa.concat_arrays([_ids(written["citing_id"]), _ids(deleted["citing_id"])])
+    return edit, corpus_changes.record_rows(citing, corpus_changes.CITING)
 
 
 def apply_citations(
@@ -423,9 +503,11 @@ def apply_citations(
     gone_citations: Staged | None,
     schemas: dict[str, pa.Schema],
     gone_papers: pa.Array,
-) -> tuple[buckets.BucketLayout, dict[str, int]]:
-    """The citations table with a step's citation records and deletes applied: one task per
-    touched bucket (every bucket when papers were deleted), one commit."""
+    record: str,
+) -> tuple[buckets.BucketLayout, dict[str, int], int]:
+    """The citations table with a step's citation records and deletes applied: the touched
+    buckets (every bucket when papers were deleted) a few a task, one commit; the citing ids
+    changed written under `record`."""
     staged = [s for s in (citations, gone_citations) if s]
     chosen = touched_buckets(p.layout.num_buckets, staged, every=len(gone_papers) > 0)
     return _edit_buckets(
@@ -433,6 +515,7 @@ def apply_citations(
         storage,
         p,
         chosen,
+        _weight(staged),
         partial(
             _citations_bucket,
             citations=citations,
@@ -440,4 +523,6 @@ def apply_citations(
             schemas=schemas,
             gone_papers=gone_papers,
         ),
+        record,
+        "citations",
     )

@@ -27,7 +27,8 @@ import ray
 from typer.testing import CliRunner
 
 from cpr_ray.config import load_config, sample_dir
-from cpr_ray.corpus import release_step
+from cpr_ray.corpus import corpus_changes, release_step
+from cpr_ray.corpus.corpus_changes import changes_between
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.cpr_command import app
 from cpr_ray.errors import InputError, StorageError
@@ -368,6 +369,12 @@ def scenario(tmp_path_factory, scripted_llm):
             require_manifest(storage["killed"], "ingest")
         out["refused"] = str(refused.value)
         out["built_fragments"] = fragments_by_bucket(storage["full"])
+        built = require_manifest(storage["full"], "ingest")
+        out["built_run_id"] = built["run_id"]
+        out["built_tables"] = {
+            name: sorted_table(built["tables"][name]["uri"], keys)
+            for name, keys in (("papers", ["corpus_id"]), ("citations", ["citing_id", "cited_id"]))
+        }
         with pytest.MonkeyPatch.context() as patch:  # what the refresh's tasks hand back
             out["task_results"] = []
 
@@ -417,8 +424,10 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
     # the parse and apply tasks hand the driver counts and fragment metadata, never rows
     results = [r[1] if isinstance(r, tuple) else r for r in scenario["task_results"]]
-    assert {type(r).__name__ for r in results} == {"Staged", "BucketEdit"}
-    assert not [v for r in results for v in vars(r).values() if isinstance(v, pa.Table)]
+    assert {type(r).__name__ for r in results} == {"Staged", "EditedBuckets"}
+    edits = [e for r in results if hasattr(r, "edits") for e in r.edits]
+    assert {type(e).__name__ for e in edits} == {"BucketEdit"}
+    assert not [v for r in results + edits for v in vars(r).values() if isinstance(v, pa.Table)]
     assert max(len(pickle.dumps(r)) for r in results) < 16_000
     # the new OpenAlex partition relinked exactly the papers it carries an identifier of, each
     # found by the one it carries (DOI, MAG id, PubMed id) in its own bucket's task: the driver
@@ -436,6 +445,70 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     # back to the bulk release
     with pytest.raises(InputError, match=f"refreshed to S2 release {NEW}.*cpr refresh"):
         run_build(scenario["cfg"]["full"], ["ingest"])
+
+
+def changed_rows(before: pa.Table, after: pa.Table, key: str) -> set[int]:
+    """`key` of the rows in one table and not the other (compared whole)."""
+    rows = {
+        side: {json.dumps(r, sort_keys=True, default=str) for r in t.to_pylist()}
+        for side, t in (("before", before), ("after", after))
+    }
+    return {json.loads(r)[key] for r in rows["before"] ^ rows["after"]}
+
+
+@pytest.mark.slow
+def test_each_commit_records_the_ids_it_changed_for_the_later_stages(scenario, tmp_path):
+    """`changes_between` from the build's run: exactly the papers and citing ids whose rows
+    differ (the plan's new, changed and deleted papers; a relinked paper whose row came out the
+    same is no change), written by the bucket tasks; None where the history cannot say."""
+    storage, plan = scenario["storage"]["full"], scenario["plan"]
+    ingest = require_manifest(storage, "ingest")
+    changes = changes_between(storage, ingest, scenario["built_run_id"])
+    assert changes is not None
+    new_ids = {d for _, d in plan.new_pairs}
+    papers = plan.changed_papers | plan.deleted_papers | new_ids
+    assert changes.papers.to_pylist() == sorted(papers)
+    assert changes.deleted_papers.to_pylist() == sorted(plan.deleted_papers)
+    after = {
+        n: lance.dataset(ingest["tables"][n]["uri"]).to_table() for n in ("papers", "citations")
+    }
+    before = scenario["built_tables"]
+    assert set(changes.papers.to_pylist()) == changed_rows(
+        before["papers"], after["papers"], "corpus_id"
+    )
+    citing = changed_rows(before["citations"], after["citations"], "citing_id")
+    assert changes.citing.to_pylist() == sorted(citing)
+    assert {b for b, _ in plan.new_pairs} <= citing  # the new citations
+    old = before["citations"]
+    cite_gone = old.filter(pc.is_in(old["cited_id"], pa.array(sorted(plan.deleted_papers))))
+    assert set(cite_gone["citing_id"].to_pylist()) <= citing  # rows of deleted cited papers
+    # a stage whose input was the refreshed corpus has nothing to redo; the OpenAlex step's
+    # run (the first commit) sees the S2 step's changes
+    assert changes_between(storage, ingest, ingest["run_id"]) == corpus_changes.CorpusChanges(
+        *[pa.array([], pa.int64())] * 3
+    )
+    [openalex, step] = ingest["corpus"]["applied"]
+    since_openalex = changes_between(storage, ingest, openalex["run_id"])
+    assert since_openalex is not None and since_openalex.papers.equals(changes.papers)
+    # the killed refresh, rerun, recorded the same
+    killed = require_manifest(scenario["storage"]["killed"], "ingest")
+    since = killed["corpus"]["ingest_run_id"]  # its own build's run
+    again = changes_between(scenario["storage"]["killed"], killed, since)
+    assert again is not None and again.papers.equals(changes.papers)
+    assert again.citing.equals(changes.citing)
+    # unknown: a run this corpus never published, a step without a record, a record file lost
+    assert changes_between(storage, ingest, "another-build+2026-11-25+1") is None
+    unrecorded = {**step, corpus_changes.RECORD_KEY: None}
+    bare = {**ingest, "corpus": {**ingest["corpus"], "applied": [openalex, unrecorded]}}
+    assert changes_between(storage, bare, scenario["built_run_id"]) is None
+    record = step[corpus_changes.RECORD_KEY]
+    assert record["files"] >= 2  # the papers' and the citations' tasks wrote theirs
+    copied = tmp_path / "record"
+    shutil.copytree(record["uri"], copied)
+    next(copied.iterdir()).unlink()
+    lost = {**step, corpus_changes.RECORD_KEY: {**record, "uri": str(copied)}}
+    partial = {**ingest, "corpus": {**ingest["corpus"], "applied": [openalex, lost]}}
+    assert changes_between(storage, partial, scenario["built_run_id"]) is None
 
 
 @pytest.mark.slow
@@ -900,3 +973,16 @@ def test_a_build_and_a_refresh_started_together_as_processes_on_s3_one_works_the
 
 if __name__ == "__main__":
     _cli_rounds(sys.argv[1], sys.argv[2], sys.argv[3:])
+
+
+def test_edit_tasks_take_runs_of_buckets_of_about_equal_work():
+    """Many touched buckets with little to do share a few tasks; a bucket with much to do
+    gets one to itself; every bucket is edited once, in order."""
+    chosen = list(range(0, 3000, 3))
+    groups = release_step.task_groups(chosen, {}, 8)
+    assert len(groups) == 8 and [k for g in groups for k in g] == chosen
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    heavy = release_step.task_groups([1, 2, 3, 4, 5], {3: 1000}, 3)
+    assert [3] in heavy and [k for g in heavy for k in g] == [1, 2, 3, 4, 5]
+    assert release_step.task_groups([7], {}, 8) == [[7]]
+    assert release_step.task_groups([], {}, 8) == []
