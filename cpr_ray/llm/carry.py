@@ -44,9 +44,10 @@ from cpr_ray.tables import duckdb_sql as duck
 MEMO = "llm-rows"  # the folder, in a run's folder, of the rows each of its LLM steps answered
 
 
-def memo_folder(out: str, stage: str) -> str:
-    """Where a run (its folder `out`) keeps the rows of one LLM task (named by its `stage`)."""
-    return join(out, MEMO, stage)
+def memo_folder(out: str, task: LLMTask) -> str:
+    """Where a run (its folder `out`) keeps the rows of one LLM task: by the task's class, as a
+    stage may run two tasks (dedup's two judges share the stage's name and cache)."""
+    return join(out, MEMO, type(task).__name__)
 
 
 def memo_columns(task: LLMTask) -> list[str]:
@@ -60,7 +61,7 @@ def remember(storage: Storage, out: str, task: LLMTask, tag: str, joined: pa.Tab
     row with its answer, before `derive`. One file per call (a stage may call a task more than
     once: rounds, tournaments)."""
     ok = joined.filter(pc.equal(joined["status"], "ok")).select(memo_columns(task))
-    storage.write_parquet(first_per_key(ok), join(memo_folder(out, task.stage), f"{tag}.parquet"))
+    storage.write_parquet(first_per_key(ok), join(memo_folder(out, task), f"{tag}.parquet"))
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def previous(
     last = read_manifest(run.storage, run.name)
     if last is None or not last.get("output"):
         return Carry(None, "no earlier run")
-    folder = memo_folder(last["output"], task.stage)
+    folder = memo_folder(last["output"], task)
     try:
         parts = [
             run.storage.read_parquet(join(folder, f.base_name))
@@ -97,9 +98,10 @@ def previous(
         ]
         memo = first_per_key(pa.concat_tables(parts)) if parts else None
     except (OSError, pa.ArrowException, StorageError) as exc:
-        return Carry(None, f"the last run's answered rows are unreadable: {exc}")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Carry(None, f"the last run's answered rows are unreadable: {first}")
     if memo is None:
-        return Carry(None, f"run {last['run_id']} left no answered rows for {task.stage}")
+        return Carry(None, f"run {last['run_id']} left no answered rows of {type(task).__name__}")
     reason = carryable(task, model, pin, inputs, memo)
     return Carry(None, reason) if reason else Carry(memo, "")
 

@@ -243,7 +243,7 @@ def run_llm_task(
     stats = {
         "rows": inputs.num_rows,
         "cached": int(pc.sum(pc.is_in(inputs[KEY], value_set=answered_keys)).as_py() or 0),
-        "carried": known.num_rows,
+        "carried": int(pc.sum(pc.is_in(inputs[KEY], value_set=known[KEY])).as_py() or 0),
         "keyed": carry.note if carry else "every row keyed",
         "asked": todo.num_rows,
         **{f"new_{k}": v for k, v in counts.items()},
