@@ -42,6 +42,10 @@ from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import duckdb_sql as duck
 
 MEMO = "llm-rows"  # the folder, in a run's folder, of the rows each of its LLM steps answered
+# an Arrow IPC stream, LZ4-compressed: the memo holds every answered row's inputs (abstracts,
+# contexts), which Parquet's encoding would cost more CPU to write and read than its keying saves
+SUFFIX = ".arrows"
+WRITE = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 def memo_folder(out: str, task: LLMTask) -> str:
@@ -61,7 +65,13 @@ def remember(storage: Storage, out: str, task: LLMTask, tag: str, joined: pa.Tab
     row with its answer, before `derive`. One file per call (a stage may call a task more than
     once: rounds, tournaments)."""
     ok = joined.filter(pc.equal(joined["status"], "ok")).select(memo_columns(task))
-    storage.write_parquet(first_per_key(ok), join(memo_folder(out, task), f"{tag}.parquet"))
+    if pc.count_distinct(ok[KEY]).as_py() < ok.num_rows:
+        ok = first_per_key(ok)
+    with (
+        storage.atomic_output(join(memo_folder(out, task), f"{tag}{SUFFIX}")) as stream,
+        pa.ipc.new_stream(stream, ok.schema, options=WRITE) as writer,
+    ):
+        writer.write_table(ok)
 
 
 @dataclass(frozen=True)
@@ -92,11 +102,13 @@ def previous(
     folder = memo_folder(last["output"], task)
     try:
         parts = [
-            run.storage.read_parquet(join(folder, f.base_name))
+            pa.ipc.open_stream(run.storage.read_bytes(join(folder, f.base_name))).read_all()
             for f in run.storage.list_folder(folder)
-            if f.base_name.endswith(".parquet") and not f.base_name.startswith("_")
+            if f.base_name.endswith(SUFFIX) and not f.base_name.startswith("_")
         ]
-        memo = first_per_key(pa.concat_tables(parts)) if parts else None
+        memo = pa.concat_tables(parts) if parts else None
+        if memo is not None and pc.count_distinct(memo[KEY]).as_py() < memo.num_rows:
+            memo = first_per_key(memo)  # rounds of one run may have answered a key each
     except (OSError, pa.ArrowException, StorageError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return Carry(None, f"the last run's answered rows are unreadable: {first}")
