@@ -18,7 +18,9 @@ part is unchanged, which `carryable` proves by keying one memo row again with to
 model and pin (and the inputs' column types must equal the memo's: an int and a float that DuckDB
 calls equal would key differently; a float anywhere falls back, as -0.0 = 0.0 does too). The
 cache is append-only (compaction rewrites parts, never rows) and serves only `ok` answers, one per
-key, so the memo's answer for a key is the one the cache serves. Decisions are not carried:
+key, so the memo's answer for a key is the one the cache serves (a cache removed by hand is the
+one thing the carry does not see: the full path would ask again, so run that one with
+`refresh.incremental=false`). Decisions are not carried:
 `LLMTask.derive` runs on every row after the answers are joined, as in the full path, so a rule or
 setting it reads (e.g. `llm.hold_out_flagged_inputs`) applies to carried rows too.
 
