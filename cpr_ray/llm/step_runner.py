@@ -4,7 +4,10 @@ kill cut it off.
 A step (`LLMTask`) turns one input row into one or more structured questions and returns its
 output columns. `run_llm_task`:
 
-1. keys every row by (stage, model, prompt versions, answer schema, the row's request inputs);
+1. keys every row by (stage, model, prompt versions, answer schema, the row's request inputs),
+   except in a build stage where `refresh.incremental` lets it carry what the stage's last run
+   answered: a row whose request inputs equal one of those takes that run's key and answer
+   without being keyed or looked up (`carry`), so a refresh keys only the rows its diff reached;
 2. drops rows whose key already has a valid answer in the stage's cache (an anti-join against
    every earlier run), so a rerun or a nightly refresh pays only for new rows;
 3. sends the rest, rows whose prompts open alike one after another (`LLMTask.prefix_columns`),
@@ -244,7 +247,7 @@ def run_llm_task(
         "rows": inputs.num_rows,
         "cached": int(pc.sum(pc.is_in(inputs[KEY], value_set=answered_keys)).as_py() or 0),
         "carried": int(pc.sum(pc.is_in(inputs[KEY], value_set=known[KEY])).as_py() or 0),
-        "keyed": carry.note if carry else "every row keyed",
+        "keyed": carry.note if carry is not None else "every row keyed",
         "asked": todo.num_rows,
         **{f"new_{k}": v for k, v in counts.items()},
         "calls": int(pc.sum(ledger_all["calls"]).as_py() or 0),
