@@ -56,6 +56,7 @@ SHORT_EXAMPLES = 20
 LLM_COUNTS = (
     "rows",
     "cached",
+    "carried",  # of the cached: the last run's answers, carried without a cache lookup
     "asked",
     "new_ok",
     "new_invalid",

@@ -4,7 +4,10 @@ kill cut it off.
 A step (`LLMTask`) turns one input row into one or more structured questions and returns its
 output columns. `run_llm_task`:
 
-1. keys every row by (stage, model, prompt versions, answer schema, the row's request inputs);
+1. keys every row by (stage, model, prompt versions, answer schema, the row's request inputs),
+   except in a build stage where `refresh.incremental` lets it carry what the stage's last run
+   answered: a row whose request inputs equal one of those takes that run's key and answer
+   without being keyed or looked up (`carry`), so a refresh keys only the rows its diff reached;
 2. drops rows whose key already has a valid answer in the stage's cache (an anti-join against
    every earlier run), so a rerun or a nightly refresh pays only for new rows;
 3. sends the rest, rows whose prompts open alike one after another (`LLMTask.prefix_columns`),
@@ -44,6 +47,7 @@ import pyarrow.compute as pc
 
 from cpr_ray.config import LLMConfig, stage_name
 from cpr_ray.errors import ConfigError, InputError, LLMStageError
+from cpr_ray.llm import carry as carried
 from cpr_ray.llm.actor import UNASKED
 from cpr_ray.llm.answers import check_pins
 from cpr_ray.llm.asking import ask_inline, ask_pool
@@ -103,24 +107,40 @@ def run_llm_task(
     check_pins(cfg, [stage_name(task.stage)])
     model = cfg.for_stage(task.stage)[0]
     pin = cfg.pin_for(task.stage)
-    keys = [
-        task.request_key(model, r, pin) for r in inputs.select(list(task.key_columns)).to_pylist()
-    ]
-    inputs = inputs.append_column(KEY, pa.array(keys, pa.string()))
     schema = result_schema(task)
+    answer_schema = pa.schema(
+        [schema.field(c) for c in (*task.output_schema.names, *ANSWER_COLUMNS)]
+    )
+    carry = (
+        carried.previous(run, task, model, pin, inputs.schema)
+        if isinstance(run, StageRun)
+        else None
+    )
+    memo = carry.memo if carry is not None else None
+    inputs = inputs.append_column(KEY, _keys(task, model, pin, inputs, memo))
+    known = answer_schema.empty_table()  # the last run's answers for the rows it keyed alike
+    if memo is not None:
+        known = memo.filter(pc.is_in(memo[KEY], value_set=inputs[KEY]))
+        known = known.select(answer_schema.names).cast(answer_schema)
     cache = cache_uri(storage, task.stage)
-    unique_keys = pc.unique(inputs[KEY])
-    cached = read_cache(storage, cache, unique_keys, schema)
-    todo = inputs.filter(pc.invert(pc.is_in(inputs[KEY], value_set=cached[KEY])))
+    unknown = pc.unique(pc.filter(inputs[KEY], pc.invert(pc.is_in(inputs[KEY], known[KEY]))))
+    cached = read_cache(storage, cache, unknown, schema) if len(unknown) else schema.empty_table()
+    answered_keys = pa.concat_arrays([known[KEY].combine_chunks(), cached[KEY].combine_chunks()])
+    todo = inputs.filter(pc.invert(pc.is_in(inputs[KEY], value_set=answered_keys)))
     todo = first_per_key(todo)  # identical requests within this run are asked once
     todo = task.in_ask_order(todo)  # rows opening their prompts alike, asked together
     inline = todo.num_rows <= cfg.inline_max_rows
     console.print(
-        f"  {task.stage}: {inputs.num_rows:,} rows, {cached.num_rows:,} already answered "
-        f"(cache), {todo.num_rows:,} to ask {model} at {base_url}"
+        f"  {task.stage}: {inputs.num_rows:,} rows, "
+        + (f"{known.num_rows:,} carried from the last run, " if memo is not None else "")
+        + f"{cached.num_rows:,} already answered (cache), {todo.num_rows:,} to ask {model} at "
+        f"{base_url}"
         + ("" if not todo.num_rows else " from this process" if inline else "")
+        + (f"; {carry.note}" if carry is not None and memo is None else "")
     )
-    metrics.ask_started(task.stage, model, len(unique_keys) - todo.num_rows, todo.num_rows)
+    metrics.ask_started(
+        task.stage, model, len(pc.unique(inputs[KEY])) - todo.num_rows, todo.num_rows
+    )
 
     if isinstance(run, StageRun) and run.progress is not None and todo.num_rows:
         run.progress.step(task.stage, 0, todo.num_rows)
@@ -217,13 +237,17 @@ def run_llm_task(
             fleet = meter.usd if meter else 0.0
             budget.stop(spent + fleet)  # every answer that arrived is stored; nothing published
 
-    results = pa.concat_tables(answered).select([*task.output_schema.names, *ANSWER_COLUMNS])
-    results = first_per_key(results)
-    table = task.derive(_join_results(inputs, results))
+    results = pa.concat_tables([known, pa.concat_tables(answered).select(answer_schema.names)])
+    joined = _join_results(inputs, first_per_key(results))
+    if isinstance(run, StageRun):  # what the stage's next run may carry
+        carried.remember(storage, run.out, task, tag, joined)
+    table = task.derive(joined)
     ledger_all = pa.concat_tables(ledgers) if ledgers else LEDGER.empty_table()
     stats = {
         "rows": inputs.num_rows,
-        "cached": int(pc.sum(pc.is_in(inputs[KEY], value_set=cached[KEY])).as_py() or 0),
+        "cached": int(pc.sum(pc.is_in(inputs[KEY], value_set=answered_keys)).as_py() or 0),
+        "carried": int(pc.sum(pc.is_in(inputs[KEY], value_set=known[KEY])).as_py() or 0),
+        "keyed": carry.note if carry is not None else "every row keyed",
         "asked": todo.num_rows,
         **{f"new_{k}": v for k, v in counts.items()},
         "calls": int(pc.sum(ledger_all["calls"]).as_py() or 0),
@@ -236,6 +260,26 @@ def run_llm_task(
         "prompt_version": task.prompt_version,
     }
     return TaskRun(table, stats)
+
+
+def _keys(
+    task: LLMTask,
+    model: str,
+    pin: dict[str, Any] | None,
+    inputs: pa.Table,
+    memo: pa.Table | None,
+) -> pa.Array:
+    """Every input row's request key: rows whose request inputs equal a row of the last run's
+    `memo` take its key (`carried.match`); only the others are keyed here, in Python, one at a
+    time."""
+    if memo is None:
+        found = pa.nulls(inputs.num_rows, pa.string())
+    else:
+        found = carried.match(inputs, memo, task)
+    fresh = pc.is_null(found)
+    rows = inputs.filter(fresh).select(list(task.key_columns)).to_pylist()
+    keys = pa.array([task.request_key(model, r, pin) for r in rows], pa.string())
+    return pc.replace_with_mask(found, fresh, keys)
 
 
 @contextmanager

@@ -95,8 +95,14 @@ class LLMTask(ABC):
 
     @property
     def schema_version(self) -> str:
-        """A fingerprint of the answer's shape: an answer of another shape is another question."""
-        return hashlib.sha256(str(self.output_schema).encode()).hexdigest()[:12]
+        """A fingerprint of the answer's shape: an answer of another shape is another question.
+        Kept with the schema it was computed from: every row's key reads it, and rendering a
+        schema costs more than the rest of a key."""
+        kept = self.__dict__.get("_schema_version")
+        if kept is None or kept[0] is not self.output_schema:
+            digest = hashlib.sha256(str(self.output_schema).encode()).hexdigest()[:12]
+            kept = self.__dict__["_schema_version"] = (self.output_schema, digest)
+        return kept[1]
 
     def request_key(
         self, model: str, row: dict[str, Any], pin: Mapping[str, Any] | None = None

@@ -38,6 +38,7 @@ from cpr_ray.pipeline.build import run_build
 from cpr_ray.pipeline.refresh import refresh
 from cpr_ray.runs.stage_runner import read_manifest, require_manifest
 from cpr_ray.sample.diffs import make_diff
+from cpr_ray.stages import LLM_STAGES
 from cpr_ray.storage import leases
 from cpr_ray.storage.store import Storage
 from cpr_ray.tables import buckets
@@ -535,6 +536,41 @@ def test_refresh_judges_only_new_and_changed_pairs_and_the_export_retracts_delet
     assert summary["versions_removed"]["papers"] > 0
     assert again["versions_removed"].startswith("skipped: 1 reader(s) hold a lease")
     assert scenario["api_after_again"]["api"] == scenario["api_calls"] + 1  # one look at latest
+
+
+@pytest.mark.slow
+def test_the_refreshed_llm_stages_carry_untouched_rows_and_publish_what_keying_every_row_does(
+    scenario, tmp_path
+):
+    """`refresh.incremental`: the refresh's LLM stages took the last run's answers for the rows
+    the step did not reach, and published, row for row, what the same stages publish keying
+    every row against the cache (`refresh.incremental=false`, forced, on a copy of the root)."""
+    cfg, storage = scenario["cfg"]["full"], scenario["storage"]["full"]
+    copy = copy_build(Path(cfg.storage.root), tmp_path / "keyed")
+    keyed = cfg.model_copy(
+        update={
+            "storage": cfg.storage.model_copy(update={"root": str(copy)}),
+            "refresh": cfg.refresh.model_copy(update={"incremental": False}),
+        }
+    )
+    before = ledger(Storage(keyed.storage))
+    full = run_build(keyed, list(LLM_STAGES), force=True)
+    assert ledger(Storage(keyed.storage)) == before  # every answer came from the cache
+    assert {s: full[s]["stats"]["carried"] for s in LLM_STAGES} == dict.fromkeys(LLM_STAGES, 0)
+    # every row a refreshed stage did not ask was carried (none looked up in the cache): the
+    # rows the step did not reach, all of the stage's rows but the new and changed ones
+    stats = {s: require_manifest(storage, s)["stats"] for s in LLM_STAGES}
+    assert {s: st["carried"] for s, st in stats.items()} == {
+        s: st["rows"] - st["asked"] for s, st in stats.items()
+    }
+    assert all(st["carried"] for st in stats.values()), stats
+    for stage in LLM_STAGES:
+        tables = require_manifest(storage, stage)["tables"]
+        assert tables.keys() == full[stage]["tables"].keys()
+        for name, record in tables.items():
+            ours = pq.read_table(record["uri"])
+            theirs = pq.read_table(full[stage]["tables"][name]["uri"])
+            assert ours.num_rows == theirs.num_rows and ours.equals(theirs), (stage, name)
 
 
 @pytest.mark.slow
