@@ -5,14 +5,14 @@ stages, the leases and the removal of old versions are orchestration (`pipeline.
 **Corpus.** From the release applied last (the ingest manifest's ``corpus.release``; first
 ``refresh.base_release``) to S2's latest, each release step's ``update_files`` are upserted
 and its ``delete_files`` removed by key in the Lance tables, papers rebuilt as ingest built
-them (`updates`): the files fetched and parsed in tasks, the step applied one key bucket per
-task (`release_step`, `bucket_edits`), so no diff row reaches the driver. OpenAlex snapshot
-partitions newer than the pinned one are parsed into the key table first, and the papers they
-match are relinked, each papers bucket's task finding its own among the new keys (so neither
-the keys nor the papers table pass through the driver); the new snapshot is then the pinned
-one. The bucket tasks count what each
-step inserted, updated and deleted (as Lance's change API would). The venues table is
-recounted.
+them (`updates`): the files fetched and parsed in tasks, the step applied to the touched key
+buckets a few per task (`release_step`, `bucket_edits`), so no diff row reaches the driver.
+OpenAlex snapshot partitions newer than the pinned one are parsed into the OpenAlex key table
+first, and the papers they match, found in the papers' key table (`paper_keys`) in the key
+buckets the new keys fall in, are relinked (neither the keys nor the papers table pass through
+the driver); the new snapshot is then the pinned one. The bucket tasks count what each step
+inserted, updated and deleted (as Lance's change API would) and write the ids it changed
+(`corpus_changes`). The venues table is recounted.
 
 **Commit.** The ingest manifest is the commit of a step: it records the applied release, the
 Lance version of each table and a new ``run_id`` (``{ingest run}+{release}``), which is how every
@@ -34,8 +34,13 @@ from typing import Any
 import pyarrow as pa
 
 from cpr_ray.config import Config
-from cpr_ray.corpus import corpus_changes, records, release_step
-from cpr_ray.corpus.ingest import build_venues
+from cpr_ray.corpus import corpus_changes, paper_keys, records, release_step
+from cpr_ray.corpus.ingest import (
+    FIELD_COUNTS_TABLE,
+    add_field_counts,
+    build_venues,
+    count_fields,
+)
 from cpr_ray.corpus.inputs import TEXT_SUFFIXES
 from cpr_ray.corpus.parsing import ParseRecords, ParseWorks, rows_schema
 from cpr_ray.corpus.s2_api import DiffStep, S2DatasetsClient, public_url
@@ -63,6 +68,8 @@ class StepReport:
     # the folder of the ids the step changed and how many files its tasks wrote there
     # (`corpus_changes`); None: a commit that changes no row (a rewrite into buckets)
     changed_ids: dict[str, Any] | None = None
+    # papers per venue and field the step's papers edits gained or lost (not in the history)
+    field_counts: pa.Table | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -152,30 +159,60 @@ def _plan(run: RefreshRun, corpus: Corpus, name: str) -> buckets.BucketPlan:
 
 
 def _apply_papers(
-    run: RefreshRun,
-    corpus: Corpus,
-    sides: release_step.PaperSides,
-    report: StepReport,
-    new_keys: release_step.NewKeys | None = None,
+    run: RefreshRun, corpus: Corpus, sides: release_step.PaperSides, report: StepReport
 ) -> dict[str, int]:
-    """Rebuild and write every paper the records touch (or `new_keys` relink), a few touched
-    buckets a task."""
-    n = _key_buckets(run, corpus)
+    """Rebuild and write every paper the records touch (or the relink finds), a few touched
+    buckets a task; then the key table's share of the change (the keys those papers gained and
+    lost), in the key buckets it falls in."""
+    keys = _key_table(run, corpus)
     assert report.changed_ids is not None
-    layout, counts, files = release_step.apply_papers(
+    delta = join(run.work, "key-delta")
+    run.storage.delete_dir(delta)  # what a killed try staged
+    done = release_step.apply_papers(
         run.cfg,
         run.storage,
         _plan(run, corpus, "papers"),
         sides,
-        _schemas(n),
-        new_keys=new_keys,
+        _schemas(keys.layout.num_buckets),
         keys_uri=corpus.manifest["tables"]["openalex_keys"]["uri"],
-        key_buckets=n,
+        key_buckets=keys.layout.num_buckets,
+        key_delta=delta,
         record=report.changed_ids["uri"],
     )
-    corpus.layouts["papers"] = layout
-    report.recorded(files)
-    return counts
+    corpus.layouts["papers"] = done.layout
+    report.recorded(done.record_files)
+    report.field_counts = add_field_counts(
+        [done.field_counts, *([] if report.field_counts is None else [report.field_counts])]
+    )
+    if done.key_rows:
+        corpus.layouts[paper_keys.TABLE] = release_step.apply_key_delta(
+            run.cfg, run.storage, keys, delta, done.key_rows
+        )
+    run.storage.delete_dir(delta)
+    return done.counts
+
+
+def _key_table(run: RefreshRun, corpus: Corpus) -> buckets.BucketPlan:
+    """The key table at its current version; built from the papers table first when the
+    corpus was ingested before it existed (once: the next commit records it)."""
+    if paper_keys.TABLE not in corpus.uris:
+        n = _key_buckets(run, corpus)
+        uri = join(corpus.manifest["output"], f"{paper_keys.TABLE}.lance")
+        console.print(
+            f"  the corpus has no key table ({paper_keys.TABLE}: ingested before it existed); "
+            f"building it once from the papers table into {n} key bucket(s)"
+        )
+        corpus.layouts[paper_keys.TABLE] = paper_keys.build(
+            run.storage,
+            _plan(run, corpus, "papers"),
+            uri,
+            n,
+            join(run.work, "key-table"),
+            cpus=run.cfg.ingest.cpus_per_task,
+            fragment_rows=run.cfg.ingest.lance_fragment_rows,
+        )
+        corpus.uris[paper_keys.TABLE] = uri
+    return _plan(run, corpus, paper_keys.TABLE)
 
 
 def _gone_ids(storage: Storage, staged: release_step.Staged | None) -> pa.Array:
@@ -257,6 +294,22 @@ def _corpus_state(run: RefreshRun, manifest: Manifest) -> dict[str, Any]:
     }
 
 
+def _field_counts(
+    run: RefreshRun, manifest: Manifest, corpus: Corpus, report: StepReport
+) -> pa.Table:
+    """Papers per venue and field after the step: the counts the last commit kept plus what
+    the step's papers edits changed (exact: integer counts, the order fixed by
+    `add_field_counts`); recounted over every papers bucket where no counts were kept (a
+    corpus ingested before they were)."""
+    kept = manifest["tables"].get(FIELD_COUNTS_TABLE)
+    if kept is None:
+        papers = corpus.table("papers")
+        p = buckets.plan(corpus.bucket_layout("papers"), run.storage, papers.uri, papers.version)
+        return count_fields(run.storage, p, run.cfg.ingest.cpus_per_task)
+    changed = [] if report.field_counts is None else [report.field_counts]
+    return add_field_counts([run.storage.read_parquet(kept["uri"]), *changed])
+
+
 def _commit(
     run: RefreshRun,
     manifest: Manifest,
@@ -265,28 +318,29 @@ def _commit(
     report: StepReport,
 ) -> Manifest:
     """Publish what the tables now hold: the step is applied once this write lands."""
-    venues_uri = join(
-        manifest["output"], f"venues-{_slug(state['release'])}-{len(state['applied'])}.parquet"
-    )
-    papers = corpus.table("papers")
+    stem = f"{_slug(state['release'])}-{len(state['applied'])}"
+    counts = _field_counts(run, manifest, corpus, report)
+    counts_uri = join(manifest["output"], f"venue-field-counts-{stem}.parquet")
+    run.storage.write_parquet(counts, counts_uri)
     venues = build_venues(
         run.storage,
-        buckets.plan(corpus.bucket_layout("papers"), run.storage, papers.uri, papers.version),
+        counts,
         manifest["tables"]["s2_venues"]["uri"],
         manifest["tables"]["openalex_sources"]["uri"],
-        run.cfg.ingest.cpus_per_task,
     )
+    venues_uri = join(manifest["output"], f"venues-{stem}.parquet")
     run.storage.write_parquet(venues, venues_uri)
     tables = dict(manifest["tables"])
-    for name in ("papers", "citations"):
+    for name in corpus.names:
         ds = corpus.table(name)
         tables[name] = {
-            **tables[name],
+            **tables.get(name, {"uri": corpus.uri(name), "format": "lance"}),
             "version": ds.version,
             "rows": ds.count_rows(),
             "layout": corpus.bucket_layout(name).as_dict(),
         }
     tables["venues"] = {**tables["venues"], "uri": venues_uri, "rows": venues.num_rows}
+    tables[FIELD_COUNTS_TABLE] = {"uri": counts_uri, "format": "parquet", "rows": counts.num_rows}
     base_run = manifest["output"].rstrip("/").rsplit("/", 1)[1]
     applied = [*state["applied"], report.as_dict()] if report.label else state["applied"]
     stamp = f"{base_run}+{state['release']}+{len(applied)}"
@@ -395,7 +449,7 @@ def _apply_step(
     citations, gone_citations = (staged[key] for key in CITATION_SIDES)
     console.print(f"  {report.label}: citations")
     assert report.changed_ids is not None
-    layout, cited, files = release_step.apply_citations(
+    cited = release_step.apply_citations(
         run.cfg,
         run.storage,
         _plan(run, corpus, "citations"),
@@ -405,9 +459,9 @@ def _apply_step(
         _gone_ids(run.storage, sides.gone_papers),
         report.changed_ids["uri"],
     )
-    corpus.layouts["citations"] = layout
-    report.recorded(files)
-    return {"papers": papers, "citations": cited}
+    corpus.layouts["citations"] = cited.layout
+    report.recorded(cited.record_files)
+    return {"papers": papers, "citations": cited.counts}
 
 
 def _key_buckets(run: RefreshRun, corpus: Corpus) -> int:
@@ -424,9 +478,9 @@ def _key_buckets(run: RefreshRun, corpus: Corpus) -> int:
 def _openalex(
     run: RefreshRun, manifest: Manifest, corpus: Corpus, state: dict[str, Any]
 ) -> Manifest:
-    """Parse works partitions newer than the pinned snapshot into the key table, their keys
-    alone beside; relink the papers they match (each papers bucket finds its own); pin the newer
-    snapshot."""
+    """Parse works partitions newer than the pinned snapshot into the OpenAlex key table, their
+    keys alone beside; relink the papers they match (found in the key table `paper_keys`, in
+    the key buckets the new keys fall in); pin the newer snapshot."""
     pinned = snapshot_date(state.get("openalex_snapshot"))
     files, newest = new_work_files(run.cfg, run.storage, pinned)
     if not files:
@@ -451,10 +505,16 @@ def _openalex(
         "update_records": staged.kept,
         "update_rejected": staged.rejected,
     }
-    parsed_keys = release_step.Staged(parsed, staged.rows_by_bucket)
-    keys = release_step.stage_new_keys(run.cfg, run.storage, parsed_keys, join(work, "keys"), n)
+    relink = release_step.stage_relinks(
+        run.cfg,
+        run.storage,
+        release_step.Staged(parsed, staged.rows_by_bucket),
+        _key_table(run, corpus),
+        join(work, "relink"),
+        corpus.bucket_layout("papers").num_buckets,
+    )
     report.changes = {
-        "papers": _apply_papers(run, corpus, release_step.PaperSides(), report, keys),
+        "papers": _apply_papers(run, corpus, release_step.PaperSides(relink=relink), report),
         "citations": dict(NO_CHANGES),
     }
     state = {**state, "openalex_snapshot": f"openalex updated_date<={newest}"}
@@ -570,7 +630,7 @@ def remove_old_versions(run: RefreshRun, corpus: Corpus) -> dict[str, int]:
     older_than = dt.timedelta(days=run.cfg.refresh.retain_versions_days)
     return {
         name: corpus.table(name).cleanup_old_versions(older_than=older_than).old_versions
-        for name in ("papers", "citations")
+        for name in corpus.names
     }
 
 

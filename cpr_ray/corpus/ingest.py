@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from rich.table import Table
 
 from cpr_ray.config import Config
-from cpr_ray.corpus import linking, records
+from cpr_ray.corpus import linking, paper_keys, records
 from cpr_ray.corpus.inputs import InputSet, discover_inputs, snapshot_label
 from cpr_ray.corpus.parsing import (
     ParseRecords,
@@ -69,6 +69,9 @@ KEPT_INPUTS = {
 }
 
 
+FIELD_COUNTS_TABLE = "venue_field_counts"
+
+
 def run_ingest(run: StageRun, reads: Reads, inputs: dict[str, InputSet]) -> StageOutput:
     """Ingest as a list of named phases (their seconds go to the stats)."""
     job, phase = _Ingest(run, inputs), Phases()
@@ -82,6 +85,8 @@ def run_ingest(run: StageRun, reads: Reads, inputs: dict[str, InputSet]) -> Stag
     phase.lap("link")
     job.assemble()
     phase.lap("assemble")
+    job.key_table()
+    phase.lap("keys")
     job.build_venues()
     phase.lap("venues")
     corpus = job.corpus_counts()
@@ -101,7 +106,10 @@ class _Ingest:
         self.staging = join(run.out, "_staging")
         self.papers_uri = join(run.out, "papers.lance")
         self.citations_uri = join(run.out, "citations.lance")
+        self.keys_uri = join(run.out, f"{paper_keys.TABLE}.lance")
         self.venues_uri = join(run.out, "venues.parquet")
+        self.field_counts_uri = join(run.out, "venue-field-counts.parquet")
+        self.field_counts_rows = 0
         self.empty_schema: dict[str, pa.Schema] = {}
         self.quarantined: dict[str, dict[str, str]] = {}
         self.counts: dict[str, dict[str, int]] = {}
@@ -222,6 +230,26 @@ class _Ingest:
                 cpus=self.cpus,
             )
 
+    def key_table(self) -> None:
+        """The papers' DOI, MAG and PubMed keys → corpus id (`paper_keys`), in the key buckets
+        the OpenAlex key table uses: what a refresh looks a new partition's keys up in."""
+        storage = self.storage
+        papers = plan_buckets(
+            self.layouts["papers"],
+            storage,
+            self.papers_uri,
+            storage.open_lance(self.papers_uri).version,
+        )
+        self.layouts[paper_keys.TABLE] = paper_keys.build(
+            storage,
+            papers,
+            self.keys_uri,
+            self.n,
+            join(self.staging, paper_keys.TABLE),
+            cpus=self.cpus,
+            fragment_rows=self.cfg.ingest.lance_fragment_rows,
+        )
+
     def build_venues(self) -> None:
         """Venues: small tables joined once, with papers per field counted per bucket."""
         storage = self.storage
@@ -231,20 +259,20 @@ class _Ingest:
             self.papers_uri,
             storage.open_lance(self.papers_uri).version,
         )
+        counts = count_fields(storage, papers_plan, self.cpus)
+        storage.write_parquet(counts, self.field_counts_uri)
         self.venues = build_venues(
-            storage,
-            papers_plan,
-            self.stage_uri("publication-venues"),
-            self.stage_uri("sources"),
-            self.cpus,
+            storage, counts, self.stage_uri("publication-venues"), self.stage_uri("sources")
         )
         storage.write_parquet(self.venues, self.venues_uri)
+        self.field_counts_rows = counts.num_rows
 
     def corpus_counts(self) -> dict[str, Any]:
         """What the corpus tables hold (and the staging tables go)."""
         storage = self.storage
         papers = storage.open_lance(self.papers_uri)
         citations = storage.open_lance(self.citations_uri)
+        keys = storage.open_lance(self.keys_uri)
         n_papers = papers.count_rows()
         join_rate = {
             key: papers.count_rows(filter=f"join_key = '{key}'") for key in linking.KEY_PRIORITY
@@ -261,6 +289,8 @@ class _Ingest:
             "citations": citations.count_rows(),
             "citations_version": citations.version,
             "citations_with_context": citations.count_rows(filter="context_source IS NOT NULL"),
+            "paper_keys": keys.count_rows(),
+            "paper_keys_version": keys.version,
         }
 
     def output(self, corpus: dict[str, Any], phase_seconds: dict[str, float]) -> StageOutput:
@@ -300,7 +330,20 @@ class _Ingest:
                     "version": corpus["citations_version"],
                     "layout": self.layouts["citations"].as_dict(),
                 },
+                paper_keys.TABLE: {
+                    "uri": self.keys_uri,
+                    "format": "lance",
+                    "rows": corpus["paper_keys"],
+                    "version": corpus["paper_keys_version"],
+                    "layout": self.layouts[paper_keys.TABLE].as_dict(),
+                },
                 "venues": {"uri": self.venues_uri, "format": "parquet", "rows": venues.num_rows},
+                # papers per venue and field, which a refresh keeps instead of recounting
+                FIELD_COUNTS_TABLE: {
+                    "uri": self.field_counts_uri,
+                    "format": "parquet",
+                    "rows": self.field_counts_rows,
+                },
                 "rejects": {"uri": self.rejects_uri, "format": "parquet", "rows": stats["rejects"]},
                 **{
                     table: {
@@ -381,21 +424,38 @@ def _venue_field_counts(k: int, *, papers: BucketPlan, storage: Storage) -> pa.T
     return duck.query("SELECT venue_id, field_id, count(*) AS n FROM rows GROUP BY ALL", rows=rows)
 
 
-def build_venues(
-    storage: Storage, papers: BucketPlan, venues_uri: str, sources_uri: str, cpus: float = 1.0
-) -> pa.Table:
-    """The venues table: S2 venues and OpenAlex sources (parsed lists, bucket 0), and how many
-    papers each venue has per field — counted per key bucket of the papers table, again by each
-    refresh."""
+FIELD_COUNTS = pa.schema([("venue_id", pa.string()), ("field_id", pa.int32()), ("n", pa.int64())])
+
+
+def count_fields(storage: Storage, papers: BucketPlan, cpus: float = 1.0) -> pa.Table:
+    """How many papers each venue has per field (`FIELD_COUNTS`), counted per key bucket of the
+    papers table."""
     parts = run_buckets(
         papers.layout.num_buckets,
         partial(_venue_field_counts, papers=papers, storage=storage),
         cpus,
     )
-    field_counts = duck.query(
-        "SELECT venue_id, field_id, sum(n)::BIGINT AS n FROM parts GROUP BY ALL",
-        parts=pa.concat_tables(parts),
-    )
+    return add_field_counts(parts)
+
+
+def add_field_counts(parts: Sequence[pa.Table]) -> pa.Table:
+    """Per (venue, field) sums of counts (or of changes to them: `updates.field_count_delta`),
+    a venue and field without a paper left out; a table of one exact order, so counts kept by
+    adding each refresh step's changes equal a recount."""
+    every = pa.concat_tables([FIELD_COUNTS.empty_table(), *(t.cast(FIELD_COUNTS) for t in parts)])
+    return duck.query(
+        """SELECT venue_id, field_id, sum(n)::BIGINT AS n FROM every GROUP BY ALL
+        HAVING sum(n) <> 0 ORDER BY venue_id NULLS FIRST, field_id NULLS FIRST""",
+        every=every,
+    ).cast(FIELD_COUNTS)
+
+
+def build_venues(
+    storage: Storage, field_counts: pa.Table, venues_uri: str, sources_uri: str
+) -> pa.Table:
+    """The venues table: S2 venues and OpenAlex sources (parsed lists, bucket 0), with how
+    many papers each venue has per field (`count_fields` at ingest; a refresh keeps the counts,
+    adding what each step's papers edit changed)."""
     venues = _read_small(storage, venues_uri, "publication-venues")
     sources = _read_small(storage, sources_uri, "sources")
     return linking.assemble_venues(venues, sources, field_counts)

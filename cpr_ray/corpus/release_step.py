@@ -7,21 +7,23 @@ ingest's parser, and writes the rows into the key buckets of a staging table —
 corpus table each record lands in: corpus id for papers and abstracts, citing id for citations —
 with its rejects beside. It hands back counts per bucket (`Staged`).
 
-**Apply** (`apply_papers`, `apply_citations`). One task per touched bucket (`touched_buckets`)
-reads its share of the staged records, finds the rows they change in its own fragments, rebuilds
-them as ingest built them (`updates`), and returns its edit as fragment metadata
-(`bucket_edits`); the driver commits a table's edits as one version. The citations of a deleted
-paper are found in its own bucket when it cites (bucketed by citing id), but the citations *to*
-it may sit in any bucket: a step that deletes papers has every citations bucket look for them in
-its `cited_id` column.
+**Apply** (`apply_papers`, `apply_citations`). The touched buckets (`touched_buckets`), a few
+to a task (`task_groups`: a diff over thousands of buckets pays a few task starts), each read
+its share of the staged records, find the rows they change in their own fragments, rebuild them
+as ingest built them (`updates`), and return their edits as fragment metadata (`bucket_edits`);
+the driver commits a table's edits as one version. Each task also writes the ids its buckets
+really changed (`corpus_changes`), and a papers task the keys its papers gained and lost, staged
+in the key buckets of the key table (`paper_keys`), which `apply_key_delta` then edits. The
+citations of a deleted paper are found in its own bucket when it cites (bucketed by citing id),
+but the citations *to* it may sit in any bucket: a step that deletes papers has every citations
+bucket look for them in its `cited_id` column.
 
-**Relink** (`relinked`). New OpenAlex partitions are parsed into the key table the same way,
-their key column alone also staged in its key buckets (`Side.keys`), then made one file of
-distinct keys per key bucket, a task each (`stage_new_keys`). A paper's identifiers may
-hash to any key bucket, so then every papers bucket's task reads its own papers' DOI, MAG and
-PubMed ids, keys them as ingest does and looks them up one key bucket of the new keys at a time:
-a task holds its bucket's keys and one key bucket of the partition's, and neither the new keys
-nor the papers table is read by the driver.
+**Relink** (`stage_relinks`). New OpenAlex partitions are parsed into the OpenAlex key table the
+same way, their key column alone also staged in its key buckets (`Side.keys`). Each key bucket
+the new keys fall in looks them up in its bucket of the key table `paper_keys` (every paper's
+DOI, MAG and PubMed keys → corpus id) and stages the papers found in their papers buckets, which
+the papers edit then rebuilds like any other: only those buckets are read, and neither the new
+keys nor the papers table is read by the driver.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +39,8 @@ import pyarrow.compute as pc
 import ray
 
 from cpr_ray.config import Config
-from cpr_ray.corpus import bucket_edits, corpus_changes, linking, updates
+from cpr_ray.corpus import bucket_edits, corpus_changes, linking, paper_keys, updates
+from cpr_ray.corpus.ingest import FIELD_COUNTS, add_field_counts
 from cpr_ray.corpus.parsing import ParseRecords, parsed_batches
 from cpr_ray.corpus.s2_api import FileFetcher
 from cpr_ray.corpus.s2orc import recover_contexts
@@ -161,7 +164,7 @@ def merge_staged(uri: str, parts: Sequence[Staged]) -> Staged:
 
 def touched_buckets(num_buckets: int, staged: Sequence[Staged], every: bool = False) -> list[int]:
     """The buckets a step edits: those its staged records fall in; all of them when `every`
-    (citations to deleted papers, papers a new OpenAlex partition may relink)."""
+    (citations to deleted papers)."""
     if every:
         return list(range(num_buckets))
     return sorted({k for s in staged for k, n in s.rows_by_bucket.items() if n})
@@ -169,10 +172,6 @@ def touched_buckets(num_buckets: int, staged: Sequence[Staged], every: bool = Fa
 
 def _memory(cfg: Config) -> int:
     return cfg.refresh.task_memory_mb << 20
-
-
-def _on(i: int, *, chosen: Sequence[int], fn: Callable[[int], T]) -> T:
-    return fn(chosen[i])
 
 
 def task_groups(chosen: Sequence[int], weight: dict[int, int], tasks: int) -> list[list[int]]:
@@ -194,36 +193,70 @@ def task_groups(chosen: Sequence[int], weight: dict[int, int], tasks: int) -> li
     return groups
 
 
+class BucketResult(NamedTuple):
+    """What one bucket's edit gives its task: the edit (fragment metadata and counts), the ids
+    it changed (`corpus_changes` rows) and, for papers, the rows it staged per key bucket of
+    the key table's delta (`paper_keys.key_delta`)."""
+
+    edit: bucket_edits.BucketEdit
+    changed: pa.Table
+    key_rows: dict[int, int] = {}
+    field_counts: pa.Table | None = None  # papers per venue and field gained or lost
+
+
 @dataclass(frozen=True)
 class EditedBuckets:
-    """What one edit task hands back: its buckets' edits (fragment metadata and counts) and
-    whether it wrote a file of the ids it changed (`corpus_changes`), never rows."""
+    """What one edit task hands back, never rows: its buckets' edits, whether it wrote a file
+    of the ids they changed, the key-table delta rows it staged per key bucket."""
 
     edits: tuple[bucket_edits.BucketEdit, ...]
     record_files: int
+    key_rows: dict[int, int] = field(default_factory=dict)
+    # (venue_id, field_id, papers gained or lost) its buckets' papers edits make: a few counts
+    field_counts: tuple[tuple[str | None, int | None, int], ...] = ()
 
 
-Edit = Callable[..., tuple[bucket_edits.BucketEdit, pa.Table]]
+@dataclass(frozen=True)
+class EditRound:
+    """A round of bucket edits, committed: the table's new layout, the rows inserted, updated
+    and deleted, the record files written, the key-table delta staged per key bucket."""
+
+    layout: buckets.BucketLayout
+    counts: dict[str, int]
+    record_files: int
+    key_rows: dict[int, int]
+    field_counts: pa.Table  # what the papers edits changed in the papers per venue and field
+
+
+def _add(into: dict[int, int], counts: dict[int, int]) -> dict[int, int]:
+    for k, n in counts.items():
+        into[k] = into.get(k, 0) + n
+    return into
 
 
 def _edit_group(
     i: int,
     *,
     groups: Sequence[Sequence[int]],
-    fn: Callable[[int], tuple[bucket_edits.BucketEdit, pa.Table]],
+    fn: Callable[[int], BucketResult],
     storage: Storage,
     record: str,
     name: str,
 ) -> EditedBuckets:
-    edits, changed = [], [corpus_changes.RECORD.empty_table()]
+    edits, changed, venues = [], [corpus_changes.RECORD.empty_table()], []
+    key_rows: dict[int, int] = {}
     for k in groups[i]:
-        edit, ids = fn(k)
-        edits.append(edit)
-        changed.append(ids)
+        done = fn(k)
+        edits.append(done.edit)
+        changed.append(done.changed)
+        _add(key_rows, done.key_rows)
+        venues += [] if done.field_counts is None else [done.field_counts]
     ids = pa.concat_tables(changed)
     if ids.num_rows:  # named for its first bucket: a retried task rewrites its own file
         storage.write_parquet(ids, join(record, f"{name}-{groups[i][0]:06d}.parquet"))
-    return EditedBuckets(tuple(edits), int(ids.num_rows > 0))
+    counts = add_field_counts(venues).to_pydict()
+    rows = tuple(zip(counts["venue_id"], counts["field_id"], counts["n"]))
+    return EditedBuckets(tuple(edits), int(ids.num_rows > 0), key_rows, rows)
 
 
 def _edit_buckets(
@@ -232,22 +265,38 @@ def _edit_buckets(
     p: BucketPlan,
     chosen: Sequence[int],
     weight: dict[int, int],
-    edit: Edit,
+    edit: Callable[..., BucketResult],
     record: str,
     name: str,
-) -> tuple[buckets.BucketLayout, dict[str, int], int]:
+) -> EditRound:
     """`edit(k, p=, storage=, fragment_rows=)` for each chosen bucket k, a few buckets a task
     (`task_groups`: about two tasks a CPU of the cluster), each task writing the ids its
-    buckets changed under `record`; then one commit of every bucket's edit: the new layout,
-    the rows changed and the record files written."""
+    buckets changed under `record`; then one commit of every bucket's edit."""
     fn = partial(edit, p=p, storage=storage, fragment_rows=cfg.ingest.lance_fragment_rows)
-    cpus = float(ray.cluster_resources().get("CPU", 1))
-    groups = task_groups(chosen, weight, max(1, int(2 * cpus / cfg.ingest.cpus_per_task)))
+    groups = task_groups(chosen, weight, _tasks(cfg))
     task = partial(_edit_group, groups=groups, fn=fn, storage=storage, record=record, name=name)
     done = run_buckets(len(groups), task, cfg.ingest.cpus_per_task, _memory(cfg))
     edits = [e for d in done for e in d.edits]
-    files = sum(d.record_files for d in done)
-    return bucket_edits.commit(p, storage, edits), bucket_edits.total(edits), files
+    key_rows: dict[int, int] = {}
+    for d in done:
+        _add(key_rows, d.key_rows)
+    venues = [tuple(zip(*d.field_counts)) for d in done if d.field_counts]
+    return EditRound(
+        bucket_edits.commit(p, storage, edits),
+        bucket_edits.total(edits),
+        sum(d.record_files for d in done),
+        key_rows,
+        add_field_counts(
+            [pa.Table.from_arrays([pa.array(c) for c in v], schema=FIELD_COUNTS) for v in venues]
+        ),
+    )
+
+
+def _tasks(cfg: Config) -> int:
+    """How many tasks a round of bucket edits is split into: two for each task the cluster's
+    CPUs run at once, so a slow task is not the round's tail for long."""
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    return max(1, int(2 * cpus / cfg.ingest.cpus_per_task))
 
 
 def _weight(staged: Sequence[Staged]) -> dict[int, int]:
@@ -281,66 +330,65 @@ class PaperSides:
     abstracts: Staged | None = None
     gone_papers: Staged | None = None
     gone_abstracts: Staged | None = None
+    relink: Staged | None = None  # papers a new OpenAlex partition relinks (`stage_relinks`)
 
     def all(self) -> list[Staged]:
-        return [
-            s for s in (self.papers, self.abstracts, self.gone_papers, self.gone_abstracts) if s
-        ]
+        sides = (self.papers, self.abstracts, self.gone_papers, self.gone_abstracts, self.relink)
+        return [s for s in sides if s]
 
 
-@dataclass(frozen=True)
-class NewKeys:
-    """The keys new OpenAlex partitions added to the key table: their key column alone, staged
-    in the key table's buckets (`Side.keys`), which each papers bucket looks its own papers'
-    identifiers up in."""
-
-    staged: Staged
-    key_buckets: int
-
-
+RELINK = pa.schema([("corpus_id", pa.int64())])
 KEYS = pa.schema([("key", pa.string())])
-PAPER_KEYS = ["corpus_id", "doi", "mag_id", "pmid"]
 
 
-def _compact_keys(j: int, *, storage: Storage, parsed: Staged, out: str) -> Staged:
-    keys = _read(storage, parsed, j, KEYS)["key"].unique()
-    if not len(keys):
+def _relink_bucket(
+    j: int,
+    *,
+    storage: Storage,
+    parsed: Staged,
+    keys: BucketPlan,
+    out: str,
+    papers_buckets: int,
+) -> Staged:
+    """Key bucket j of a new partition's keys (a file per parsed batch) looked up in key bucket
+    j of the key table: the papers found, into the papers buckets of `out`."""
+    new = _read(storage, parsed, j, KEYS)["key"].unique()
+    found = paper_keys.find(keys, storage, j, new)["corpus_id"].unique()
+    if not len(found):
         return Staged(out)
-    bucket = pa.array(np.full(len(keys), j, np.int32))
-    write_partitions(pa.table({"key": keys, BUCKET: bucket}), out, storage, "keys")
-    return Staged(out, {j: len(keys)})
+    bucket = pa.array((found.to_numpy() % papers_buckets).astype(np.int32))
+    write_partitions(pa.table({"corpus_id": found, BUCKET: bucket}), out, storage, f"keys-{j}")
+    counts = pc.value_counts(bucket).to_pylist()
+    return Staged(out, {c["values"]: c["counts"] for c in counts})
 
 
-def stage_new_keys(
-    cfg: Config, storage: Storage, parsed: Staged, out: str, key_buckets: int
-) -> NewKeys:
-    """The keys a stage wrote beside its rows (`Side.keys`: a file per parsed batch in each key
-    bucket) as one file of distinct keys per key bucket under `out`, one task per bucket: every
-    papers bucket's task reads each key bucket's, so one file each, not one per batch."""
+def stage_relinks(
+    cfg: Config,
+    storage: Storage,
+    parsed: Staged,
+    keys: BucketPlan,
+    out: str,
+    papers_buckets: int,
+) -> Staged:
+    """The papers a new OpenAlex partition relinks: its keys (written beside its rows,
+    `Side.keys`) looked up in the key table (`paper_keys`), only in the key buckets they fall
+    in, a few a task; the corpus ids found staged in their papers buckets under `out`."""
     chosen = sorted(k for k, n in parsed.rows_by_bucket.items() if n)
-    fn = partial(_compact_keys, storage=storage, parsed=parsed, out=out)
-    task = partial(_on, chosen=chosen, fn=fn)
-    done = run_buckets(len(chosen), task, cfg.ingest.cpus_per_task, _memory(cfg))
-    return NewKeys(merge_staged(out, done), key_buckets)
+    fn = partial(
+        _relink_bucket,
+        storage=storage,
+        parsed=parsed,
+        keys=keys,
+        out=out,
+        papers_buckets=papers_buckets,
+    )
+    groups = task_groups(chosen, parsed.rows_by_bucket, _tasks(cfg))
+    done = run_buckets(len(groups), partial(_each, groups=groups, fn=fn), cfg.ingest.cpus_per_task)
+    return merge_staged(out, [s for d in done for s in d])
 
 
-def relinked(p: BucketPlan, storage: Storage, k: int, new_keys: NewKeys | None) -> pa.Array:
-    """Corpus ids of bucket k's papers with a DOI, MAG or PubMed id among `new_keys`: the
-    bucket's own identifiers keyed as ingest keys them (`linking.s2_keys`) and looked up one key
-    bucket at a time, so the task holds its bucket's keys and one key bucket of the new ones."""
-    if new_keys is None or not new_keys.staged.kept:
-        return pa.array([], pa.int64())
-    has_key = " OR ".join(f"{c} IS NOT NULL" for c in PAPER_KEYS[1:])
-    own = buckets.read_lance_bucket(p, storage, k, PAPER_KEYS, has_key)
-    own = linking.s2_keys(own, new_keys.key_buckets).sort_by(BUCKET)
-    bounds = np.searchsorted(own[BUCKET].to_numpy(), np.arange(new_keys.key_buckets + 1))
-    found = [pa.array([], pa.int64())]
-    for j in sorted(new_keys.staged.rows_by_bucket):
-        mine = own.slice(bounds[j], bounds[j + 1] - bounds[j])
-        if mine.num_rows:
-            new = _read(storage, new_keys.staged, j, KEYS)["key"]
-            found.append(_ids(mine.filter(pc.is_in(mine["key"], value_set=new))["corpus_id"]))
-    return pa.concat_arrays(found).unique()
+def _each(i: int, *, groups: Sequence[Sequence[int]], fn: Callable[[int], T]) -> list[T]:
+    return [fn(k) for k in groups[i]]
 
 
 def _papers_bucket(
@@ -350,18 +398,19 @@ def _papers_bucket(
     storage: Storage,
     sides: PaperSides,
     schemas: dict[str, pa.Schema],
-    new_keys: NewKeys | None,
     keys_uri: str,
     key_buckets: int,
+    key_delta: str,
     fragment_rows: int,
-) -> tuple[bucket_edits.BucketEdit, pa.Table]:
+) -> BucketResult:
     """Bucket k of the papers table: its papers the step updates, re-abstracts, relinks or
-    deletes, rebuilt from their records and current rows; and the ids it changed."""
+    deletes, rebuilt from their records and current rows; the ids it changed, and the keys
+    they gained and lost staged in the key buckets of `key_delta`."""
     papers = _read(storage, sides.papers, k, schemas["papers"])
     abstracts = _read(storage, sides.abstracts, k, schemas["abstracts"])
     forget = _ids(_read(storage, sides.gone_abstracts, k, schemas["abstracts"])["corpus_id"])
     gone = _ids(_read(storage, sides.gone_papers, k, schemas["papers"])["corpus_id"])
-    relink = relinked(p, storage, k, new_keys)
+    relink = _ids(_read(storage, sides.relink, k, RELINK)["corpus_id"])
     ids = pa.concat_arrays(
         [_ids(papers["corpus_id"]), _ids(abstracts["corpus_id"]), relink, forget]
     )
@@ -369,7 +418,7 @@ def _papers_bucket(
     wanted = pa.concat_arrays([ids, gone]).unique()
     if not len(wanted):  # a bucket the relink visits and finds nothing in: no read, no write
         edit = bucket_edits.BucketEdit(k, counts={"inserted": 0, "updated": 0, "deleted": 0})
-        return edit, corpus_changes.RECORD.empty_table()
+        return BucketResult(edit, corpus_changes.RECORD.empty_table())
     names = storage.open_lance(p.uri, p.version).schema.names
     found = bucket_edits.current_rows(p, storage, k, pc.field("corpus_id").isin(wanted), names)
     current = found.filter(pc.is_in(found["corpus_id"], ids)).select(names)
@@ -384,12 +433,18 @@ def _papers_bucket(
         p, storage, k, found, rows, gone_rows, on=["corpus_id"], fragment_rows=fragment_rows
     )
     written, deleted = bucket_edits.changed_keys(found, rows, gone_rows, ["corpus_id"])
-    return edit, pa.concat_tables(
+    changed = pa.concat_tables(
         [
             corpus_changes.record_rows(written["corpus_id"], corpus_changes.PAPER),
             corpus_changes.record_rows(deleted["corpus_id"], corpus_changes.DELETED),
         ]
     )
+    delta = paper_keys.key_delta(found, rows, key_buckets)
+    if delta.num_rows:  # named for the papers bucket: a retried task rewrites its own files
+        write_partitions(delta, key_delta, storage, f"papers-{k}")
+    counts = pc.value_counts(delta[BUCKET]).to_pylist()
+    venues = updates.field_count_delta(found, rows)
+    return BucketResult(edit, changed, {c["values"]: c["counts"] for c in counts}, venues)
 
 
 def _key_rows(storage: Storage, keys_uri: str, keys: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -412,34 +467,49 @@ def apply_papers(
     sides: PaperSides,
     schemas: dict[str, pa.Schema],
     *,
-    new_keys: NewKeys | None = None,
     keys_uri: str,
     key_buckets: int,
+    key_delta: str,
     record: str,
-) -> tuple[buckets.BucketLayout, dict[str, int], int]:
-    """The papers table with a step's paper and abstract records applied (and the papers whose
-    identifiers are among `new_keys` linked again, each bucket finding its own): the touched
-    buckets (every bucket, given new keys) a few a task, one commit; the ids changed written
-    under `record`. Returns the new layout, counts and record files written."""
-    relink = new_keys is not None and new_keys.staged.kept > 0
-    chosen = touched_buckets(p.layout.num_buckets, sides.all(), every=relink)
+) -> EditRound:
+    """The papers table with a step's paper and abstract records applied (and the papers a new
+    OpenAlex partition relinks linked again): the touched buckets a few a task, one commit; the
+    ids changed written under `record`, the key table's delta staged under `key_delta`."""
     return _edit_buckets(
         cfg,
         storage,
         p,
-        chosen,
+        touched_buckets(p.layout.num_buckets, sides.all()),
         _weight(sides.all()),
         partial(
             _papers_bucket,
             sides=sides,
             schemas=schemas,
-            new_keys=new_keys,
             keys_uri=keys_uri,
             key_buckets=key_buckets,
+            key_delta=key_delta,
         ),
         record,
         "papers",
     )
+
+
+def _keys_bucket(
+    j: int, *, p: BucketPlan, storage: Storage, staged: str, fragment_rows: int
+) -> BucketResult:
+    delta = paper_keys.staged_delta(storage, staged, j)
+    edit = paper_keys.edit_bucket(j, p=p, storage=storage, delta=delta, fragment_rows=fragment_rows)
+    return BucketResult(edit, corpus_changes.RECORD.empty_table())
+
+
+def apply_key_delta(
+    cfg: Config, storage: Storage, p: BucketPlan, staged: str, key_rows: dict[int, int]
+) -> buckets.BucketLayout:
+    """The key table with a papers edit's delta (staged under `staged`, `key_rows` per key
+    bucket) applied: the key buckets it touches a few a task, one commit; the new layout."""
+    chosen = sorted(j for j, n in key_rows.items() if n)
+    edit = partial(_keys_bucket, staged=staged)
+    return _edit_buckets(cfg, storage, p, chosen, key_rows, edit, "", "keys").layout
 
 
 # -- citations -------------------------------------------------------------------------------------
@@ -455,7 +525,7 @@ def _citations_bucket(
     schemas: dict[str, pa.Schema],
     gone_papers: pa.Array,
     fragment_rows: int,
-) -> tuple[bucket_edits.BucketEdit, pa.Table]:
+) -> BucketResult:
     """Bucket k of the citations table: the step's citation records upserted (keeping a citing
     sentence S2ORC recovered), deleted citations and those from or to deleted papers removed;
     and the citing ids whose rows it changed."""
@@ -492,7 +562,7 @@ def _citations_bucket(
     )
     written, deleted = bucket_edits.changed_keys(found, rows, gone, CITATION_KEY)
     citing = pa.concat_arrays([_ids(written["citing_id"]), _ids(deleted["citing_id"])])
-    return edit, corpus_changes.record_rows(citing, corpus_changes.CITING)
+    return BucketResult(edit, corpus_changes.record_rows(citing, corpus_changes.CITING))
 
 
 def apply_citations(
@@ -504,7 +574,7 @@ def apply_citations(
     schemas: dict[str, pa.Schema],
     gone_papers: pa.Array,
     record: str,
-) -> tuple[buckets.BucketLayout, dict[str, int], int]:
+) -> EditRound:
     """The citations table with a step's citation records and deletes applied: the touched
     buckets (every bucket when papers were deleted) a few a task, one commit; the citing ids
     changed written under `record`."""

@@ -1,6 +1,7 @@
-"""The corpus tables as a refresh changes them: the Lance tables the ingest manifest points at,
-the versions and bucket layouts it records, and the restore of a step a killed refresh left
-unpublished (the edits themselves: `release_step`, `bucket_edits`)."""
+"""The corpus tables as a refresh changes them: the Lance tables the ingest manifest points at
+(papers, citations and, once built, the key table `paper_keys`), the versions and bucket layouts
+it records, and the restore of a step a killed refresh left unpublished (the edits themselves:
+`release_step`, `bucket_edits`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
+from cpr_ray.corpus import paper_keys
 from cpr_ray.corpus.ingest import KEPT_INPUTS
 from cpr_ray.errors import StorageError
 from cpr_ray.runs.stage_runner import Manifest
@@ -16,6 +18,9 @@ from cpr_ray.tables import buckets
 
 if TYPE_CHECKING:
     import lance
+
+
+TABLES = ("papers", "citations", paper_keys.TABLE)
 
 
 class Corpus:
@@ -32,13 +37,17 @@ class Corpus:
                 f"no {', '.join(missing)}: a refresh needs them; rebuild it once with "
                 "cpr build --stages ingest --force"
             )
-        self.papers_uri = tables["papers"]["uri"]
-        self.citations_uri = tables["citations"]["uri"]
+        self.uris = {name: tables[name]["uri"] for name in TABLES if name in tables}
         self.layouts = {
             name: buckets.BucketLayout.from_dict(tables[name]["layout"])
-            for name in ("papers", "citations")
+            for name in self.uris
             if "layout" in tables[name]
         }
+
+    @property
+    def names(self) -> list[str]:
+        """The Lance tables this corpus has (a corpus ingested before the key table: two)."""
+        return list(self.uris)
 
     def bucket_layout(self, name: str) -> buckets.BucketLayout:
         if name not in self.layouts:
@@ -52,7 +61,7 @@ class Corpus:
         return self.storage.open_lance(self.uri(name))
 
     def uri(self, name: str) -> str:
-        return self.papers_uri if name == "papers" else self.citations_uri
+        return self.uris[name]
 
     def commit(self, name: str, change: Callable[[lance.LanceDataset], object]) -> None:
         """`change` made to the table's latest version, committed once (`Storage.commit_lance`:
@@ -60,12 +69,14 @@ class Corpus:
         self.storage.commit_lance(self.uri(name), lambda: change(self.table(name)))
 
     def recorded_version(self, name: str) -> int | None:
-        return self.manifest["tables"][name].get("version")
+        tables = self.manifest["tables"]
+        return tables[name].get("version") if name in tables else None
 
     def restore_unfinished(self) -> list[str]:
-        """Tables a killed refresh left past their recorded version, put back to it."""
+        """Tables a killed refresh left past their recorded version, put back to it (a key
+        table it built and never recorded is built again)."""
         restored = []
-        for name in ("papers", "citations"):
+        for name in self.names:
             recorded = self.recorded_version(name)
             ds = self.table(name)
             if recorded is not None and ds.version != recorded:

@@ -104,3 +104,17 @@ def changed_citations(records: pa.Table, current: pa.Table, recovered: pa.Table)
         rows=rows,
         cur=current,
     ).cast(rows.schema)
+
+
+def field_count_delta(before: pa.Table, after: pa.Table) -> pa.Table:
+    """What rewriting papers from rows `before` to rows `after` (a deleted paper has no row
+    after) changes in the papers per venue and field: the venues table's counts, kept by a
+    refresh instead of recounted."""
+    return duck.query(
+        """SELECT venue_id, field_id, sum(d)::BIGINT AS n FROM (
+            SELECT venue_id, field_id, 1 AS d FROM after
+            UNION ALL SELECT venue_id, field_id, -1 AS d FROM before)
+        GROUP BY ALL HAVING sum(d) <> 0""",
+        before=before.select(["venue_id", "field_id"]),
+        after=after.select(["venue_id", "field_id"]),
+    )

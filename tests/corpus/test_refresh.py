@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 from cpr_ray.config import load_config, sample_dir
 from cpr_ray.corpus import corpus_changes, release_step
 from cpr_ray.corpus.corpus_changes import changes_between
+from cpr_ray.corpus.ingest import build_venues, count_fields
 from cpr_ray.corpus.s2_api import S2DatasetsClient, public_url
 from cpr_ray.cpr_command import app
 from cpr_ray.errors import InputError, StorageError
@@ -36,7 +37,7 @@ from cpr_ray.llm.spend_ledger import ledger_summary
 from cpr_ray.mining.mining_stages import mine
 from cpr_ray.pipeline.build import run_build
 from cpr_ray.pipeline.refresh import refresh
-from cpr_ray.runs.stage_runner import read_manifest, require_manifest
+from cpr_ray.runs.stage_runner import read_manifest, require_manifest, write_manifest
 from cpr_ray.sample.diffs import make_diff
 from cpr_ray.stages import LLM_STAGES
 from cpr_ray.storage import leases
@@ -322,6 +323,44 @@ def spy_openalex_step(patch: pytest.MonkeyPatch, out: dict) -> None:
     patch.setattr(corpus_refresh, "_openalex", openalex)
 
 
+def forget_key_table(storage: Storage) -> None:
+    """The ingest manifest as a version of ingest before the key table and the venues' field
+    counts wrote them."""
+    manifest = read_manifest(storage, "ingest")
+    assert manifest is not None
+    manifest["tables"].pop("paper_keys")
+    manifest["tables"].pop("venue_field_counts")
+    write_manifest(storage, manifest)
+
+
+def assert_kept_tables_equal_a_recount(storage: Storage) -> None:
+    """The key table and the venues' counts, as every refresh step kept them, equal those made
+    from the papers table."""
+    from cpr_ray.corpus import paper_keys
+
+    tables = require_manifest(storage, "ingest")["tables"]
+    # the venues' counts, kept step by step, equal a recount (and so do the venues)
+    papers_layout = buckets.BucketLayout.from_dict(tables["papers"]["layout"])
+    p = buckets.plan(papers_layout, storage, tables["papers"]["uri"], tables["papers"]["version"])
+    recounted = count_fields(storage, p)
+    assert pq.read_table(tables["venue_field_counts"]["uri"]).equals(recounted)
+    venues = build_venues(
+        storage, recounted, tables["s2_venues"]["uri"], tables["openalex_sources"]["uri"]
+    )
+    assert pq.read_table(tables["venues"]["uri"]).equals(venues)
+    keys = buckets.BucketLayout.from_dict(tables["paper_keys"]["layout"])
+    papers = lance.dataset(tables["papers"]["uri"]).to_table(columns=paper_keys.IDENTIFIERS)
+    order = [("key", "ascending"), ("corpus_id", "ascending")]
+    kept = lance.dataset(tables["paper_keys"]["uri"]).to_table().sort_by(order)
+    assert kept.equals(paper_keys.key_rows(papers, keys.num_buckets).sort_by(order))
+    p = buckets.plan(keys, storage, tables["paper_keys"]["uri"], tables["paper_keys"]["version"])
+    ds = lance.dataset(p.uri, version=p.version)
+    for k, ids in p.by_bucket.items():  # each fragment in its key bucket
+        for i in ids:
+            found = ds.get_fragment(i).to_table(columns=["key_bucket"])["key_bucket"]
+            assert set(found.to_pylist()) <= {k}
+
+
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory, scripted_llm):
     """Two builds of the sample and one release step of changes at the stand-in. `full` is
@@ -343,6 +382,7 @@ def scenario(tmp_path_factory, scripted_llm):
         storage = {n: Storage(c.storage) for n, c in cfg.items()}
         run_build(cfg["full"])
         run_build(cfg["killed"], ["ingest"])
+        forget_key_table(storage["killed"])  # as ingested before the key table existed
         out = {
             "cfg": cfg,
             "storage": storage,
@@ -361,6 +401,7 @@ def scenario(tmp_path_factory, scripted_llm):
             relinked=("doi", "mag", "pmid"),
         )
         killed_refresh(tmp, tmp / "killed", openalex, s2)
+        out["killed_log"] = (tmp / "killed.log").read_text()
         published = read_manifest(storage["killed"], "ingest")
         out["half_applied"] = (
             lance.dataset(published["tables"]["papers"]["uri"]).version,
@@ -424,7 +465,11 @@ def test_refresh_applies_the_step_and_links_new_papers_through_the_new_openalex_
     [step] = [s for s in summary["steps"] if s["source"] == "s2"]
     assert step["changes"]["papers"] == {"inserted": 3, "updated": 4, "deleted": 1}
     # the parse and apply tasks hand the driver counts and fragment metadata, never rows
-    results = [r[1] if isinstance(r, tuple) else r for r in scenario["task_results"]]
+    results = [  # a parse task's (side, counts); a relink task's counts per key bucket
+        x
+        for r in scenario["task_results"]
+        for x in (r[1:] if isinstance(r, tuple) else r if isinstance(r, list) else [r])
+    ]
     assert {type(r).__name__ for r in results} == {"Staged", "EditedBuckets"}
     edits = [e for r in results if hasattr(r, "edits") for e in r.edits]
     assert {type(e).__name__ for e in edits} == {"BucketEdit"}
@@ -663,6 +708,13 @@ def test_a_refresh_killed_mid_step_then_rerun_ends_where_an_uninterrupted_one_do
         assert a.num_rows == b.num_rows and a.equals(b), name
     changes = [s["changes"] for s in done["killed"]["corpus"]["applied"]]
     assert changes == [s["changes"] for s in done["full"]["corpus"]["applied"]]
+    # `killed` was ingested as if before the key table: its refresh built one from the papers
+    assert "the corpus has no key table (paper_keys: ingested before it existed); building it " in (
+        " ".join(scenario["killed_log"].split())
+    )
+    # (and recounted the venues' papers); both kept theirs exactly through the steps
+    for storage in scenario["storage"].values():
+        assert_kept_tables_equal_a_recount(storage)
 
 
 @pytest.mark.slow
@@ -799,51 +851,65 @@ def test_a_bucket_edit_touches_only_its_bucket_and_lance_sees_updates_as_updates
     assert titles[13] == "old" and titles[41] == "appended" and len(titles) == 43
 
 
-def test_a_papers_bucket_finds_its_papers_among_new_openalex_keys_by_each_identifier(
+def test_a_new_openalex_partition_finds_its_papers_in_the_key_table_by_each_identifier(
     ray_session, tmp_path
 ):
-    """The relink search of one papers bucket: its own papers whose DOI, MAG id or PubMed id is
-    a key the new partition added (the parse's batches made one file of distinct keys per key
-    bucket first), looked up one key bucket at a time — a MAG id that equals a new PubMed key
-    (or the reverse) is no match, and the other bucket's papers are not read."""
+    """The relink's lookup: the papers whose DOI, MAG id or PubMed id is a key the new
+    partition added (its parsed batches may repeat a key), found in the key table's buckets
+    those keys fall in and staged in their papers buckets — a MAG id that equals a new PubMed
+    key (or the reverse) is no match. The key table holds every key of every paper."""
     import duckdb
 
+    from cpr_ray.corpus import paper_keys
     from cpr_ray.storage.store import StorageConfig
 
     storage = Storage(StorageConfig(root=str(tmp_path)))
     cfg = load_config("dry-run", env={}, overrides=[f"storage.root={tmp_path}"])
     uri = str(tmp_path / "papers.lance")
-    lance.write_dataset(
-        pa.table(
-            {
-                "corpus_id": pa.array([2, 4, 6, 8, 10, 12, 3], pa.int64()),
-                "doi": ["10.1/a", None, None, "10.1/other", None, None, "10.1/a"],
-                "mag_id": pa.array([None, 22, None, None, 55, None, None], pa.int64()),
-                "pmid": pa.array([None, None, 33, None, None, 22, None], pa.int64()),
-            }
-        ),
-        uri,
+    papers = pa.table(
+        {
+            "corpus_id": pa.array([2, 4, 6, 8, 10, 12, 3], pa.int64()),
+            "doi": ["10.1/a", None, None, "10.1/other", None, None, "10.1/a"],
+            "mag_id": pa.array([None, 22, None, None, 55, None, None], pa.int64()),
+            "pmid": pa.array([None, None, 33, None, None, 22, None], pa.int64()),
+        }
     )
+    lance.write_dataset(papers, uri)
     p = buckets.plan(buckets.BucketLayout("corpus_id", 2, {}), storage, uri, 1)
+    keys_uri = str(tmp_path / "paper_keys.lance")
+    layout = paper_keys.build(
+        storage, p, keys_uri, 3, str(tmp_path / "staging"), cpus=1, fragment_rows=100
+    )
+    keys = buckets.plan(layout, storage, keys_uri, lance.dataset(keys_uri).version)
+    every = (
+        lance.dataset(keys_uri)
+        .to_table()
+        .sort_by([("key", "ascending"), ("corpus_id", "ascending")])
+    )
+    assert every.equals(
+        paper_keys.key_rows(papers, 3).sort_by([("key", "ascending"), ("corpus_id", "ascending")])
+    )
+    assert every.num_rows == 7 and not keys.mixed
     parsed, counts = str(tmp_path / "parsed"), {}
     for batch, new in enumerate(
         (["doi:10.1/a", "mag:22", "pmid:33"], ["pmid:55", "doi:10.1/new", "doi:10.1/a"])
     ):
-        keys = duckdb.sql(
+        found = duckdb.sql(
             "SELECT key, CAST(hash(key) % 3 AS INTEGER) AS _bucket FROM unnest($keys) t(key)",
             params={"keys": new},
         ).to_arrow_table()
-        buckets.write_partitions(keys, parsed, storage, f"openalex-{batch}")
-        for c in pc.value_counts(keys["_bucket"]).to_pylist():
+        buckets.write_partitions(found, parsed, storage, f"openalex-{batch}")
+        for c in pc.value_counts(found["_bucket"]).to_pylist():
             counts[c["values"]] = counts.get(c["values"], 0) + c["counts"]
-    staged = release_step.Staged(parsed, counts)
-    new_keys = release_step.stage_new_keys(cfg, storage, staged, str(tmp_path / "keys"), 3)
-    assert new_keys.staged.kept == 5  # doi:10.1/a once
-    for k in new_keys.staged.rows_by_bucket:
-        assert len(list((tmp_path / "keys" / f"_bucket={k}").iterdir())) == 1
-    assert sorted(release_step.relinked(p, storage, 0, new_keys).to_pylist()) == [2, 4, 6]
-    assert release_step.relinked(p, storage, 1, new_keys).to_pylist() == [3]
-    assert not release_step.relinked(p, storage, 0, None)
+    out = str(tmp_path / "relink")
+    relink = release_step.stage_relinks(
+        cfg, storage, release_step.Staged(parsed, counts), keys, out, 2
+    )
+    assert relink.rows_by_bucket == {0: 3, 1: 1}
+    schema = release_step.RELINK
+    ids = {k: buckets.read_parquet_bucket(storage, out, k, schema) for k in (0, 1)}
+    assert sorted(ids[0]["corpus_id"].to_pylist()) == [2, 4, 6]
+    assert ids[1]["corpus_id"].to_pylist() == [3]
 
 
 def _cli_rounds(folder: str, name: str, argv: list[str]) -> None:
