@@ -11,7 +11,8 @@ it reads the queries, the judged pairs and counts, and the universe is cut into 
   papers of that bucket) written as the run's ``docs``, one folder per shard; the rejected
   citations (judge-analogy's judged pairs, with the dates and topics the tasks hand back).
 - **encode**: per encoding pooler, the texts of each shard its embedding store lacks (a task
-  per shard), encoded on a Ray Data actor pool (`embeddings.encode_missing`).
+  per shard), encoded on a Ray Data actor pool or in one task (`embeddings.encode_missing`),
+  with the query texts a dense pooler's query store lacks (`query_vectors`).
 - **index**: per encoding pooler, the store's rows copied to their shards (a task per store
   part), then each shard's vectors in search order (a task per shard). BM25's index is built
   where a search actor loads a shard, from the collection's statistics that the prepare bucket
@@ -58,6 +59,7 @@ from cpr_ray.pooling.pool_rules import (
 )
 from cpr_ray.pooling.pool_schemas import CANDIDATES, GROUPS, HITS, REJECTED, SHARD_HITS
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
+from cpr_ray.pooling.query_vectors import missing_queries
 from cpr_ray.pooling.universe_shards import (
     BM25_BYTES,
     DOC_BYTES,
@@ -376,20 +378,24 @@ def _pool(
     with phase("encode"):
         done: set[tuple[str, str]] = set()
         for plan in encoding:
-            if (plan.store_key, plan.template) in done:
-                continue
-            done.add((plan.store_key, plan.template))
-            todo_uri = join(run.out, "_work", "todo", plan.name)
-            refs = [
-                _missing.options(memory=index_memory(int(snap.counts[s]), DOC_BYTES)).remote(
-                    storage.cfg, plan, docs, join(todo_uri, f"shard-{s:05d}.parquet")
-                )
-                for s, docs in snap.shards.items()
-            ]
-            todo = sum(ray.get(refs))
-            if todo:
-                encode_missing(storage, plan, todo_uri, todo, cfg.encode_batch_rows)
-            poolers[plan.name].update(encoded=todo, reused=snap.documents - todo)
+            todo, todo_uri = 0, join(run.out, "_work", "todo", plan.name)
+            first = (plan.store_key, plan.template) not in done
+            if first:  # poolers sharing a store and a template share its documents' vectors
+                done.add((plan.store_key, plan.template))
+                refs = [
+                    _missing.options(memory=index_memory(int(snap.counts[s]), DOC_BYTES)).remote(
+                        storage.cfg, plan, docs, join(todo_uri, f"shard-{s:05d}.parquet")
+                    )
+                    for s, docs in snap.shards.items()
+                ]
+                todo = sum(ray.get(refs))
+                poolers[plan.name].update(encoded=todo, reused=snap.documents - todo)
+            asked = None
+            if plan.kind == "dense":  # its search actors read query vectors from the store
+                asked = missing_queries(storage, plan, search["query"].combine_chunks())
+                poolers[plan.name]["queries_encoded"] = asked.num_rows
+            if todo or (asked is not None and asked.num_rows):
+                encode_missing(storage, plan, todo_uri, todo, cfg.encode_batch_rows, asked)
     with phase("index"):
         shard_plans, figures = _indexes(run, encoding, snap, shards)
         for name, fig in figures.items():
