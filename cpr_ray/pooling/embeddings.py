@@ -190,24 +190,29 @@ def assemble_index(
     storage_cfg: StorageConfig,
     plan: PoolerPlan,
     docs_uri: str,
-    vectors_uri: str,
+    vectors_uri: str | None,
     index_uri: str,
     ivf_min_docs: int,
     ivf_lists: int | None,
     nprobe: int,
 ) -> dict[str, object]:
     """Write the index of one shard for this run: the vectors of exactly its papers' texts (the
-    keys in `docs_uri`, from the shard's rows of the store under `vectors_uri`), in search
-    order. Runs as a Ray task, off the driver, declaring the memory of one shard."""
+    keys in `docs_uri`, from the shard's rows of the store under `vectors_uri`, or, with None,
+    from the store itself: a refresh's few added papers), in search order. Runs as a Ray task,
+    off the driver, declaring the memory of one shard."""
     storage = Storage(storage_cfg)
     column = key_column(plan.template)
     docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids", column])
     universe = Universe(docs)
     columns = ["corpus_id", "key", *vector_columns(plan.kind)]
+    keys = docs[column].combine_chunks()
     table, positions = None, None
-    if storage.exists(vectors_uri):
+    if vectors_uri is None:
+        table = vector_store(storage, plan).read(keys, columns)
+    elif storage.exists(vectors_uri):
         table = storage.read_parquet(vectors_uri, columns)
-        table = table.filter(pc.is_in(table["key"], value_set=docs[column].combine_chunks()))
+    if table is not None and table.num_rows:
+        table = table.filter(pc.is_in(table["key"], value_set=keys))
         _, first = np.unique(table["key"].to_numpy(), return_index=True)
         table = table.take(pa.array(first))  # one row per text
         positions = universe.positions(table["corpus_id"].to_numpy())
