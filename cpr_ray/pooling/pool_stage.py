@@ -16,8 +16,9 @@ it reads the queries, the judged pairs and counts, and the universe is cut into 
 - **reuse**: with ``refresh.incremental``, what the dense poolers reuse of the last run's kept
   lists (`kept_lists`): the universe's papers removed and added since (a task per shard), the
   queries that keep their lists, the added papers' own lists; the others search in full.
-- **index**: per encoding pooler (a reusing dense pooler only if a query searches in full), the store's rows copied to their shards (a task per store
-  part), then each shard's vectors in search order (a task per shard). BM25's index is built
+- **index**: per encoding pooler (a reusing dense pooler only if a query searches in full),
+  the store's rows copied to their shards (a task per store part), then each shard's vectors
+  in search order (a task per shard). BM25's index is built
   where a search actor loads a shard, from the collection's statistics that the prepare bucket
   tasks counted (documents, total length, the queries' terms' document frequencies).
 - **search**: per pooler, search actors that hold one shard at a time turn blocks of queries
