@@ -120,8 +120,9 @@ class PoolingConfig(_Section):
     )
     search_actors: Count = Field(
         1,
-        description="Search actors per pooler, at most; each loads the pooler's query encoder "
-        "(with the pooler's CPUs and GPUs) and one shard of its index at a time.",
+        description="Search actors per pooler, at most; each holds the pooler's CPUs and GPUs "
+        "and one shard of its index at a time (a SPLADE pooler's also its query encoder; a dense "
+        "pooler's query vectors come from the store).",
     )
     encode_batch_rows: Count = Field(
         1024,

@@ -32,6 +32,7 @@ from cpr_ray.errors import StorageError
 from cpr_ray.pooling.pool_rules import doc_text
 from cpr_ray.pooling.pooler_search import Universe
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
+from cpr_ray.pooling.query_vectors import query_store
 from cpr_ray.pooling.universe_shards import shard_of
 from cpr_ray.retrieval.faiss_index import factory_for, save_vectors
 from cpr_ray.retrieval.vector_store import VectorStore, text_keys, vector_columns
@@ -87,54 +88,74 @@ def missing_texts(
 
 
 def encode_missing(
-    storage: Storage, plan: PoolerPlan, todo_uri: str, todo: int, batch_rows: int
+    storage: Storage,
+    plan: PoolerPlan,
+    todo_uri: str,
+    todo: int,
+    batch_rows: int,
+    queries: pa.Table | None = None,
 ) -> None:
     """Encode the `todo` texts under `todo_uri` (`missing_texts`' parts) and append their
     vectors to the pooler's store: on an actor pool, or, when they fit one call of an actor
     (`batch_rows`), in one Ray task with the actor's resources. A nightly refresh's universe
     gains a few dozen texts at a small corpus (117 at 40k papers): the pool's start, Ray Data's
     executor and a second actor's model load cost ~17 s of a 64 CPU-s refresh there, for a
-    forward pass of milliseconds; the task loads the model once."""
+    forward pass of milliseconds; the task loads the model once. `queries` (a dense pooler's
+    `query_vectors.missing_queries`: key, text) are encoded in that same task, so a run loads
+    the model once for both, and its search actors none."""
     # here, not at the top: the stage's tasks (docs snapshot, index assembly) import this module
     # in every Ray worker they run in, and only the encoder actors need torch
     from cpr_ray.retrieval.ray_encode import actor_memory, encode_dataset, locate, model_shape
     from cpr_ray.retrieval.spec import RayEncodeOptions
 
     store = vector_store(storage, plan)
-    if todo <= batch_rows:
-        import ray
-
-        locate(store.spec)  # a model that cannot load: one line here, not a task's traceback
-        memory = actor_memory(
-            model_shape(store.spec),
-            store.spec,
-            store.kind,
-            todo,
-            on_gpu=plan.pool.gpus_per_actor > 0,
-        )
-        task = ray.remote(_encode_in_task).options(memory=memory, **plan.pool.ray_resources())
-        ray.get(task.remote(storage.cfg, plan, todo_uri))
+    asked = queries if queries is not None and queries.num_rows else None
+    if todo > batch_rows:
+        # blocks small enough that every actor gets work, at most batch_rows rows per call
+        rows = max(1, min(batch_rows, ceil(todo / (2 * plan.pool.actors))))
+        loc = storage.resolve(todo_uri)
+        missing = read_parquet_dataset(loc.path, filesystem=loc.fs).repartition(ceil(todo / rows))
+        options = derive(RayEncodeOptions, plan.pool, batch_rows=rows)
+        encoded = encode_dataset(missing, store.spec, store.kind, options)
+        sloc = storage.resolve(store.uri)
+        encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)
+        todo = 0  # the queries are left, for the task below
+    if not todo and asked is None:
         return
-    # blocks small enough that every actor gets work, at most batch_rows rows per call
-    rows = max(1, min(batch_rows, ceil(todo / (2 * plan.pool.actors))))
-    loc = storage.resolve(todo_uri)
-    missing = read_parquet_dataset(loc.path, filesystem=loc.fs).repartition(ceil(todo / rows))
-    options = derive(RayEncodeOptions, plan.pool, batch_rows=rows)
-    encoded = encode_dataset(missing, store.spec, store.kind, options)
-    sloc = storage.resolve(store.uri)
-    encoded.write_parquet(sloc.path, filesystem=sloc.fs, try_create_dir=not sloc.is_s3)
+    import ray
+
+    locate(store.spec)  # a model that cannot load: one line here, not a task's traceback
+    rows = max(todo, asked.num_rows if asked is not None else 0)
+    shape = model_shape(store.spec)
+    on_gpu = plan.pool.gpus_per_actor > 0
+    memory = actor_memory(shape, store.spec, store.kind, rows, on_gpu=on_gpu)
+    task = ray.remote(_encode_in_task).options(memory=memory, **plan.pool.ray_resources())
+    ray.get(task.remote(storage.cfg, plan, todo_uri if todo else None, asked))
 
 
-def _encode_in_task(storage_cfg: StorageConfig, plan: PoolerPlan, todo_uri: str) -> None:
-    """One task's share of `encode_missing`: every todo text encoded as an actor's call would
-    (`EncodeDocs`) and appended to the store as one part."""
+def _encode_in_task(
+    storage_cfg: StorageConfig, plan: PoolerPlan, todo_uri: str | None, queries: pa.Table | None
+) -> None:
+    """One task's share of `encode_missing`: the todo texts under `todo_uri` encoded as an
+    actor's call would (`EncodeDocs`) and appended to the document store as one part, and the
+    `queries` (key, text) encoded as queries (the query prefix) and appended to the pooler's
+    query store, with one model load."""
+    from cpr_ray.retrieval.encoder import DenseEncoder
     from cpr_ray.retrieval.ray_encode import EncodeDocs
 
     storage = Storage(storage_cfg)
     store = vector_store(storage, plan)
-    loc = storage.resolve(todo_uri)
-    todo = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table()
-    store.append(EncodeDocs(store.spec, store.kind)(todo))
+    encode = EncodeDocs(store.spec, store.kind)
+    if todo_uri is not None:
+        loc = storage.resolve(todo_uri)
+        todo = pds.dataset(loc.path, filesystem=loc.fs, format="parquet").to_table()
+        store.append(encode(todo))
+    if queries is not None:
+        assert isinstance(encode.encoder, DenseEncoder)  # only dense poolers store queries
+        vectors = encode.encoder.encode_queries(queries["text"].to_pylist())
+        flat = pa.array(vectors.reshape(-1), pa.float32())
+        embedding = pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])
+        query_store(storage, plan).append(pa.table({"key": queries["key"], "embedding": embedding}))
 
 
 def store_parts(storage: Storage, plan: PoolerPlan) -> list[tuple[str, int]]:
@@ -169,24 +190,29 @@ def assemble_index(
     storage_cfg: StorageConfig,
     plan: PoolerPlan,
     docs_uri: str,
-    vectors_uri: str,
+    vectors_uri: str | None,
     index_uri: str,
     ivf_min_docs: int,
     ivf_lists: int | None,
     nprobe: int,
 ) -> dict[str, object]:
     """Write the index of one shard for this run: the vectors of exactly its papers' texts (the
-    keys in `docs_uri`, from the shard's rows of the store under `vectors_uri`), in search
-    order. Runs as a Ray task, off the driver, declaring the memory of one shard."""
+    keys in `docs_uri`, from the shard's rows of the store under `vectors_uri`, or, with None,
+    from the store itself: a refresh's few added papers), in search order. Runs as a Ray task,
+    off the driver, declaring the memory of one shard."""
     storage = Storage(storage_cfg)
     column = key_column(plan.template)
     docs = storage.read_parquet(docs_uri, ["corpus_id", "date_key", "topic_ids", column])
     universe = Universe(docs)
     columns = ["corpus_id", "key", *vector_columns(plan.kind)]
+    keys = docs[column].combine_chunks()
     table, positions = None, None
-    if storage.exists(vectors_uri):
+    if vectors_uri is None:
+        table = vector_store(storage, plan).read(keys, columns)
+    elif storage.exists(vectors_uri):
         table = storage.read_parquet(vectors_uri, columns)
-        table = table.filter(pc.is_in(table["key"], value_set=docs[column].combine_chunks()))
+    if table is not None and table.num_rows:
+        table = table.filter(pc.is_in(table["key"], value_set=keys))
         _, first = np.unique(table["key"].to_numpy(), return_index=True)
         table = table.take(pa.array(first))  # one row per text
         positions = universe.positions(table["corpus_id"].to_numpy())

@@ -11,9 +11,14 @@ it reads the queries, the judged pairs and counts, and the universe is cut into 
   papers of that bucket) written as the run's ``docs``, one folder per shard; the rejected
   citations (judge-analogy's judged pairs, with the dates and topics the tasks hand back).
 - **encode**: per encoding pooler, the texts of each shard its embedding store lacks (a task
-  per shard), encoded on a Ray Data actor pool (`embeddings.encode_missing`).
-- **index**: per encoding pooler, the store's rows copied to their shards (a task per store
-  part), then each shard's vectors in search order (a task per shard). BM25's index is built
+  per shard), encoded on a Ray Data actor pool or in one task (`embeddings.encode_missing`),
+  with the query texts a dense pooler's query store lacks (`query_vectors`).
+- **reuse**: with ``refresh.incremental``, what the dense poolers reuse of the last run's kept
+  lists (`kept_lists`): the universe's papers removed and added since (a task per shard), the
+  queries that keep their lists, the added papers' own lists; the others search in full.
+- **index**: per encoding pooler (a reusing dense pooler only if a query searches in full),
+  the store's rows copied to their shards (a task per store part), then each shard's vectors
+  in search order (a task per shard). BM25's index is built
   where a search actor loads a shard, from the collection's statistics that the prepare bucket
   tasks counted (documents, total length, the queries' terms' document frequencies).
 - **search**: per pooler, search actors that hold one shard at a time turn blocks of queries
@@ -27,6 +32,7 @@ it reads the queries, the judged pairs and counts, and the universe is cut into 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import ceil
 from typing import Any
@@ -38,13 +44,21 @@ import ray
 
 from cpr_ray.config import PoolingConfig
 from cpr_ray.corpus.tables import PinnedTable, bucket_plan, papers_by_id
+from cpr_ray.errors import StorageError
 from cpr_ray.pooling.embeddings import (
     assemble_index,
     encode_missing,
+    key_column,
     missing_texts,
     route_part,
     store_parts,
     with_keys,
+)
+from cpr_ray.pooling.kept_lists import (
+    losing_queries,
+    of_queries,
+    shard_delta,
+    unchanged_queries,
 )
 from cpr_ray.pooling.pool_rules import (
     build_queries,
@@ -56,14 +70,14 @@ from cpr_ray.pooling.pool_rules import (
     topic_ids,
     universe_docs,
 )
-from cpr_ray.pooling.pool_schemas import CANDIDATES, GROUPS, HITS, REJECTED, SHARD_HITS
+from cpr_ray.pooling.pool_schemas import CANDIDATES, GROUPS, REJECTED, SHARD_HITS
 from cpr_ray.pooling.poolers import PoolerPlan, PoolerSearch, plans
+from cpr_ray.pooling.query_vectors import missing_queries
 from cpr_ray.pooling.universe_shards import (
     BM25_BYTES,
     DOC_BYTES,
     SEARCH_BASE,
     MiB,
-    as_hits,
     bytes_memory,
     index_memory,
     merge_hits,
@@ -71,8 +85,18 @@ from cpr_ray.pooling.universe_shards import (
     shard_of,
 )
 from cpr_ray.retrieval.bm25 import BM25Retriever, CollectionStats
+from cpr_ray.retrieval.faiss_index import factory_for
 from cpr_ray.retrieval.model_source import locate
-from cpr_ray.runs.stage_runner import Phases, Reads, StageOutput, StageRun, console, entry
+from cpr_ray.runs.stage_runner import (
+    Manifest,
+    Phases,
+    Reads,
+    StageOutput,
+    StageRun,
+    console,
+    entry,
+    read_manifest,
+)
 from cpr_ray.stages import INGEST, JUDGE_ANALOGY, MINE, POOL, SCORE_POSITIVES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables.buckets import BucketPlan, read_lance_bucket, run_buckets
@@ -81,7 +105,11 @@ PAPER_COLUMNS = ["corpus_id", "title", "abstract", "publication_date", "year", "
 SEARCH_PHASES = ("search", "merge", "search_short", "merge_short")
 STATS_ROWS = 8192  # texts a bucket task tokenizes at once for BM25's statistics
 
+FLAT = 1 << 62  # pooling.ivf_min_docs of an index that must be exact: the added papers'
+KEPT = "kept"  # the run folder's lists for the next run (`_keep`, `kept_lists`)
+
 _missing = ray.remote(missing_texts)
+_delta = ray.remote(shard_delta)
 _route = ray.remote(route_part)
 _assemble = ray.remote(assemble_index)
 
@@ -204,11 +232,11 @@ def universe_rows(storage: Storage, universe_uri: str) -> int:
 def _search(
     run: StageRun, pool_plans: list[PoolerPlan], queries: pa.Table, shards: dict[str, list[Shard]]
 ) -> pa.Table:
-    """Every pooler's HITS for the SEARCH_QUERIES rows in `queries`: per pooler, search actors
-    (at most ``pooling.search_actors``) each holding one shard at a time; every block of queries
-    is searched in every shard and the shards' lists merged (`shards.merge_hits`) as they come
-    back, so the driver holds the merged lists only. One pooler after another: actors holding
-    every CPU would starve the other's."""
+    """Every pooler's lists (SHARD_HITS) for the SEARCH_QUERIES rows in `queries`: per pooler,
+    search actors (at most ``pooling.search_actors``) each holding one shard at a time; every
+    block of queries is searched in every shard and the shards' lists merged
+    (`shards.merge_hits`) as they come back, so the driver holds the merged lists only. One
+    pooler after another: actors holding every CPU would starve the other's."""
     cfg = run.cfg.pooling
     step = cfg.search_batch
     tables = [queries.slice(s, step) for s in range(0, queries.num_rows, step)]
@@ -246,10 +274,12 @@ def _search(
             f"  pool: {plan.name} searched in {len(parts)} shard(s) by {n} actor(s) in "
             f"{time.perf_counter() - started:.1f} s (first shard's lists after {first:.1f} s)"
         )
-        return as_hits(pa.concat_tables(merged)) if merged else HITS.empty_table()
+        return pa.concat_tables(merged) if merged else SHARD_HITS.empty_table()
 
+    if queries.num_rows == 0:
+        return SHARD_HITS.empty_table()
     parts = [search(plan, shards[plan.name]) for plan in pool_plans if shards[plan.name]]
-    return pa.concat_tables(parts) if parts else HITS.empty_table()
+    return pa.concat_tables(parts) if parts else SHARD_HITS.empty_table()
 
 
 def _indexes(
@@ -324,6 +354,178 @@ def _bm25_shards(run: StageRun, plan: PoolerPlan, snap: Snapshot) -> list[Shard]
     return [Shard([docs], uri, memory) for docs in snap.shards.values()]
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """What a run reuses of the last run's dense lists (`kept_lists`)."""
+
+    hits: pa.Table  # kept SHARD_HITS at top_k of the queries that keep their lists
+    short: pa.Table  # kept SHARD_HITS at top_k_short of those pooled deeper last time
+    added: pa.Table  # SHARD_HITS of the added papers alone for those queries, at the deeper depth
+    keep: pa.Array  # the query ids that keep their lists
+    removed: int  # papers removed from the universe or changed
+    added_papers: int  # papers added to it or changed
+
+
+def _flat(cfg: PoolingConfig, snap: Snapshot) -> bool:
+    """Whether every shard's dense index is exact (flat): an IVF index's lists are not."""
+    return factory_for(int(snap.counts.max(initial=0)), cfg.ivf_min_docs, cfg.ivf_lists) == "Flat"
+
+
+def _no_reuse(run: StageRun, snap: Snapshot, shards: int) -> tuple[Manifest | None, str | None]:
+    """The last published run of pool, and why its kept lists cannot be reused (None: they can)."""
+    if not run.cfg.refresh.incremental:
+        return None, "refresh.incremental is false"
+    prev = read_manifest(run.storage, POOL)
+    kept = prev.get("stats", {}).get("kept") if prev else None
+    if prev is None or not prev.get("complete", True) or not kept:
+        return None, "no run kept its lists"
+    if kept.get("fingerprint") != run.cfg.section_hash("pooling"):
+        return None, f"the pooling config changed since run {prev['run_id']}"
+    if kept.get("shards") != shards:
+        return None, "the universe's shard count changed"
+    if not (kept.get("flat") and _flat(run.cfg.pooling, snap)):
+        return None, "an IVF index's lists are approximate (pooling.ivf_min_docs)"
+    return prev, None
+
+
+def _reuse(
+    run: StageRun, snap: Snapshot, shards: int, search: pa.Table, dense: list[PoolerPlan]
+) -> tuple[Reuse | None, str | None]:
+    """What the dense poolers reuse of the last run's lists, or why nothing (said in one line):
+    the universe's papers removed and added since (a task per shard, `kept_lists.shard_delta`),
+    the queries that keep their lists, and the added papers' own lists for those."""
+    if not dense:
+        return None, None
+    prev, why = _no_reuse(run, snap, shards)
+    if prev is not None:
+        try:
+            return _reused(run, prev, snap, search, dense), None
+        except StorageError as exc:  # a kept file gone or unreadable
+            why = f"its kept lists cannot be read ({exc})"
+    console.print(f"  pool: dense poolers search every query in full: {why}")
+    return None, why
+
+
+def _reused(
+    run: StageRun, prev: Manifest, snap: Snapshot, search: pa.Table, dense: list[PoolerPlan]
+) -> Reuse:
+    storage, cfg = run.storage, run.cfg.pooling
+    folder, kept = join(prev["output"], KEPT), prev["stats"]["kept"]
+    searched = storage.read_parquet(join(folder, "searched.parquet"))
+    hits = storage.read_parquet(join(folder, "hits.parquet"))
+    short = storage.read_parquet(join(folder, "short.parquet"))
+    columns = ["date_key", "topic_ids", *sorted({key_column(p.template) for p in dense})]
+    added_uri, before = join(run.out, "_work", "added"), set(kept["docs_shards"])
+    refs = [
+        _delta.options(memory=index_memory(int(snap.counts.max()), DOC_BYTES)).remote(
+            storage.cfg,
+            join(prev["output"], "docs", f"shard-{s:05d}") if s in before else None,
+            snap.shards.get(s),
+            columns,
+            join(added_uri, f"shard-{s:05d}.parquet"),
+        )
+        for s in sorted(before | set(snap.shards))
+    ]
+    found = ray.get(refs)
+    removed = np.concatenate([np.zeros(0, np.int64), *(f[0] for f in found)])
+    added = sum(f[1] for f in found)
+    lost = losing_queries(pa.concat_tables([hits, short]), removed)
+    unchanged = unchanged_queries(search, searched)
+    keep = unchanged.filter(pc.invert(pc.is_in(unchanged, value_set=lost)))
+    deep = of_queries(search, keep)
+    deep = deep.set_column(
+        deep.schema.get_field_index("depth"),
+        "depth",
+        pa.array([max(cfg.top_k, cfg.top_k_short)] * deep.num_rows, pa.int32()),
+    )
+    own = SHARD_HITS.empty_table()
+    if added and deep.num_rows:  # the added papers' lists, searched once at the deeper depth
+        index = {
+            p.name: _assemble.remote(
+                storage.cfg, p, added_uri, None, join(run.out, "index-added", p.name), FLAT, None, 1
+            )
+            for p in dense
+        }
+        parts = {}
+        for p in dense:
+            dim = int(ray.get(index[p.name])["dim"])
+            memory = index_memory(added, dim * 4, SEARCH_BASE)
+            parts[p.name] = [Shard([added_uri], join(run.out, "index-added", p.name), memory)]
+        own = _search(run, dense, deep, parts)
+    console.print(
+        f"  pool: dense poolers reuse the lists of {len(keep):,} of {search.num_rows:,} queries "
+        f"(run {prev['run_id']}); {added:,} papers added or changed, {len(removed):,} removed "
+        "or changed"
+    )
+    return Reuse(of_queries(hits, keep), of_queries(short, keep), own, keep, len(removed), added)
+
+
+def _reused_search(
+    run: StageRun,
+    reuse: Reuse,
+    dense: list[PoolerPlan],
+    queries: pa.Table,
+    full_index: Callable[[], dict[str, list[Shard]]],
+    *,
+    short: bool,
+) -> list[pa.Table]:
+    """The dense poolers' lists for a pass's `queries`: a query that keeps its lists (and, pooled
+    deeper, kept a deeper one) merges them with the added papers' (`merge_hits`, per pooler);
+    the others are searched in full."""
+    kept = reuse.short if short else reuse.hits
+    ids = reuse.keep
+    if short:
+        ids = ids.filter(pc.is_in(ids, value_set=pc.unique(kept["query_id"])))
+    mine = of_queries(queries, ids)
+    rest = queries.filter(pc.invert(pc.is_in(queries["query_id"], value_set=ids)))
+    out = [_search(run, dense, rest, full_index())] if rest.num_rows else []
+    if mine.num_rows:
+        depths, added = mine.select(["query_id", "depth"]), of_queries(reuse.added, ids)
+        for p in dense:
+            parts = [
+                t.filter(pc.equal(t["pooler"], p.name)) for t in (of_queries(kept, ids), added)
+            ]
+            out.append(merge_hits(parts, depths))
+    return out
+
+
+def _keep(
+    run: StageRun,
+    search: pa.Table,
+    dense: list[PoolerPlan],
+    hits: pa.Table,
+    hits_short: pa.Table,
+    snap: Snapshot,
+    shards: int,
+) -> dict[str, Any] | None:
+    """Keep the dense poolers' lists (with their scores) and the queries they were searched for
+    in this run's folder, for the next run to reuse (`_reuse`)."""
+    if not dense:
+        return None
+    folder, names = join(run.out, KEPT), pa.array([p.name for p in dense])
+    run.storage.write_parquet(search, join(folder, "searched.parquet"))
+    for name, table in (("hits", hits), ("short", hits_short)):
+        table = table.filter(pc.is_in(table["pooler"], value_set=names))
+        run.storage.write_parquet(table, join(folder, f"{name}.parquet"))
+    return {
+        "fingerprint": run.cfg.section_hash("pooling"),
+        "shards": shards,
+        "docs_shards": sorted(snap.shards),
+        "flat": _flat(run.cfg.pooling, snap),
+    }
+
+
+def _reuse_stats(reuse: Reuse | None, why: str | None) -> dict[str, Any]:
+    if reuse is None:
+        return {"reused": False, "why": why}
+    return {
+        "reused": True,
+        "queries_kept": len(reuse.keep),
+        "papers_added": reuse.added_papers,
+        "papers_removed": reuse.removed,
+    }
+
+
 def _pool(
     run: StageRun,
     positives_uri: str,
@@ -376,42 +578,67 @@ def _pool(
     with phase("encode"):
         done: set[tuple[str, str]] = set()
         for plan in encoding:
-            if (plan.store_key, plan.template) in done:
-                continue
-            done.add((plan.store_key, plan.template))
-            todo_uri = join(run.out, "_work", "todo", plan.name)
-            refs = [
-                _missing.options(memory=index_memory(int(snap.counts[s]), DOC_BYTES)).remote(
-                    storage.cfg, plan, docs, join(todo_uri, f"shard-{s:05d}.parquet")
-                )
-                for s, docs in snap.shards.items()
-            ]
-            todo = sum(ray.get(refs))
-            if todo:
-                encode_missing(storage, plan, todo_uri, todo, cfg.encode_batch_rows)
-            poolers[plan.name].update(encoded=todo, reused=snap.documents - todo)
+            todo, todo_uri = 0, join(run.out, "_work", "todo", plan.name)
+            first = (plan.store_key, plan.template) not in done
+            if first:  # poolers sharing a store and a template share its documents' vectors
+                done.add((plan.store_key, plan.template))
+                refs = [
+                    _missing.options(memory=index_memory(int(snap.counts[s]), DOC_BYTES)).remote(
+                        storage.cfg, plan, docs, join(todo_uri, f"shard-{s:05d}.parquet")
+                    )
+                    for s, docs in snap.shards.items()
+                ]
+                todo = sum(ray.get(refs))
+                poolers[plan.name].update(encoded=todo, reused=snap.documents - todo)
+            asked = None
+            if plan.kind == "dense":  # its search actors read query vectors from the store
+                asked = missing_queries(storage, plan, search["query"].combine_chunks())
+                poolers[plan.name]["queries_encoded"] = asked.num_rows
+            if todo or (asked is not None and asked.num_rows):
+                encode_missing(storage, plan, todo_uri, todo, cfg.encode_batch_rows, asked)
+    dense = [p for p in pool_plans if p.kind == "dense"]
+    with phase("reuse"):
+        reuse, why = _reuse(run, snap, shards, search, dense)
+    growing = [p for p in pool_plans if reuse is None or p.kind != "dense"]
     with phase("index"):
-        shard_plans, figures = _indexes(run, encoding, snap, shards)
-        for name, fig in figures.items():
-            poolers[name].update(fig)
+        shard_plans, figures = _indexes(run, [p for p in encoding if p in growing], snap, shards)
         for plan in pool_plans:
             if plan.kind == "bm25" and snap.shards:
                 shard_plans[plan.name] = _bm25_shards(run, plan, snap)
-                poolers[plan.name].update(
+                figures[plan.name] = dict(
                     documents=snap.documents,
                     shards=len(snap.shards),
                     search_actor_memory_mib=shard_plans[plan.name][0].memory // MiB,
                 )
             shard_plans.setdefault(plan.name, [])
 
+    def full_index() -> dict[str, list[Shard]]:
+        """The dense poolers' shards too (a reusing run builds them only to search a query in
+        full)."""
+        missing = [p for p in dense if not shard_plans[p.name]]
+        if missing:
+            built, more = _indexes(run, missing, snap, shards)
+            shard_plans.update(built)
+            figures.update(more)
+        return shard_plans
+
     with phase("search"):
-        hits = _search(run, pool_plans, search, shard_plans)
+        if reuse is None:
+            hits = _search(run, pool_plans, search, shard_plans)
+        else:
+            hits = pa.concat_tables(
+                [
+                    _search(run, growing, search, shard_plans),
+                    *_reused_search(run, reuse, dense, search, full_index, short=False),
+                ]
+            )
     with phase("merge"):
         candidates = round_robin(hits, rejected, names, search.select(["query_id", "depth"]))
         sizes = group_sizes(candidates, queries["query_id"])
     deeper = pa.array([], pa.string())
     if cfg.top_k_short > cfg.top_k:
         deeper = deeper_queries(sizes, hits, cfg.min_group_size, cfg.top_k)
+    hits_short = SHARD_HITS.empty_table()
     if len(deeper):
         again = search.filter(pc.is_in(search["query_id"], value_set=deeper))
         again = again.set_column(
@@ -420,13 +647,24 @@ def _pool(
             pa.array([cfg.top_k_short] * again.num_rows, pa.int32()),
         )
         with phase("search_short"):
-            hits_short = _search(run, pool_plans, again, shard_plans)
+            if reuse is None:
+                hits_short = _search(run, pool_plans, again, shard_plans)
+            else:
+                hits_short = pa.concat_tables(
+                    [
+                        _search(run, growing, again, shard_plans),
+                        *_reused_search(run, reuse, dense, again, full_index, short=True),
+                    ]
+                )
         with phase("merge_short"):
             kept = candidates.filter(pc.invert(pc.is_in(candidates["query_id"], value_set=deeper)))
             redone = round_robin(hits_short, rejected, names, again.select(["query_id", "depth"]))
             candidates = pa.concat_tables([kept, redone]).sort_by("query_id")  # stable sort
             sizes = group_sizes(candidates, queries["query_id"])
-        hits = pa.concat_tables([hits, hits_short])
+    for name, fig in figures.items():
+        poolers[name].update(fig)
+    keeping = _keep(run, search, dense, hits, hits_short, snap, shards)
+    hits = pa.concat_tables([hits, hits_short])
     for name in names:
         poolers[name]["hits"] = int(pc.sum(pc.equal(hits["pooler"], name)).as_py() or 0)
 
@@ -438,7 +676,10 @@ def _pool(
         rejected_citations=rejected.num_rows,
         queries_pooled_deeper=len(deeper),
         poolers=poolers,
+        reuse=_reuse_stats(reuse, why),
     )
+    if keeping is not None:
+        stats["kept"] = keeping
     return _publish(run, queries, candidates, stats, phase)
 
 

@@ -2,8 +2,9 @@
 actor that turns batches of queries into one pooler's ranked lists.
 
 The plan is what travels to actors (plain values, an :class:`EncoderSpec`), so an actor loads its
-model and index where it runs, never on the driver. A search actor loads its query encoder
-once, and one shard of the universe at a time with that shard's index (dense: a faiss
+model and index where it runs, never on the driver. A search actor loads its query encoder once
+(SPLADE; a dense pooler's query vectors come from the store, `query_vectors`), and one shard
+of the universe at a time with that shard's index (dense: a faiss
 :class:`VectorIndex` on the GPU when it has one; SPLADE: the sparse matrix, transposed for
 query-by-corpus products; BM25: a bm25s index of the shard's texts built with the whole
 universe's statistics, so its scores are those of one index over the universe), and answers
@@ -25,6 +26,7 @@ from cpr_ray.config import EncoderActors, PoolingConfig
 from cpr_ray.pooling.pool_rules import doc_text
 from cpr_ray.pooling.pool_schemas import SHARD_HITS
 from cpr_ray.pooling.pooler_search import Hits, QueryBatch, Universe, exact_hits, index_hits
+from cpr_ray.pooling.query_vectors import query_vectors
 from cpr_ray.pooling.universe_shards import shard_hits
 from cpr_ray.retrieval.spec import EncoderSpec
 from cpr_ray.retrieval.vector_store import store_key
@@ -32,7 +34,7 @@ from cpr_ray.sections import derive
 from cpr_ray.storage.store import Storage, StorageConfig, join
 
 if TYPE_CHECKING:
-    from cpr_ray.retrieval.encoder import DenseEncoder, SpladeEncoder
+    from cpr_ray.retrieval.encoder import SpladeEncoder
 
 BLOCK_CELLS = 1 << 24  # query x document scores an exact search holds at once (64 MiB float32)
 SPARSE = "sparse.parquet"
@@ -99,11 +101,11 @@ def sparse_rows(table: pa.Table, dim: int) -> sp.csr_matrix:
 class PoolerSearch:
     """A pooler's search actor: SEARCH_QUERIES -> SHARD_HITS of the shard it holds.
 
-    It loads the pooler's query encoder once and one shard at a time (`load`): the shard's
-    papers (DOCS parts) and their index (for BM25, the universe's statistics to index the
-    shard's texts with). Lists are ranked by score, then search order, so that
-    `shards.merge_hits` merges several shards' lists into the lists one index over the whole
-    universe gives."""
+    It loads the pooler's query encoder once (SPLADE; dense: its vectors from the store) and one
+    shard at a time (`load`): the shard's papers (DOCS parts) and their index (for BM25, the
+    universe's statistics to index the shard's texts with). Lists are ranked by score, then
+    search order, so that `shards.merge_hits` merges several shards' lists into the lists one
+    index over the whole universe gives."""
 
     def __init__(
         self,
@@ -118,15 +120,11 @@ class PoolerSearch:
             faiss_gpus()  # asked Ray for a GPU to search on: refuse to start without one
         self.plan, self.storage = plan, Storage(storage)
         # query vectors by block (first id, last id, rows): every shard sees the same blocks,
-        # so each is encoded once per pass, not once per shard (bounded by the queries)
+        # so each is encoded (SPLADE) or read (dense) once per pass, not once per shard
         self._encoded: dict[tuple[str, str, int], Any] = {}
-        self.encoder: DenseEncoder | SpladeEncoder
-        if plan.kind == "dense":
-            from cpr_ray.retrieval.encoder import DenseEncoder
-
-            assert plan.spec is not None  # plans() gives every vector pooler its model
-            self.encoder = DenseEncoder(plan.spec)
-        elif plan.kind == "splade":
+        # a dense pooler's query vectors come from the store (`query_vectors`): no model here
+        self.encoder: SpladeEncoder
+        if plan.kind == "splade":
             from cpr_ray.retrieval.encoder import SpladeEncoder
 
             assert plan.spec is not None
@@ -204,7 +202,12 @@ class PoolerSearch:
         ids = batch["query_id"]
         key = (ids[0].as_py(), ids[-1].as_py(), batch.num_rows)
         if key not in self._encoded:
-            self._encoded[key] = self.encoder.encode_queries(batch["query"].to_pylist())
+            texts = batch["query"].to_pylist()
+            self._encoded[key] = (
+                query_vectors(self.storage, self.plan, texts)
+                if self.plan.kind == "dense"
+                else self.encoder.encode_queries(texts)
+            )
         return self._encoded[key]
 
     def _scores(self, batch: pa.Table) -> np.ndarray:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cpr_ray.pooling.pool_schemas import GROUPS, HITS, SHARD_HITS
+from cpr_ray.pooling.pool_schemas import GROUPS, SHARD_HITS
 from cpr_ray.pooling.pooler_search import Hits, Universe
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads ids whatever their pattern
@@ -121,8 +121,3 @@ def merge_hits(parts: Sequence[pa.Table], depths: pa.Table) -> pa.Table:
         table.schema.get_field_index("rank"), "rank", pa.array(ranks.astype(np.int32))
     )
     return table.filter(pa.array(keep))
-
-
-def as_hits(table: pa.Table) -> pa.Table:
-    """HITS rows of merged SHARD_HITS (what the round-robin merge of the poolers reads)."""
-    return table.select(HITS.names).cast(HITS)

@@ -10,12 +10,19 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from cpr_ray.config import EncoderActors  # noqa: E402
+from cpr_ray.pooling.kept_lists import (  # noqa: E402
+    losing_queries,
+    of_queries,
+    unchanged_queries,
+    universe_delta,
+)
 from cpr_ray.pooling.pool_rules import topic_group  # noqa: E402
 from cpr_ray.pooling.pool_schemas import GROUPS, SEARCH_QUERIES  # noqa: E402
 from cpr_ray.pooling.pooler_search import QueryBatch, Universe, exact_hits, index_hits  # noqa: E402
@@ -324,3 +331,46 @@ def test_splade_weights_are_non_negative_and_sparse(tiny_models):  # noqa: F811
             logits = model.backbone(**model.tokenize([text])).logits[0]  # (L, V)
             hand = torch.log1p(torch.relu(logits)).max(dim=0).values.numpy()
             np.testing.assert_allclose(weights[i].toarray()[0], hand, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["Flat", "exact_ties"])
+def test_kept_lists_merged_with_the_added_papers_are_todays_lists(world, backend):
+    """A refresh's dense lists (`kept_lists`): yesterday's universe lacked 5% of today's papers
+    and held 5% with other topics or dates; a query whose lists hold none of the papers that
+    changed or left keeps them, merged with the added papers' own lists, and those are the
+    lists a search over today's universe gives (ties included: rounded scores); the others
+    hold a changed paper."""
+    docs, q = world["docs"], world["queries"]
+    vectors = dict(zip(world["universe"].corpus_ids.tolist(), world["vectors"]))
+    rng = np.random.default_rng(3)
+    role = rng.integers(0, 20, docs.num_rows)  # 0: added today, 1: changed today
+    changed = pa.array(role == 1)
+    yesterday = docs.set_column(
+        2, "topic_ids", pc.if_else(changed, pa.scalar([59], pa.list_(pa.int32())), docs[2])
+    ).set_column(1, "date_key", pc.if_else(changed, pa.scalar(_date(10_001), pa.date32()), docs[1]))
+    yesterday = yesterday.filter(pa.array(role != 0))
+
+    def search(part: pa.Table) -> pa.Table:
+        u = Universe(part)
+        batch = QueryBatch.build(u, q)
+        vecs = np.stack([vectors[i] for i in u.corpus_ids.tolist()])
+        if backend == "Flat":
+            hits = index_hits(VectorIndex(u.corpus_ids, vecs), u, world["qvecs"], batch)
+        else:
+            scores = np.round(np.maximum(world["qvecs"] @ vecs.T, 0), 1)
+            hits = exact_hits(scores, batch, positive_only=True)
+        return shard_hits(q, u, hits, "p")
+
+    removed, added = universe_delta(yesterday, docs, ["date_key", "topic_ids"])
+    assert len(removed) == int((role == 1).sum())
+    assert added.num_rows == int((role <= 1).sum())
+    kept, today = search(yesterday), search(docs)
+    lost = losing_queries(kept, removed)
+    keep = q["query_id"].filter(pc.invert(pc.is_in(q["query_id"], value_set=lost)))
+    assert 0 < len(keep) < q.num_rows
+    own = of_queries(search(added), keep)
+    merged = merge_hits([of_queries(kept, keep), own], q.select(["query_id", "depth"]))
+    assert _lists(merged) == _lists(of_queries(today, keep))
+    # a query is reused only with the row it was searched for
+    moved = q.set_column(1, "query", pa.array(["q"] * (q.num_rows - 1) + ["other"]))
+    assert unchanged_queries(moved, q).to_pylist() == q["query_id"].to_pylist()[:-1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from cpr_ray.pipeline.build import run_build  # noqa: E402
 from cpr_ray.pooling.pool_rules import earliest_date, latest_date  # noqa: E402
 from cpr_ray.pooling.pool_schemas import CANDIDATES, GROUPS, QUERIES  # noqa: E402
 from cpr_ray.pooling.pool_stage import pool  # noqa: E402
-from cpr_ray.runs.stage_runner import manifest_uri  # noqa: E402
+from cpr_ray.runs.stage_runner import manifest_uri, read_manifest  # noqa: E402
 from cpr_ray.storage.store import Storage, join  # noqa: E402
 from cpr_ray.tables.buckets import BucketLayout  # noqa: E402
 from cpr_ray.tables.schemas import PAPERS  # noqa: E402
@@ -201,6 +202,7 @@ def test_pool_on_the_sample_build_with_rejected_citations_first(
 
     again = run_build(cfg, ["pool"])["pool"]
     assert again["run_id"] == m["run_id"]  # same inputs and config: skipped
+    check_reuse(storage, cfg, upstream["universe"], candidates, queries.num_rows)
 
     # the universe in shards of a few hundred papers (another config: another run), each shard
     # indexed and searched alone and the lists merged: exactly the candidates of one index,
@@ -222,6 +224,54 @@ def test_pool_on_the_sample_build_with_rejected_citations_first(
 
 
 ONE_CALL, REENCODED = 64, 8  # pooling.encode_batch_rows; texts the store loses
+LISTS = ("hits.parquet", "short.parquet")  # a run's kept dense lists (pool_stage._keep)
+
+
+def check_reuse(
+    storage: Storage, cfg: Any, universe_uri: str, candidates: pa.Table, queries: int
+) -> None:
+    """A refresh's pool (`refresh.incremental`, the default) reuses the dense lists the run
+    before kept: three papers of the dense lists leave mine's universe, then come back, then
+    leave again; each time the candidates are exactly a full run's (`refresh.incremental=false`
+    over the smaller universe; the first run's over the whole one), the deeper search
+    included."""
+    # three papers of the dense lists the run kept, those in the lists of the fewest queries
+    kept = join(read_manifest(storage, "pool")["output"], "kept")
+    lists = pa.concat_tables(storage.read_parquet(join(kept, f)) for f in LISTS)
+    pairs = {(r["candidate_id"], r["query_id"]) for r in lists.to_pylist()}
+    counts = Counter(c for c, _ in pairs)
+    gone = pa.array(sorted(counts, key=lambda c: (counts[c], c))[:3], pa.int64())
+    assert pc.any(pc.is_in(candidates["candidate_id"], value_set=gone)).as_py()
+    whole = {
+        f.base_name: storage.read_parquet(join(universe_uri, f.base_name))
+        for f in storage.list_files(universe_uri, (".parquet",))
+    }
+
+    def universe(without: pa.Array) -> None:
+        for name, t in whole.items():
+            keep = pc.invert(pc.is_in(t["corpus_id"], value_set=without))
+            storage.write_parquet(t.filter(keep), join(universe_uri, name))
+
+    def pool_again(config: Any) -> tuple[dict, pa.Table]:
+        m = run_build(config, ["pool"], force=True)["pool"]
+        return m["stats"]["reuse"], storage.read_parquet(m["tables"]["candidates"]["uri"])
+
+    universe(gone)
+    off = cfg.model_copy(update={"refresh": cfg.refresh.model_copy(update={"incremental": False})})
+    reuse, fewer = pool_again(off)
+    assert reuse == {"reused": False, "why": "refresh.incremental is false"}
+    assert not pc.any(pc.is_in(fewer["candidate_id"], value_set=gone)).as_py()
+    universe(pa.array([], pa.int64()))
+    reuse, back = pool_again(cfg)  # the papers come back: each query's lists merged with theirs
+    assert reuse["reused"] and reuse["queries_kept"] == queries
+    assert (reuse["papers_added"], reuse["papers_removed"]) == (len(gone), 0)
+    assert back.equals(candidates)
+    universe(gone)
+    reuse, again = pool_again(cfg)  # and leave: the queries whose lists held them search again
+    assert reuse["reused"] and 0 < reuse["queries_kept"] < queries
+    assert (reuse["papers_added"], reuse["papers_removed"]) == (0, len(gone))
+    assert again.equals(fewer)
+    universe(pa.array([], pa.int64()))
 
 
 def forget_vectors(root: Path, n: int) -> None:
