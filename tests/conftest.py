@@ -161,14 +161,26 @@ def ray_session() -> Iterator[None]:
 
     if ray.is_initialized():  # a test that started its own local Ray must not block the fixture
         ray.shutdown()
-    ray.init(
-        num_cpus=2,
-        num_gpus=0,
-        object_store_memory=256 * 1024**2,
-        include_dashboard=False,
-        # short: Ray's socket paths must fit in 107 characters
-        _temp_dir=tempfile.mkdtemp(prefix="cprray-", dir=os.environ.get("RAY_TMPDIR", "/tmp")),
-    )
+    # twice at most: on an overloaded machine Ray's start can time out (its raylet waits 30 s for
+    # its metrics agent, a Python process, to start), and a session fixture's error is every
+    # test's that uses it: one slow start failed 40 tests of a whole run here
+    for attempt in (1, 2):
+        try:
+            ray.init(
+                num_cpus=2,
+                num_gpus=0,
+                object_store_memory=256 * 1024**2,
+                include_dashboard=False,
+                # short: Ray's socket paths must fit in 107 characters
+                _temp_dir=tempfile.mkdtemp(
+                    prefix="cprray-", dir=os.environ.get("RAY_TMPDIR", "/tmp")
+                ),
+            )
+            break
+        except Exception:  # Ray raises a bare Exception: "... timed out during startup"
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield
     ray.shutdown()
 
