@@ -98,7 +98,7 @@ from cpr_ray.runs.stage_runner import (
     read_manifest,
 )
 from cpr_ray.stages import INGEST, JUDGE_ANALOGY, MINE, POOL, SCORE_POSITIVES
-from cpr_ray.storage.store import Storage, join
+from cpr_ray.storage.store import Storage, StorageConfig, join
 from cpr_ray.tables.buckets import BucketPlan, read_lance_bucket, run_buckets
 
 PAPER_COLUMNS = ["corpus_id", "title", "abstract", "publication_date", "year", "topics"]
@@ -229,21 +229,50 @@ def universe_rows(storage: Storage, universe_uri: str) -> int:
     )
 
 
+def search_shard(
+    plan: PoolerPlan, storage: StorageConfig, shard: Shard, queries: pa.Table, step: int
+) -> pa.Table:
+    """One shard's lists (SHARD_HITS) for every query of `queries`, `step` queries a call, in a
+    plain task (`_search` with ``tasks``)."""
+    search = PoolerSearch(plan, storage, shard.docs, shard.index)
+    parts = [search(queries.slice(s, step)) for s in range(0, queries.num_rows, step)]
+    return pa.concat_tables([SHARD_HITS.empty_table(), *parts])
+
+
 def _search(
-    run: StageRun, pool_plans: list[PoolerPlan], queries: pa.Table, shards: dict[str, list[Shard]]
+    run: StageRun,
+    pool_plans: list[PoolerPlan],
+    queries: pa.Table,
+    shards: dict[str, list[Shard]],
+    *,
+    tasks: bool = False,
 ) -> pa.Table:
     """Every pooler's lists (SHARD_HITS) for the SEARCH_QUERIES rows in `queries`: per pooler,
     search actors (at most ``pooling.search_actors``) each holding one shard at a time; every
     block of queries is searched in every shard and the shards' lists merged
     (`shards.merge_hits`) as they come back, so the driver holds the merged lists only. One
-    pooler after another: actors holding every CPU would starve the other's."""
+    pooler after another: actors holding every CPU would starve the other's. With `tasks`
+    (a dense pooler's few queries, or a refresh's few added papers) each shard is searched by
+    a plain task instead (`search_shard`): a warm worker, where an actor starts a process."""
     cfg = run.cfg.pooling
     step = cfg.search_batch
     tables = [queries.slice(s, step) for s in range(0, queries.num_rows, step)]
     blocks = [ray.put(t) for t in tables]
     depths = [t.select(["query_id", "depth"]) for t in tables]
 
+    def in_tasks(plan: PoolerPlan, parts: list[Shard]) -> pa.Table:
+        task = ray.remote(search_shard)
+        refs = [
+            task.options(memory=p.memory, **plan.pool.ray_resources()).remote(
+                plan, run.storage.cfg, p, queries, step
+            )
+            for p in parts
+        ]
+        return merge_hits([ray.get(r) for r in refs], queries.select(["query_id", "depth"]))
+
     def search(plan: PoolerPlan, parts: list[Shard]) -> pa.Table:
+        if tasks:
+            return in_tasks(plan, parts)
         started = time.perf_counter()
         n = min(cfg.search_actors, len(parts))
         actor = ray.remote(PoolerSearch).options(
@@ -451,7 +480,7 @@ def _reused(
             dim = int(ray.get(index[p.name])["dim"])
             memory = index_memory(added, dim * 4, SEARCH_BASE)
             parts[p.name] = [Shard([added_uri], join(run.out, "index-added", p.name), memory)]
-        own = _search(run, dense, deep, parts)
+        own = _search(run, dense, deep, parts, tasks=True)
     console.print(
         f"  pool: dense poolers reuse the lists of {len(keep):,} of {search.num_rows:,} queries "
         f"(run {prev['run_id']}); {added:,} papers added or changed, {len(removed):,} removed "
@@ -478,7 +507,8 @@ def _reused_search(
         ids = ids.filter(pc.is_in(ids, value_set=pc.unique(kept["query_id"])))
     mine = of_queries(queries, ids)
     rest = queries.filter(pc.invert(pc.is_in(queries["query_id"], value_set=ids)))
-    out = [_search(run, dense, rest, full_index())] if rest.num_rows else []
+    few = rest.num_rows <= run.cfg.pooling.search_batch  # one block: no actor to start
+    out = [_search(run, dense, rest, full_index(), tasks=few)] if rest.num_rows else []
     if mine.num_rows:
         depths, added = mine.select(["query_id", "depth"]), of_queries(reuse.added, ids)
         for p in dense:

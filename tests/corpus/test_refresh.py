@@ -680,9 +680,9 @@ def test_the_refreshs_mine_reads_what_the_step_reached_and_equals_a_full_mine(sc
     )
     full = mine(full_cfg, Storage(full_cfg.storage), force=True)
     assert full["stats"]["incremental"] == {"path": "full", "why": "refresh.incremental is false"}
-    for name in ("pairs", "base_papers"):
-        got, want = (pq.read_table(m["tables"][name]["uri"]) for m in (refreshed, full))
-        assert got.equals(want), name
+    tables = {name: pq.read_table(full["tables"][name]["uri"]) for name in ("pairs", "base_papers")}
+    for name, want in tables.items():
+        assert pq.read_table(refreshed["tables"][name]["uri"]).equals(want), name
     got, want = (Path(m["tables"]["universe"]["uri"]) for m in (refreshed, full))
     assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
     for part in want.iterdir():
@@ -691,6 +691,16 @@ def test_the_refreshs_mine_reads_what_the_step_reached_and_equals_a_full_mine(sc
     assert {
         k: v for k, v in refreshed["stats"].items() if k not in ("phase_seconds", "incremental")
     } == {k: v for k, v in full["stats"].items() if k not in ("phase_seconds", "incremental")}
+
+    # a kept file damaged: the next mine says so in one line and mines every row, the same
+    (Path(full["tables"]["state"]["uri"]) / "eligible" / "part-00000.parquet").write_bytes(b"x")
+    again_cfg = full_cfg.model_copy(update={"refresh": cfg.refresh})
+    again = mine(again_cfg, Storage(again_cfg.storage), force=True)
+    said = again["stats"]["incremental"]
+    assert said["path"] == "full" and "kept state is unreadable" in said["why"], said
+    assert "\n" not in said["why"]
+    for name, want in tables.items():  # (the run it replaced is gone)
+        assert pq.read_table(again["tables"][name]["uri"]).equals(want), name
 
 
 @pytest.mark.slow
