@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from math import ceil
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -477,7 +477,7 @@ def _reused(
         }
         parts = {}
         for p in dense:
-            dim = int(ray.get(index[p.name])["dim"])
+            dim = cast(int, ray.get(index[p.name])["dim"])  # a dense index's figures
             memory = index_memory(added, dim * 4, SEARCH_BASE)
             parts[p.name] = [Shard([added_uri], join(run.out, "index-added", p.name), memory)]
         own = _search(run, dense, deep, parts, tasks=True)
