@@ -28,7 +28,7 @@ from cpr_ray.stages import INGEST, MINE, VENUES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables import duckdb_sql as duck
-from cpr_ray.tables.buckets import read_parquet_bucket, run_buckets, write_partitions
+from cpr_ray.tables.buckets import BUCKET, read_parquet_bucket, run_buckets, write_partitions
 
 PAPER_COLUMNS = [
     "corpus_id",
@@ -218,7 +218,8 @@ ORDER BY p.corpus_id
 @dataclass(frozen=True)
 class _PairsAndUniverse:
     """Pass 3, one bucket of cited papers: topic-disjoint pairs of the candidates citing them
-    (back to the driver), and the universe members among them (written as one part)."""
+    (back to the driver), and the universe members among them (written as one part); the
+    candidates are kept for the next refresh as one file of the bucket (`kept_uri`)."""
 
     corpus: _Corpus
     top: pa.Table
@@ -226,11 +227,13 @@ class _PairsAndUniverse:
     candidates_schema: pa.Schema
     ids_uri: str
     universe_uri: str
+    kept_uri: str
 
     def __call__(self, k: int) -> tuple[pa.Table, int]:
         storage = self.corpus.storage
         papers = self.corpus.papers_of(k)
         candidates = read_parquet_bucket(storage, self.candidates_uri, k, self.candidates_schema)
+        storage.write_parquet(candidates, join(self.kept_uri, f"{BUCKET}={k}", "part-0.parquet"))
         pairs = rules.cross_topic_pairs(candidates, papers)
         ids = read_parquet_bucket(storage, self.ids_uri, k, pa.schema([("id", pa.int64())]))
         universe = duck.query(
@@ -406,8 +409,7 @@ def _mine_every_row(
     with phase("candidates"):
         # pass 2: citations of base papers (with their text), to the buckets of the cited
         console.print(f"  pairs: citations of {base.num_rows:,} base papers, topic-disjoint")
-        candidates_uri = join(state_uri, "candidates")
-        storage.make_dirs(candidates_uri)
+        candidates_uri = join(work, "candidates")
         run_buckets(n, _Candidates(corpus, base, candidates_uri), cpus)
 
     with phase("pairs_universe"):
@@ -418,7 +420,13 @@ def _mine_every_row(
         found = run_buckets(
             n,
             _PairsAndUniverse(
-                corpus, top, candidates_uri, candidates_schema, ids_uri, universe_uri
+                corpus,
+                top,
+                candidates_uri,
+                candidates_schema,
+                ids_uri,
+                universe_uri,
+                join(state_uri, "candidates"),
             ),
             cpus,
         )
