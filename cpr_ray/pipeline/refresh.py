@@ -1,10 +1,17 @@
 """The nightly refresh as a whole: the corpus brought to S2's latest release
 (`corpus.refresh`), then the build's later stages rerun, paying only for what changed.
 
-**Downstream.** The later stages run as in a build: mining is recomputed over the corpus (bulk
-work, no LLM), and the LLM stages find the answers for every pair judged before in the cache
+**Downstream.** The later stages rerun on the updated corpus and, with ``refresh.incremental``
+(the default), compute only the rows the step reached, reusing what their last run kept: mining
+re-reads the papers each commit recorded as changed (`corpus.corpus_changes`) and what they
+cite, and redraws the base papers per field from the kept eligible keys; each LLM stage carries
+the answered rows whose request inputs are unchanged and keys only the others against the cache
 (the refresh's ledger rows are its new pairs only); the embedding store encodes only new or
-changed texts; pairs of deleted or no longer eligible papers are simply not mined again, so the
+changed texts, and a dense pooler keeps every query's lists that lost no paper, merged with the
+added papers' own. What is recomputed in full every night, and why: the venues' ranks (two
+columns), the per-field draw (a sort of the kept keys) and BM25 (its statistics change with any
+added paper). Every such stage publishes what a full rerun (``refresh.incremental: false``)
+publishes. Pairs of deleted or no longer eligible papers are simply not mined again, so the
 next export retracts them. The dataset card lists the releases it covers.
 
 **One owner at a time.** A refresh owns the root while it runs (`leases.owner`, taken with a
