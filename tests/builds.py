@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from cpr_ray.mining import reference as whole_table
-from cpr_ray.mining.mining_stages import PAPER_COLUMNS
+from cpr_ray.mining.mining_sql import PAPER_COLUMNS
 from tests.standins.launch import free_port
 
 if TYPE_CHECKING:

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from cpr_ray.config import Config, MiningConfig
 from cpr_ray.corpus.corpus_changes import CorpusChanges, changes_between
 from cpr_ray.mining import mining_rules as rules
-from cpr_ray.mining import mining_stages as full  # its SQL and columns: names read at call time
+from cpr_ray.mining import mining_sql as full  # the full path's SQL and columns
 from cpr_ray.runs.stage_runner import Manifest, Phases, read_manifest
 from cpr_ray.stages import INGEST, MINE, stage
 from cpr_ray.storage.store import Storage, join
@@ -111,7 +111,7 @@ def read_candidates(storage: Storage, uri: str, schema: pa.Schema) -> pa.Table:
 
 
 def candidate_schema(storage: Storage, citations: BucketPlan, base: pa.Schema) -> pa.Schema:
-    """The columns of a candidate (`mining_stages.CANDIDATE_SQL`, its bucket column left out)."""
+    """The columns of a candidate (`mining_sql.CANDIDATE_SQL`, its bucket column left out)."""
     columns = [*full.CANDIDATE_COLUMNS, "is_influential"]
     schema = duck.query(
         full.CANDIDATE_SQL.format(n=citations.layout.num_buckets),

@@ -23,25 +23,21 @@ from cpr_ray.corpus.tables import bucket_plan
 from cpr_ray.errors import StorageError
 from cpr_ray.mining import mine_incremental as incremental
 from cpr_ray.mining import mining_rules as rules
+from cpr_ray.mining.mining_sql import (
+    CANDIDATE_COLUMNS,
+    CANDIDATE_SQL,
+    PAPER_COLUMNS,
+    TOP_CITES_SQL,
+    UNIVERSE_IDS_SQL,
+    UNIVERSE_SCHEMA,
+    UNIVERSE_SQL,
+)
 from cpr_ray.runs.stage_runner import Manifest, Phases, Reads, StageOutput, StageRun, console, entry
 from cpr_ray.stages import INGEST, MINE, VENUES
 from cpr_ray.storage.store import Storage, join
 from cpr_ray.tables import buckets
 from cpr_ray.tables import duckdb_sql as duck
 from cpr_ray.tables.buckets import BUCKET, read_parquet_bucket, run_buckets, write_partitions
-
-PAPER_COLUMNS = [
-    "corpus_id",
-    "venue_id",
-    "year",
-    "publication_date",
-    "abstract_length",
-    "topics",
-    "field_id",
-    "field",
-    "domain_id",
-    "domain",
-]
 
 
 def run_venues(run: StageRun, reads: Reads) -> StageOutput:
@@ -108,20 +104,6 @@ def _corpus(storage: Storage, ingest_m: Manifest) -> _Corpus:
     return _Corpus(storage, plans["papers"], plans["citations"])
 
 
-# the citations of top-venue papers: what puts a cited paper in the pooling universe
-TOP_CITES_SQL = """
-SELECT c.citing_id, c.cited_id FROM citations c
-JOIN papers p ON p.corpus_id = c.citing_id JOIN top t ON t.venue_id = p.venue_id
-"""
-UNIVERSE_IDS_SQL = """
-SELECT DISTINCT id, CAST(id % {n} AS INTEGER) AS _bucket FROM (
-    SELECT p.corpus_id AS id FROM papers p JOIN top t ON t.venue_id = p.venue_id
-    UNION ALL
-    SELECT cited_id FROM top_cites
-)
-"""
-
-
 @dataclass(frozen=True)
 class _EligibleAndIds:
     """Pass 1, one bucket of citing papers: its eligible base papers (capped per field) go back
@@ -162,17 +144,6 @@ class _EligibleAndIds:
         return rules.cap_per_bucket(eligible, self.mining.base_per_field, n)
 
 
-CANDIDATE_SQL = """
-SELECT c.citing_id AS base_id, c.cited_id, c.contexts, c.context_source, c.intents,
-       c.is_influential, b.topic_ids AS base_topics, b.top_topic AS base_top_topic,
-       b.field_id AS base_field_id, b.field AS base_field, b.domain AS base_domain,
-       b.primary_field_id AS base_primary_field_id, b.primary_domain_id AS base_primary_domain_id,
-       CAST(c.cited_id % {n} AS INTEGER) AS _bucket
-FROM citations c JOIN base b ON b.corpus_id = c.citing_id
-"""
-CANDIDATE_COLUMNS = ["citing_id", "cited_id", "contexts", "context_source", "intents"]
-
-
 @dataclass(frozen=True)
 class _Candidates:
     """Pass 2, one bucket of citing papers: the citations of its base papers, text included,
@@ -194,25 +165,6 @@ class _Candidates:
         candidates = duck.query(CANDIDATE_SQL.format(n=n), citations=citations, base=mine)
         write_partitions(candidates, self.out, self.corpus.storage, str(k))
         return candidates.num_rows
-
-
-UNIVERSE_SCHEMA = pa.schema(
-    [
-        ("corpus_id", pa.int64()),
-        ("year", pa.int32()),
-        ("publication_date", pa.date32()),
-        ("field_id", pa.int32()),
-        ("domain_id", pa.int32()),
-        ("in_top_venue", pa.bool_()),
-    ]
-)
-UNIVERSE_SQL = """
-SELECT p.corpus_id, p.year, p.publication_date, p.field_id, p.domain_id,
-       p.venue_id IN (SELECT venue_id FROM top) AS in_top_venue
-FROM papers p JOIN (SELECT DISTINCT id FROM ids) i ON i.id = p.corpus_id
-WHERE p.abstract_length > 0 AND p.publication_date IS NOT NULL
-ORDER BY p.corpus_id
-"""
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from cpr_ray.errors import StorageError
 from cpr_ray.pooling.pool_rules import doc_text
 from cpr_ray.pooling.pooler_search import Universe
 from cpr_ray.pooling.poolers import SPARSE, PoolerPlan
-from cpr_ray.pooling.query_vectors import query_store
 from cpr_ray.pooling.universe_shards import shard_of
+from cpr_ray.queries.query_store import query_store
 from cpr_ray.retrieval.faiss_index import factory_for, save_vectors
 from cpr_ray.retrieval.vector_store import VectorStore, text_keys, vector_columns
 from cpr_ray.runs.ray_runtime import read_parquet_dataset
@@ -152,10 +152,13 @@ def _encode_in_task(
         store.append(encode(todo))
     if queries is not None:
         assert isinstance(encode.encoder, DenseEncoder)  # only dense poolers store queries
+        assert plan.spec is not None
         vectors = encode.encoder.encode_queries(queries["text"].to_pylist())
         flat = pa.array(vectors.reshape(-1), pa.float32())
         embedding = pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])
-        query_store(storage, plan).append(pa.table({"key": queries["key"], "embedding": embedding}))
+        query_store(storage, plan.spec).append(
+            pa.table({"key": queries["key"], "embedding": embedding})
+        )
 
 
 def store_parts(storage: Storage, plan: PoolerPlan) -> list[tuple[str, int]]:

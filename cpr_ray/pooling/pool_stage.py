@@ -622,7 +622,8 @@ def _pool(
                 poolers[plan.name].update(encoded=todo, reused=snap.documents - todo)
             asked = None
             if plan.kind == "dense":  # its search actors read query vectors from the store
-                asked = missing_queries(storage, plan, search["query"].combine_chunks())
+                assert plan.spec is not None, f"{plan.name}: a dense pooler encodes"
+                asked = missing_queries(storage, plan.spec, search["query"].combine_chunks())
                 poolers[plan.name]["queries_encoded"] = asked.num_rows
             if todo or (asked is not None and asked.num_rows):
                 encode_missing(storage, plan, todo_uri, todo, cfg.encode_batch_rows, asked)

@@ -204,8 +204,8 @@ class PoolerSearch:
         if key not in self._encoded:
             texts = batch["query"].to_pylist()
             self._encoded[key] = (
-                query_vectors(self.storage, self.plan, texts)
-                if self.plan.kind == "dense"
+                query_vectors(self.storage, self.plan.spec, texts)
+                if self.plan.kind == "dense" and self.plan.spec is not None
                 else self.encoder.encode_queries(texts)
             )
         return self._encoded[key]

@@ -12,40 +12,31 @@ encoded in another batch could differ in its last bits).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cpr_ray.errors import StorageError
-from cpr_ray.retrieval.vector_store import VectorStore, text_keys
+from cpr_ray.queries.query_store import query_store
+from cpr_ray.retrieval.spec import EncoderSpec
+from cpr_ray.retrieval.vector_store import text_keys
 from cpr_ray.storage.store import Storage
 
-if TYPE_CHECKING:
-    from cpr_ray.pooling.poolers import PoolerPlan
 
-
-def query_store(storage: Storage, plan: PoolerPlan) -> VectorStore:
-    """Where a dense pooler's query vectors live (its spec's query identity)."""
-    assert plan.spec is not None and plan.kind == "dense", f"{plan.name}: no query vectors"
-    return VectorStore(storage, plan.spec, "dense", "queries")
-
-
-def missing_queries(storage: Storage, plan: PoolerPlan, texts: pa.Array) -> pa.Table:
+def missing_queries(storage: Storage, spec: EncoderSpec, texts: pa.Array) -> pa.Table:
     """(key, text) of the distinct query `texts` whose vector the pooler's store lacks."""
     texts = pc.unique(texts.cast(pa.string()))
     keys = text_keys(texts)
-    held = query_store(storage, plan).read(keys, ["key"])["key"]
+    held = query_store(storage, spec).read(keys, ["key"])["key"]
     known = pc.is_in(keys, value_set=held.combine_chunks().cast(pa.uint64()))
     return pa.table({"key": keys, "text": texts}).filter(pc.invert(known))
 
 
-def query_vectors(storage: Storage, plan: PoolerPlan, texts: list[str]) -> np.ndarray:
+def query_vectors(storage: Storage, spec: EncoderSpec, texts: list[str]) -> np.ndarray:
     """(len(texts), dim) float32: each text's stored vector (the stage stored them before it
     searched; a missing one means the store lost it mid-run: rerun pool)."""
     keys = text_keys(pa.array(texts, pa.string()))
-    store = query_store(storage, plan)
+    store = query_store(storage, spec)
     rows = store.read(keys, ["key", "embedding"])
     at = pc.index_in(keys, value_set=rows["key"].combine_chunks().cast(pa.uint64()))
     if rows.num_rows == 0 or at.null_count:

@@ -1,5 +1,5 @@
-"""Query vectors for the Q-D metrics, kept across runs: the queries' side of the one vector store
-(`retrieval.vector_store`).
+"""Query vectors kept across runs, for the Q-D metrics and the dense poolers' searches
+(`pooling.query_vectors`): the queries' side of the one vector store (`retrieval.vector_store`).
 
 synthesize-queries reports Dist-Sim of its set and of the build's queries on every run, and a
 nightly refresh reruns it with nearly every query unchanged (its answers come from the LLM
