@@ -230,16 +230,21 @@ class _Ingest:
                 cpus=self.cpus,
             )
 
+    def papers_plan(self) -> BucketPlan:
+        """The papers table's key buckets at its written version, for the passes that read it
+        back (the key table, the venues' counts)."""
+        return plan_buckets(
+            self.layouts["papers"],
+            self.storage,
+            self.papers_uri,
+            self.storage.open_lance(self.papers_uri).version,
+        )
+
     def key_table(self) -> None:
         """The papers' DOI, MAG and PubMed keys → corpus id (`paper_keys`), in the key buckets
         the OpenAlex key table uses: what a refresh looks a new partition's keys up in."""
         storage = self.storage
-        papers = plan_buckets(
-            self.layouts["papers"],
-            storage,
-            self.papers_uri,
-            storage.open_lance(self.papers_uri).version,
-        )
+        papers = self.papers_plan()
         self.layouts[paper_keys.TABLE] = paper_keys.build(
             storage,
             papers,
@@ -253,12 +258,7 @@ class _Ingest:
     def build_venues(self) -> None:
         """Venues: small tables joined once, with papers per field counted per bucket."""
         storage = self.storage
-        papers_plan = plan_buckets(
-            self.layouts["papers"],
-            storage,
-            self.papers_uri,
-            storage.open_lance(self.papers_uri).version,
-        )
+        papers_plan = self.papers_plan()
         counts = count_fields(storage, papers_plan, self.cpus)
         storage.write_parquet(counts, self.field_counts_uri)
         self.venues = build_venues(
